@@ -40,7 +40,7 @@ const char* to_string(DdpError e) noexcept {
 }
 
 size_t ddp_header_len(std::span<const std::byte, 2> ctrl) noexcept {
-  const auto op = static_cast<uint8_t>(ctrl[1]) & kRdmapOpMask;
+  const unsigned op = static_cast<uint8_t>(ctrl[1]) & kRdmapOpMask;
   if (op >= kRdmapOpcodeCount) return 0;
   return kOpcodeTable[op].hdr_len;
 }

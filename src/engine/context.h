@@ -1,0 +1,23 @@
+// The verbs context (one per ibv_open_device) and its async event file.
+#pragma once
+#include <infiniband/verbs.h>
+
+#include "engine/device.h"
+
+namespace sv::engine {
+
+struct Context {
+  verbs_context vctx;  // first; &vctx.context is the ibv_context handed out
+  Device* device = nullptr;
+  int async_wr = -1;  // write end of the async event pipe; vctx.context.async_fd reads
+
+  ibv_context* ibctx() { return &vctx.context; }
+  static Context* from(ibv_context* c) {
+    return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) - offsetof(verbs_context, context));
+  }
+  // Queues an async event record for ibv_get_async_event.
+  void post_async(const ibv_async_event& ev);
+};
+static_assert(offsetof(Context, vctx) == 0);
+
+}  // namespace sv::engine

@@ -1,0 +1,70 @@
+#include "engine/cq.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+namespace sv::engine {
+
+bool Cq::push(const ibv_wc& wc, bool solicited) {
+  bool notify = false;
+  {
+    std::lock_guard lk(mu);
+    if (count == ring.size()) {
+      overflowed = true;
+      return false;
+    }
+    ring[(head + count) % ring.size()] = wc;
+    ++count;
+    if (armed && (!solicited_only || solicited || wc.status != IBV_WC_SUCCESS)) {
+      armed = false;
+      notify = true;
+    }
+  }
+  if (notify && channel) {
+    ibv_cq* p = ibcq();
+    // The pipe holds thousands of 8-byte events; one per arm can never fill it.
+    ssize_t r = write(channel->wr_fd, &p, sizeof p);
+    (void)r;
+  }
+  return true;
+}
+
+int Cq::poll(int n, ibv_wc* out) {
+  std::lock_guard lk(mu);
+  const int k = std::min<int>(n, static_cast<int>(count));
+  const auto cap = static_cast<uint32_t>(ring.size());
+  for (int i = 0; i < k; ++i) {
+    out[i] = ring[head];
+    head = head + 1 == cap ? 0 : head + 1;
+  }
+  count -= k;
+  return k;
+}
+
+int Cq::arm(bool solicited) {
+  bool notify = false;
+  {
+    std::lock_guard lk(mu);
+    // Arming a CQ that already holds completions still waits for the next one, as in
+    // the kernel; apps poll after arming to close that window.
+    armed = true;
+    solicited_only = solicited;
+  }
+  (void)notify;
+  return 0;
+}
+
+void Cq::attach(Qp* qp) {
+  std::lock_guard lk(qps_mu);
+  if (std::find(qps.begin(), qps.end(), qp) == qps.end()) qps.push_back(qp);
+  nqps.store(static_cast<int>(qps.size()), std::memory_order_release);
+}
+
+void Cq::detach(Qp* qp) {
+  std::lock_guard lk(qps_mu);
+  qps.erase(std::remove(qps.begin(), qps.end(), qp), qps.end());
+  nqps.store(static_cast<int>(qps.size()), std::memory_order_release);
+}
+
+}  // namespace sv::engine

@@ -1,0 +1,52 @@
+// Completion queues and completion channels. A channel is a pipe: the engine writes the
+// ibv_cq pointer, ibv_get_cq_event reads it, so blocking, O_NONBLOCK/EAGAIN, EINTR and
+// poll/epoll behave exactly like the kernel's uverbs event file.
+#pragma once
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+namespace sv::engine {
+
+struct Context;
+struct Qp;
+
+struct CompChannel {
+  ibv_comp_channel ch;  // first; ch.fd is the read end
+  int wr_fd = -1;
+};
+
+struct Cq {
+  ibv_cq_ex cqx;  // first: ibv_cq_ex begins with the ibv_cq members
+  Context* ctx = nullptr;
+  CompChannel* channel = nullptr;
+  int cqe = 0;
+
+  std::mutex mu;  // ring, arm state
+  std::vector<ibv_wc> ring;
+  uint32_t head = 0;
+  uint32_t count = 0;
+  bool armed = false;
+  bool solicited_only = false;
+  bool overflowed = false;
+
+  // QPs attached to this CQ, so a busy-polling caller drives their receive path itself
+  // instead of waiting for the progress thread (no thread hand-off on the fast path).
+  std::mutex qps_mu;
+  std::vector<Qp*> qps;
+  std::atomic<int> nqps{0};
+
+  ibv_cq* ibcq() { return reinterpret_cast<ibv_cq*>(&cqx); }
+  static Cq* from(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
+
+  // Adds a completion; returns false on overflow (caller raises IBV_EVENT_CQ_ERR).
+  bool push(const ibv_wc& wc, bool solicited);
+  int poll(int n, ibv_wc* out);
+  int arm(bool solicited);
+  void attach(Qp* qp);
+  void detach(Qp* qp);
+};
+
+}  // namespace sv::engine

@@ -1,0 +1,142 @@
+#include "engine/device.h"
+
+#include <arpa/inet.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "engine/log.h"
+
+namespace sv {
+bool debug_enabled() {
+  static const bool on = std::getenv("SOFTVERBS_DEBUG") != nullptr;
+  return on;
+}
+}  // namespace sv
+
+namespace sv::engine {
+
+ibv_gid addr_to_gid(const transport::SockAddr& a) {
+  ibv_gid g{};
+  if (a.family() == AF_INET) {
+    // RoCEv2-style IPv4-mapped GID ::ffff:a.b.c.d
+    g.raw[10] = 0xff;
+    g.raw[11] = 0xff;
+    std::memcpy(&g.raw[12], &reinterpret_cast<const sockaddr_in*>(&a.ss)->sin_addr, 4);
+  } else if (a.family() == AF_INET6) {
+    std::memcpy(g.raw, &reinterpret_cast<const sockaddr_in6*>(&a.ss)->sin6_addr, 16);
+  }
+  return g;
+}
+
+bool gid_to_addr(const ibv_gid& gid, transport::SockAddr& out) {
+  static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (std::memcmp(gid.raw, kMapped, 12) == 0) {
+    uint32_t a;
+    std::memcpy(&a, &gid.raw[12], 4);
+    out = transport::SockAddr::ipv4(a, 0);
+    return a != 0;
+  }
+  static const uint8_t kZero[16] = {};
+  if (std::memcmp(gid.raw, kZero, 16) == 0) return false;
+  if (gid.raw[0] == 0xfe && (gid.raw[1] & 0xc0) == 0x80) return false;  // link-local: no scope
+  out = transport::SockAddr{};
+  auto* in6 = reinterpret_cast<sockaddr_in6*>(&out.ss);
+  in6->sin6_family = AF_INET6;
+  std::memcpy(&in6->sin6_addr, gid.raw, 16);
+  out.len = sizeof(sockaddr_in6);
+  return true;
+}
+
+void refresh_gids(Device* d) {
+  static std::mutex mu;
+  std::lock_guard lk(mu);
+  d->gids.clear();
+  d->gid_addrs.clear();
+  for (const auto& h : transport::host_addresses()) {
+    d->gids.push_back(addr_to_gid(h.addr));
+    d->gid_addrs.push_back(h.addr);
+  }
+}
+
+Device* the_device() {
+  static Device* dev = [] {
+    auto* d = new Device{};
+    d->dev.node_type = IBV_NODE_CA;
+    d->dev.transport_type = IBV_TRANSPORT_IB;
+    std::strcpy(d->dev.name, "softverbs0");
+    std::strcpy(d->dev.dev_name, "uverbs0");
+    std::strcpy(d->dev.dev_path, "/dev/null/softverbs/uverbs0");
+    std::strcpy(d->dev.ibdev_path, "/dev/null/softverbs/softverbs0");
+    // Stable per host: derived from the host id so both ends of a test see distinct GUIDs
+    // only across hosts, like a NIC's GUID.
+    uint64_t g = static_cast<uint64_t>(gethostid()) << 24 ^ 0x5f7600000000001ull;
+    d->guid = g ? g : 1;
+    refresh_gids(d);
+    return d;
+  }();
+  return dev;
+}
+
+void fill_device_attr(const Device* d, ibv_device_attr* a) {
+  std::memset(a, 0, sizeof *a);
+  std::strcpy(a->fw_ver, "0.1.0");
+  a->node_guid = htobe64(d->guid);
+  a->sys_image_guid = htobe64(d->guid);
+  a->max_mr_size = ~0ull;
+  a->page_size_cap = 4096;
+  a->vendor_id = 0;
+  a->vendor_part_id = 0;
+  a->hw_ver = 0;
+  a->max_qp = kMaxQp;
+  a->max_qp_wr = kMaxQpWr;
+  a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SRQ_RESIZE |
+                        IBV_DEVICE_CHANGE_PHY_PORT | IBV_DEVICE_N_NOTIFY_CQ;
+  a->max_sge = kMaxSge;
+  a->max_sge_rd = kMaxSgeRd;
+  a->max_cq = 65535;
+  a->max_cqe = kMaxCqe;
+  a->max_mr = kMaxMr;
+  a->max_pd = 65535;
+  a->max_qp_rd_atom = kMaxRdAtom;
+  a->max_ee_rd_atom = 0;
+  a->max_res_rd_atom = kMaxRdAtom * 1024;
+  a->max_qp_init_rd_atom = kMaxRdAtom;
+  a->atomic_cap = IBV_ATOMIC_HCA;
+  a->max_srq = 65535;
+  a->max_srq_wr = kMaxSrqWr;
+  a->max_srq_sge = kMaxSge;
+  a->max_pkeys = 1;
+  a->local_ca_ack_delay = 15;
+  a->phys_port_cnt = 1;
+}
+
+void fill_port_attr(const Device* d, ibv_port_attr* a) {
+  std::memset(a, 0, sizeof *a);
+  a->state = IBV_PORT_ACTIVE;
+  a->max_mtu = IBV_MTU_4096;
+  a->active_mtu = IBV_MTU_4096;
+  a->gid_tbl_len = static_cast<int>(d->gids.size());
+  a->port_cap_flags = IBV_PORT_CM_SUP;
+  a->max_msg_sz = kMaxMsgSize;
+  a->bad_pkey_cntr = 0;
+  a->qkey_viol_cntr = 0;
+  a->pkey_tbl_len = 1;
+  a->lid = 0;
+  a->sm_lid = 0;
+  a->lmc = 0;
+  a->max_vl_num = 1;
+  a->sm_sl = 0;
+  a->subnet_timeout = 0;
+  a->init_type_reply = 0;
+  a->active_width = 2;   // 4x
+  a->active_speed = 32;  // EDR-like label; software, not a measured rate
+  a->phys_state = 5;     // LinkUp
+  a->link_layer = IBV_LINK_LAYER_ETHERNET;
+  a->flags = 0;
+  a->port_cap_flags2 = 0;
+}
+
+}  // namespace sv::engine

@@ -1,0 +1,77 @@
+// Every error mapping in one place: internal access results -> RFC 5040/5041 Terminate
+// codes, and Terminate codes -> ibv_wc_status for the WQE that provoked them.
+#include "engine/qp.h"
+#include "wire/terminate_codes.h"
+
+namespace sv::engine {
+
+using namespace wire;
+
+Terminate access_to_terminate(AccessResult r, bool tagged) {
+  Terminate t;
+  if (tagged) {
+    // RFC 5041 §7.2: tagged buffer errors are DDP layer, etype 1.
+    t.layer = TermLayer::ddp;
+    t.etype = static_cast<uint8_t>(DdpEtype::tagged);
+    switch (r) {
+      case AccessResult::invalid_key:
+        t.ecode = static_cast<uint8_t>(DdpTaggedEcode::invalid_stag);
+        break;
+      case AccessResult::bounds:
+        t.ecode = static_cast<uint8_t>(DdpTaggedEcode::base_bounds);
+        break;
+      case AccessResult::wrong_pd:
+        t.ecode = static_cast<uint8_t>(DdpTaggedEcode::stag_not_associated);
+        break;
+      case AccessResult::access_rights:
+      case AccessResult::ok:
+        // DDP has no access-rights code (RFC 5041 §7.2); RDMAP does (RFC 5040 §7.2).
+        t.layer = TermLayer::rdmap;
+        t.etype = static_cast<uint8_t>(RdmapEtype::remote_protection);
+        t.ecode = static_cast<uint8_t>(RdmapEcode::access_rights);
+        break;
+    }
+    return t;
+  }
+  // Read Request / Atomic source checks: RDMAP remote protection (RFC 5040 §7.2).
+  t.layer = TermLayer::rdmap;
+  t.etype = static_cast<uint8_t>(RdmapEtype::remote_protection);
+  switch (r) {
+    case AccessResult::invalid_key:
+      t.ecode = static_cast<uint8_t>(RdmapEcode::invalid_stag);
+      break;
+    case AccessResult::bounds:
+      t.ecode = static_cast<uint8_t>(RdmapEcode::base_bounds);
+      break;
+    case AccessResult::wrong_pd:
+      t.ecode = static_cast<uint8_t>(RdmapEcode::stag_not_associated);
+      break;
+    case AccessResult::access_rights:
+    case AccessResult::ok:
+      t.ecode = static_cast<uint8_t>(RdmapEcode::access_rights);
+      break;
+  }
+  return t;
+}
+
+ibv_wc_status terminate_to_wc_status(const Terminate& t) {
+  switch (t.layer) {
+    case TermLayer::rdmap:
+      if (t.etype == static_cast<uint8_t>(RdmapEtype::remote_protection))
+        return IBV_WC_REM_ACCESS_ERR;
+      if (t.etype == static_cast<uint8_t>(RdmapEtype::remote_operation)) return IBV_WC_REM_OP_ERR;
+      return IBV_WC_FATAL_ERR;
+    case TermLayer::ddp:
+      if (t.etype == static_cast<uint8_t>(DdpEtype::tagged)) return IBV_WC_REM_ACCESS_ERR;
+      if (t.etype == static_cast<uint8_t>(DdpEtype::untagged)) {
+        // No buffer / message too long: the request was invalid for the responder.
+        return IBV_WC_REM_INV_REQ_ERR;
+      }
+      return IBV_WC_FATAL_ERR;
+    case TermLayer::llp:
+      return IBV_WC_RETRY_EXC_ERR;
+  }
+  return IBV_WC_GENERAL_ERR;
+}
+
+}  // namespace sv::engine

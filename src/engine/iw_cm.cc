@@ -1,0 +1,564 @@
+#include "engine/iw_cm.h"
+
+#include <arpa/inet.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "engine/log.h"
+#include "engine/qp.h"
+#include "wire/be.h"
+
+namespace sv::engine {
+
+using wire::MpaFrame;
+using wire::MpaKind;
+
+std::vector<std::byte> OobHeader::encode() const {
+  std::vector<std::byte> b(12);
+  wire::store_be32(b.data(), kMagic);
+  wire::store_be32(b.data() + 4, dst_qpn);
+  wire::store_be32(b.data() + 8, src_qpn);
+  return b;
+}
+
+bool OobHeader::decode(std::span<const std::byte> pd, OobHeader& out) {
+  if (pd.size() < 12 || wire::load_be32(pd.data()) != kMagic) return false;
+  out.dst_qpn = wire::load_be32(pd.data() + 4);
+  out.src_qpn = wire::load_be32(pd.data() + 8);
+  return true;
+}
+
+// ---- Endpoint ------------------------------------------------------------------------
+
+Endpoint* Endpoint::connect(const transport::SockAddr& to, const transport::SockAddr* from,
+                            MpaOffer offer, std::function<void(Endpoint*, int)> on_done) {
+  auto* ep = new Endpoint();
+  ep->role_ = Role::active;
+  ep->offer_ = std::move(offer);
+  ep->on_done_ = std::move(on_done);
+  transport::SockAddr src;
+  if (from) src = *from;
+  Progress::get().post([ep, to, src] {
+    int fd = transport::tcp_connect_nb(to, src.len ? &src : nullptr);
+    if (fd < 0) {
+      ep->fail(fd);
+      return;
+    }
+    ep->fd_ = fd;
+    ep->st_ = State::connecting;
+    Progress::get().add(fd, EPOLLOUT, ep);
+  });
+  return ep;
+}
+
+Endpoint* Endpoint::passive(int fd, std::function<void(Endpoint*)> on_request,
+                            std::function<void(Endpoint*, int)> on_done) {
+  auto* ep = new Endpoint();
+  ep->role_ = Role::passive;
+  ep->fd_ = fd;
+  ep->st_ = State::wait_request;
+  ep->on_request_ = std::move(on_request);
+  ep->on_done_ = std::move(on_done);
+  transport::set_nodelay(fd);
+  transport::set_nonblock(fd, true);
+  Progress::get().run_sync([ep] { Progress::get().add(ep->fd_, EPOLLIN, ep); });
+  return ep;
+}
+
+void Endpoint::fail(int err) {
+  if (st_ == State::failed || st_ == State::done) return;
+  st_ = State::failed;
+  if (fd_ >= 0) {
+    Progress::get().del(fd_);
+    close(fd_);
+    fd_ = -1;
+  }
+  if (on_done_) on_done_(this, err);
+}
+
+bool Endpoint::write_all(const std::vector<std::byte>& b) {
+  size_t off = 0;
+  while (off < b.size()) {
+    ssize_t n = send(fd_, b.data() + off, b.size() - off, MSG_NOSIGNAL);
+    if (n > 0) {
+      off += static_cast<size_t>(n);
+    } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+      pollfd p{fd_, POLLOUT, 0};
+      if (::poll(&p, 1, 5000) <= 0) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool Endpoint::read_frame(MpaKind) {
+  // Read exactly the frame: bytes behind it belong to the FPDU stream (siw may send its
+  // first FPDU right behind its Reply).
+  while (in_.size() < want_) {
+    std::byte buf[wire::kMpaHeaderLen + wire::kMpaRfcMaxPrivData];
+    ssize_t n = recv(fd_, buf, want_ - in_.size(), 0);
+    if (n == 0) {
+      fail(-ECONNRESET);
+      return false;
+    }
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) return false;
+      fail(-errno);
+      return false;
+    }
+    in_.insert(in_.end(), buf, buf + n);
+    if (in_.size() == wire::kMpaHeaderLen) {
+      want_ = wire::mpa_frame_len(in_);
+      if (want_ > wire::kMpaHeaderLen + wire::kMpaRfcMaxPrivData) {
+        fail(-EPROTO);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+static std::vector<std::byte> encode_frame(const MpaFrame& f) {
+  std::vector<std::byte> b(wire::mpa_encoded_len(f));
+  wire::mpa_encode(f, b);
+  return b;
+}
+
+void Endpoint::on_event(uint32_t events) {
+  if (st_ == State::connecting) {
+    int r = transport::tcp_connect_result(fd_);
+    if (r != 0 || (events & (EPOLLERR | EPOLLHUP))) {
+      fail(r ? r : -ECONNREFUSED);
+      return;
+    }
+    MpaFrame f;
+    f.kind = MpaKind::request;
+    f.rev = 2;
+    f.enhanced = true;
+    f.crc = offer_.crc;
+    f.res = wire::kMpaResSvRequest;
+    f.v2.ird = offer_.ird;
+    f.v2.ord = offer_.ord;
+    f.v2.p2p = offer_.p2p;
+    f.v2.rtr_write = offer_.p2p;
+    f.ulp_pdata = offer_.pdata;
+    if (!write_all(encode_frame(f))) {
+      fail(-ECONNRESET);
+      return;
+    }
+    st_ = State::wait_reply;
+    Progress::get().mod(fd_, EPOLLIN, this);
+    return;
+  }
+  if (st_ == State::wait_reply) {
+    if (!read_frame(MpaKind::reply)) return;
+    MpaFrame rep;
+    auto e = wire::mpa_decode(in_, MpaKind::reply, wire::kMpaRfcMaxPrivData, rep);
+    if (e != wire::MpaError::ok) {
+      SV_DBG("bad MPA reply: %s", wire::to_string(e));
+      fail(-EPROTO);
+      return;
+    }
+    out_.peer_pdata.assign(rep.ulp_pdata.begin(), rep.ulp_pdata.end());
+    if (rep.reject) {
+      fail(-ECONNREFUSED);
+      return;
+    }
+    // We sent v2 + E: like siw we require the same back (RFC 6581 §5), no markers.
+    if (rep.rev != 2 || !rep.enhanced || rep.markers) {
+      fail(-ECONNRESET);
+      return;
+    }
+    out_.rev = 2;
+    out_.crc = offer_.crc || rep.crc;  // RFC 5044 §7.1: CRC if either side asks
+    out_.peer_sv = rep.res & wire::kMpaResSvReply;
+    out_.peer_ird = rep.v2.ird;
+    out_.peer_ord = rep.v2.ord;
+    out_.p2p = offer_.p2p && rep.v2.p2p && rep.v2.rtr_write;
+    ord_ = std::min(offer_.ord, rep.v2.ird);
+    ird_ = offer_.ird;
+    st_ = State::done;
+    Progress::get().del(fd_);
+    if (on_done_) on_done_(this, 0);
+    return;
+  }
+  if (st_ == State::wait_request) {
+    if (!read_frame(MpaKind::request)) return;
+    auto e = wire::mpa_decode(in_, MpaKind::request, wire::kMpaRfcMaxPrivData, req_);
+    if (e != wire::MpaError::ok) {
+      SV_DBG("bad MPA request: %s", wire::to_string(e));
+      fail(-EPROTO);
+      return;
+    }
+    if (req_.markers) {
+      // siw behaviour: markers are not implemented; answer with R=1 and close.
+      MpaFrame f;
+      f.kind = MpaKind::reply;
+      f.rev = req_.rev;
+      f.enhanced = req_.enhanced;
+      f.reject = true;
+      write_all(encode_frame(f));
+      fail(-EPROTO);
+      return;
+    }
+    out_.rev = req_.rev;
+    out_.peer_sv = req_.res & wire::kMpaResSvRequest;
+    out_.peer_ird = req_.v2.ird;
+    out_.peer_ord = req_.v2.ord;
+    out_.peer_pdata.assign(req_.ulp_pdata.begin(), req_.ulp_pdata.end());
+    st_ = State::wait_decision;
+    Progress::get().del(fd_);
+    if (on_request_) on_request_(this);
+    return;
+  }
+}
+
+void Endpoint::accept(MpaOffer reply) {
+  Progress::get().post([this, reply = std::move(reply)] {
+    if (st_ != State::wait_decision) return;
+    MpaFrame f;
+    f.kind = MpaKind::reply;
+    f.rev = req_.rev;
+    f.enhanced = req_.enhanced;
+    f.crc = req_.crc || reply.crc;
+    f.res = out_.peer_sv ? wire::kMpaResSvReply : 0;
+    if (req_.rev == 2 && req_.enhanced) {
+      // RFC 6581 §5: our ORD must not exceed the initiator's IRD.
+      f.v2.ird = reply.ird;
+      f.v2.ord = std::min(reply.ord, req_.v2.ird);
+      if (req_.v2.p2p) {
+        f.v2.p2p = true;
+        // Prefer the Write RTR, as siw does; a Read RTR is answered by the normal
+        // Read Response path. We never ask for the Send RTR (it would eat a receive).
+        f.v2.rtr_write = req_.v2.rtr_write;
+        f.v2.rtr_read = !req_.v2.rtr_write && req_.v2.rtr_read;
+      }
+      ird_ = f.v2.ird;
+      ord_ = f.v2.ord;
+    } else {
+      // MPA v1 has no IRD/ORD exchange; unlike siw (which then reports 0) we keep our own
+      // limits so a v1 peer can still be served Reads.
+      ird_ = reply.ird;
+      ord_ = reply.ord;
+    }
+    out_.crc = f.crc;
+    out_.p2p = f.v2.p2p;
+    f.ulp_pdata = reply.pdata;
+    if (!write_all(encode_frame(f))) {
+      fail(-ECONNRESET);
+      return;
+    }
+    st_ = State::done;
+    if (on_done_) on_done_(this, 0);
+  });
+}
+
+void Endpoint::reject(std::vector<std::byte> pdata) {
+  Progress::get().post([this, pdata = std::move(pdata)] {
+    if (st_ != State::wait_decision) return;
+    MpaFrame f;
+    f.kind = MpaKind::reply;
+    f.rev = req_.rev;
+    f.enhanced = req_.enhanced;
+    f.reject = true;
+    f.ulp_pdata = pdata;
+    write_all(encode_frame(f));
+    fail(-ECONNREFUSED);
+  });
+}
+
+int Endpoint::release_fd() {
+  int fd = fd_;
+  fd_ = -1;
+  return fd;
+}
+
+void Endpoint::dispose() {
+  Progress::get().post([this] {
+    if (fd_ >= 0) {
+      Progress::get().del(fd_);
+      close(fd_);
+    }
+    delete this;
+  });
+}
+
+// ---- out-of-band registry -------------------------------------------------------------
+
+namespace oob {
+namespace {
+
+struct Listener : Progress::Handler {
+  int fd = -1;
+  uint16_t port = 0;
+  std::vector<bool> used = std::vector<bool>(256, false);
+  uint32_t next = 1;
+  void on_event(uint32_t) override;
+};
+
+struct Registry {
+  std::mutex mu;
+  std::vector<Listener*> listeners;
+  std::map<uint32_t, Qp*> qps;
+  std::multimap<uint32_t, Endpoint*> parked;  // dst_qpn -> passive endpoints waiting for RTR
+};
+
+Registry& reg() {
+  static Registry* r = new Registry();
+  return *r;
+}
+
+bool crc_wanted() {
+  static const bool on = [] {
+    const char* e = std::getenv("SOFTVERBS_MPA_CRC");
+    return e && *e && *e != '0';
+  }();
+  return on;
+}
+
+Listener* new_listener() {
+  auto* l = new Listener();
+  transport::SockAddr any;
+  auto* in6 = reinterpret_cast<sockaddr_in6*>(&any.ss);
+  in6->sin6_family = AF_INET6;
+  in6->sin6_addr = in6addr_any;
+  any.len = sizeof(sockaddr_in6);
+  int fd = transport::tcp_listen(any, 128, true);
+  if (fd < 0) fd = transport::tcp_listen(transport::SockAddr::ipv4(htonl(INADDR_ANY), 0), 128, true);
+  if (fd < 0) {
+    delete l;
+    return nullptr;
+  }
+  l->fd = fd;
+  l->port = transport::local_addr(fd).port();
+  Progress::get().run_sync([l] { Progress::get().add(l->fd, EPOLLIN, l); });
+  return l;
+}
+
+void accept_parked(Qp* qp, Endpoint* ep) {
+  MpaOffer o;
+  o.crc = crc_wanted();
+  o.ird = static_cast<uint16_t>(std::max<uint8_t>(qp->attr.max_dest_rd_atomic, 1));
+  o.ord = static_cast<uint16_t>(kMaxRdAtom);
+  ep->user = qp;
+  ep->accept(std::move(o));
+}
+
+void on_request(Endpoint* ep) {
+  OobHeader h;
+  if (!OobHeader::decode(ep->outcome().peer_pdata, h)) {
+    ep->reject({});
+    return;
+  }
+  auto& r = reg();
+  std::unique_lock lk(r.mu);
+  auto it = r.qps.find(h.dst_qpn);
+  if (it == r.qps.end()) {
+    lk.unlock();
+    ep->reject({});
+    return;
+  }
+  Qp* qp = it->second;
+  const auto st = qp->state.load();
+  if ((st == IBV_QPS_RTR || st == IBV_QPS_RTS) && qp->attr.dest_qp_num == h.src_qpn &&
+      qp->conn.fd < 0) {
+    lk.unlock();
+    accept_parked(qp, ep);
+    return;
+  }
+  if (st == IBV_QPS_ERR || qp->conn.fd >= 0) {
+    lk.unlock();
+    ep->reject({});
+    return;
+  }
+  ep->user = reinterpret_cast<void*>(static_cast<uintptr_t>(h.src_qpn));
+  r.parked.emplace(h.dst_qpn, ep);  // wait until the QP reaches RTR
+}
+
+void on_passive_done(Endpoint* ep, int err) {
+  if (err) {
+    ep->dispose();
+    return;
+  }
+  auto* qp = static_cast<Qp*>(ep->user);
+  {
+    std::lock_guard lk(reg().mu);
+    auto it = reg().qps.find(qp->qpn());
+    if (it == reg().qps.end() || it->second != qp) {
+      ep->dispose();
+      return;
+    }
+  }
+  qp_take_endpoint(qp, ep);
+  ep->dispose();
+}
+
+void Listener::on_event(uint32_t) {
+  for (;;) {
+    int c = accept4(fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (c < 0) return;
+    Endpoint::passive(c, on_request, on_passive_done);
+  }
+}
+
+void connect_active(uint32_t qpn, int attempt);
+
+void on_active_done(uint32_t qpn, int attempt, Endpoint* ep, int err) {
+  Qp* qp = lookup(qpn);
+  if (!qp) {
+    ep->dispose();
+    return;
+  }
+  if (err == 0) {
+    qp_take_endpoint(qp, ep);
+    ep->dispose();
+    return;
+  }
+  ep->dispose();
+  // The peer may not have created its listener's QP yet or is slow: retry with backoff
+  // for retry_cnt rounds, then give up like an RC QP whose retries are exhausted.
+  const int retries = std::max<int>(qp->attr.retry_cnt, 3) * 4;
+  if (attempt < retries) {
+    Progress::get().post_after(std::chrono::milliseconds(10 << std::min(attempt, 5)),
+                               [qpn, attempt] { connect_active(qpn, attempt + 1); });
+    return;
+  }
+  SV_DBG("qp %u: connect failed (%d)", qpn, err);
+  qp_set_error(qp, IBV_WC_RETRY_EXC_ERR, true);
+}
+
+bool remote_of(Qp* qp, transport::SockAddr& to) {
+  const auto& ah = qp->attr.ah_attr;
+  if (ah.is_global && gid_to_addr(ah.grh.dgid, to)) {
+    to.set_port(static_cast<uint16_t>(qp->attr.dest_qp_num >> 8));
+    return true;
+  }
+  // No GRH (ibv_rc_pingpong without -g): LIDs are 0 on Ethernet, so the only peer we can
+  // name is this host.
+  to = transport::SockAddr::ipv4(htonl(INADDR_LOOPBACK),
+                                 static_cast<uint16_t>(qp->attr.dest_qp_num >> 8));
+  return true;
+}
+
+void connect_active(uint32_t qpn, int attempt) {
+  Qp* qp = lookup(qpn);
+  if (!qp || qp->state.load() == IBV_QPS_ERR || qp->conn.fd >= 0) return;
+  transport::SockAddr to;
+  remote_of(qp, to);
+  MpaOffer o;
+  o.crc = crc_wanted();
+  o.ird = static_cast<uint16_t>(std::max<uint8_t>(qp->attr.max_dest_rd_atomic, 1));
+  o.ord = static_cast<uint16_t>(kMaxRdAtom);
+  o.p2p = true;
+  o.pdata = OobHeader{qp->attr.dest_qp_num, qpn}.encode();
+  Endpoint::connect(to, nullptr, std::move(o), [qpn, attempt](Endpoint* ep, int err) {
+    on_active_done(qpn, attempt, ep, err);
+  });
+}
+
+}  // namespace
+
+uint32_t alloc_qpn(Qp* qp) {
+  auto& r = reg();
+  std::lock_guard lk(r.mu);
+  for (;;) {
+    for (auto* l : r.listeners) {
+      for (uint32_t k = 0; k < 254; ++k) {
+        uint32_t idx = l->next;
+        l->next = l->next >= 254 ? 1 : l->next + 1;  // rotate: QPNs are not soon reused
+        if (!l->used[idx]) {
+          l->used[idx] = true;
+          uint32_t qpn = (static_cast<uint32_t>(l->port) << 8) | idx;
+          r.qps[qpn] = qp;
+          return qpn;
+        }
+      }
+    }
+    if (r.listeners.size() >= 256) return 0;
+    Listener* l = new_listener();
+    if (!l) return 0;
+    r.listeners.push_back(l);
+  }
+}
+
+void free_qpn(uint32_t qpn) {
+  auto& r = reg();
+  std::lock_guard lk(r.mu);
+  r.qps.erase(qpn);
+  for (auto* l : r.listeners)
+    if (l->port == (qpn >> 8)) l->used[qpn & 0xFF] = false;
+}
+
+Qp* lookup(uint32_t qpn) {
+  auto& r = reg();
+  std::lock_guard lk(r.mu);
+  auto it = r.qps.find(qpn);
+  return it == r.qps.end() ? nullptr : it->second;
+}
+
+static bool local_is_active(Qp* qp) {
+  // Compare (our GID, our QPN) with (peer GID, peer QPN); the smaller connects.
+  const auto& ah = qp->attr.ah_attr;
+  ibv_gid mine{}, theirs{};
+  if (ah.is_global) {
+    theirs = ah.grh.dgid;
+    Device* d = the_device();
+    if (ah.grh.sgid_index < d->gids.size()) mine = d->gids[ah.grh.sgid_index];
+  }
+  int c = std::memcmp(mine.raw, theirs.raw, 16);
+  if (c != 0) return c < 0;
+  return qp->qpn() < qp->attr.dest_qp_num;
+}
+
+void start(Qp* qp) {
+  const uint32_t qpn = qp->qpn();
+  if (local_is_active(qp)) {
+    Progress::get().post([qpn] { connect_active(qpn, 0); });
+    return;
+  }
+  // Passive: a Request may already be parked.
+  Progress::get().post([qpn] {
+    Qp* q = lookup(qpn);
+    if (!q) return;
+    Endpoint* ep = nullptr;
+    {
+      auto& r = reg();
+      std::lock_guard lk(r.mu);
+      auto range = r.parked.equal_range(qpn);
+      for (auto it = range.first; it != range.second; ++it) {
+        if (reinterpret_cast<uintptr_t>(it->second->user) == q->attr.dest_qp_num) {
+          ep = it->second;
+          r.parked.erase(it);
+          break;
+        }
+      }
+    }
+    if (ep) accept_parked(q, ep);
+  });
+}
+
+void forget(Qp* qp) {
+  auto& r = reg();
+  std::vector<Endpoint*> drop;
+  {
+    std::lock_guard lk(r.mu);
+    auto range = r.parked.equal_range(qp->qpn());
+    for (auto it = range.first; it != range.second; ++it) drop.push_back(it->second);
+    r.parked.erase(range.first, range.second);
+  }
+  for (auto* ep : drop) ep->reject({});
+}
+
+}  // namespace oob
+
+}  // namespace sv::engine

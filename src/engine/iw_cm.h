@@ -1,0 +1,119 @@
+// iWARP connection set-up: TCP + MPA Request/Reply (RFC 5044 §7.1, RFC 6581), for both
+// ways applications connect:
+//  - rdma_cm (librdmacm): the application's port, MPA private data is the ULP's, exactly
+//    what Linux iw_cm/siw put on the wire;
+//  - out of band (ibv_modify_qp to RTR with the peer's GID and QPN): softverbs peers only.
+//    Each process listens on one TCP port P and numbers its QPs (P << 8 | idx), so a
+//    (GID, QPN) pair names an address and port with no daemon. The side with the smaller
+//    (GID, QPN) connects (RDS's "smaller address initiates"); its MPA Request carries an
+//    OobHeader naming both QPs.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "engine/progress.h"
+#include "transport/tcp.h"
+#include "wire/mpa.h"
+
+namespace sv::engine {
+
+struct Qp;
+
+// What one side offers in its MPA frame.
+struct MpaOffer {
+  bool crc = false;
+  uint16_t ird = 0;
+  uint16_t ord = 0;
+  bool p2p = false;  // initiator: ask for peer-to-peer mode with a zero-length Write RTR
+  std::vector<std::byte> pdata;  // ULP private data (after the RFC 6581 word)
+};
+
+// Outcome of a handshake, from this side's point of view.
+struct MpaOutcome {
+  bool crc = false;
+  bool peer_sv = false;
+  bool p2p = false;       // RTR exchange agreed (Write RTR)
+  uint16_t peer_ird = 0;  // what the peer said
+  uint16_t peer_ord = 0;
+  uint8_t rev = 2;
+  std::vector<std::byte> peer_pdata;
+};
+
+// softverbs out-of-band header in the MPA Request private data.
+struct OobHeader {
+  static constexpr uint32_t kMagic = 0x53564F42;  // "SVOB"
+  uint32_t dst_qpn = 0;
+  uint32_t src_qpn = 0;
+  std::vector<std::byte> encode() const;
+  static bool decode(std::span<const std::byte> pd, OobHeader& out);
+};
+
+class Endpoint : public Progress::Handler {
+ public:
+  enum class Role : uint8_t { active, passive };
+  enum class State : uint8_t { connecting, wait_reply, wait_request, wait_decision, done, failed };
+
+  // Active: connect to `to` and send a Request; on_done(ep, 0) after a good Reply,
+  // (ep, -ECONNREFUSED) on reject, (ep, -errno) on failure.
+  static Endpoint* connect(const transport::SockAddr& to, const transport::SockAddr* from,
+                           MpaOffer offer, std::function<void(Endpoint*, int)> on_done);
+  // Passive: an accepted socket; on_request(ep) once the Request is read; the owner then
+  // calls accept() or reject() from any thread.
+  static Endpoint* passive(int fd, std::function<void(Endpoint*)> on_request,
+                           std::function<void(Endpoint*, int)> on_done);
+
+  void accept(MpaOffer reply);  // sends the Reply; on_done(ep, 0) when it is written
+  void reject(std::vector<std::byte> pdata);
+  // Hands the socket to the caller (after done); the endpoint no longer owns it.
+  int release_fd();
+  // Destroys the endpoint on the progress thread.
+  void dispose();
+
+  Role role() const { return role_; }
+  const MpaOutcome& outcome() const { return out_; }
+  const wire::MpaFrame& request() const { return req_; }
+  const std::vector<std::byte>& request_bytes() const { return in_; }
+  int fd() const { return fd_; }
+  uint16_t negotiated_ird() const { return ird_; }
+  uint16_t negotiated_ord() const { return ord_; }
+  void* user = nullptr;
+
+  void on_event(uint32_t events) override;
+
+ private:
+  Endpoint() = default;
+  void fail(int err);
+  bool read_frame(wire::MpaKind kind);  // true once a whole frame is in in_
+  bool write_all(const std::vector<std::byte>& b);
+
+  Role role_ = Role::active;
+  State st_ = State::connecting;
+  int fd_ = -1;
+  MpaOffer offer_;
+  MpaOutcome out_;
+  wire::MpaFrame req_{};
+  std::vector<std::byte> in_;
+  size_t want_ = wire::kMpaHeaderLen;
+  uint16_t ird_ = 0, ord_ = 0;
+  std::function<void(Endpoint*, int)> on_done_;
+  std::function<void(Endpoint*)> on_request_;
+};
+
+// Out-of-band registry: the process' QP listener and QPN -> QP map.
+namespace oob {
+// Allocates a host-unique QPN; 0 if exhausted.
+uint32_t alloc_qpn(Qp* qp);
+void free_qpn(uint32_t qpn);
+Qp* lookup(uint32_t qpn);
+// Called when a QP moves to RTR with a peer (GID, QPN): connects or waits for the peer.
+void start(Qp* qp);
+// Called when a QP is destroyed: drops parked passive endpoints.
+void forget(Qp* qp);
+}  // namespace oob
+
+// Applies a finished handshake's outcome to a QP and hands it the socket.
+void qp_take_endpoint(Qp* qp, Endpoint* ep);
+
+}  // namespace sv::engine

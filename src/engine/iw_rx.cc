@@ -1,0 +1,252 @@
+// RX: a resumable parser over the TCP byte stream (RFC 5044 §4 FPDUs), in the manner of
+// siw_tcp_rx_data: header -> data -> trailer, any of which may span reads. Payload bytes
+// are copied from the read buffer into their target, or, for long tagged payloads, read
+// from the socket straight into the target memory region.
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "engine/log.h"
+#include "engine/rx_dispatch.h"
+#include "wire/be.h"
+#include "wire/crc32c.h"
+#include "wire/terminate_codes.h"
+
+namespace sv::engine {
+namespace {
+
+constexpr uint32_t kDirectMin = 4096;  // below this, one buffered read beats a second recv
+
+void place_bytes(Conn& c, const std::byte* src, uint32_t n) {
+  Placement& p = c.place;
+  switch (p.kind) {
+    case Placement::Kind::discard:
+      break;
+    case Placement::Kind::contiguous:
+      std::memcpy(p.ptr, src, n);
+      p.ptr += n;
+      break;
+    case Placement::Kind::sgl: {
+      uint32_t off = p.offset;
+      for (uint32_t i = 0; i < p.num_sge && n; ++i) {
+        const ibv_sge& s = p.sge[i];
+        if (off >= s.length) {
+          off -= s.length;
+          continue;
+        }
+        const uint32_t take = std::min(n, s.length - off);
+        std::memcpy(reinterpret_cast<std::byte*>(s.addr) + off, src, take);
+        src += take;
+        n -= take;
+        p.offset += take;
+        off = 0;
+      }
+      break;
+    }
+  }
+}
+
+wire::Terminate llp_term(wire::LlpEcode e) {
+  wire::Terminate t;
+  t.layer = wire::TermLayer::llp;
+  t.etype = 0;
+  t.ecode = static_cast<uint8_t>(e);
+  return t;
+}
+
+wire::Terminate ddp_error_term(wire::DdpError e) {
+  wire::Terminate t;
+  switch (e) {
+    case wire::DdpError::ddp_version:
+      t.layer = wire::TermLayer::ddp;
+      t.etype = static_cast<uint8_t>(wire::DdpEtype::untagged);
+      t.ecode = static_cast<uint8_t>(wire::DdpUntaggedEcode::invalid_version);
+      break;
+    case wire::DdpError::rdmap_version:
+      t.layer = wire::TermLayer::rdmap;
+      t.etype = static_cast<uint8_t>(wire::RdmapEtype::remote_operation);
+      t.ecode = static_cast<uint8_t>(wire::RdmapEcode::invalid_version);
+      break;
+    case wire::DdpError::bad_qn:
+      t.layer = wire::TermLayer::ddp;
+      t.etype = static_cast<uint8_t>(wire::DdpEtype::untagged);
+      t.ecode = static_cast<uint8_t>(wire::DdpUntaggedEcode::invalid_qn);
+      break;
+    case wire::DdpError::bad_opcode:
+    case wire::DdpError::unexpected_payload:
+    case wire::DdpError::short_ulpdu:
+    case wire::DdpError::ok:
+      // siw answers unknown opcodes (e.g. RFC 7306 ones) with RDMAP remote-operation 0x06.
+      t.layer = wire::TermLayer::rdmap;
+      t.etype = static_cast<uint8_t>(wire::RdmapEtype::remote_operation);
+      t.ecode = static_cast<uint8_t>(wire::RdmapEcode::unexpected_opcode);
+      break;
+  }
+  return t;
+}
+
+void conn_eof(Qp* qp) {
+  Conn& c = qp->conn;
+  if (c.have_recv) {
+    complete_recv(qp, c.cur_recv, IBV_WC_WR_FLUSH_ERR, 0, IBV_WC_RECV, 0, 0, 0);
+    c.have_recv = false;
+  }
+  if (c.imm_pending) {
+    complete_recv(qp, c.imm_recv, IBV_WC_WR_FLUSH_ERR, 0, IBV_WC_RECV, 0, 0, 0);
+    c.imm_pending = false;
+  }
+  c.stalled = true;  // stop reading
+  qp_conn_lost(qp, IBV_WC_RETRY_EXC_ERR);
+}
+
+}  // namespace
+
+bool rx_run_locked(Qp* qp) {
+  Conn& c = qp->conn;
+  if (c.fd < 0 || c.rxbuf.empty()) return false;
+  const bool was_stalled = c.stalled;
+  for (;;) {
+    if (c.stalled) {
+      // Retry the header that stalled (a receive may have been posted since).
+      if (qp->state.load() == IBV_QPS_ERR) return false;
+      if (c.phase != RxPhase::header || c.ulpdu_len == 0) break;
+      RxAction a = rx_on_header(qp);
+      if (a == RxAction::stall) break;
+      c.stalled = false;
+      if (a == RxAction::dead) return false;
+      c.data_left = c.seg.payload_len;
+      c.phase = RxPhase::data;
+    }
+    size_t avail = c.rx_end - c.rx_begin;
+    if (avail == 0) {
+      c.rx_begin = c.rx_end = 0;
+      ssize_t n;
+      const bool direct = c.phase == RxPhase::data && c.data_left >= kDirectMin &&
+                          c.place.kind == Placement::Kind::contiguous;
+      if (direct) {
+        // Straight from the socket into the target MR: no bounce copy.
+        n = recv(c.fd, c.place.ptr, c.data_left, MSG_DONTWAIT);
+        if (n > 0) {
+          if (c.crc) c.crc_state = wire::crc32c_update(c.crc_state, c.place.ptr, n);
+          c.place.ptr += n;
+          c.data_left -= static_cast<uint32_t>(n);
+          if (c.data_left == 0) {
+            c.phase = RxPhase::trailer;
+            c.trailer_have = 0;
+          }
+          continue;
+        }
+      } else {
+        n = recv(c.fd, c.rxbuf.data(), c.rxbuf.size(), MSG_DONTWAIT);
+        if (n > 0) {
+          c.rx_end = static_cast<size_t>(n);
+          continue;
+        }
+      }
+      if (n == 0) {
+        conn_eof(qp);
+        return false;
+      }
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) break;
+      conn_eof(qp);
+      return false;
+    }
+    const std::byte* in = c.rxbuf.data() + c.rx_begin;
+    switch (c.phase) {
+      case RxPhase::header: {
+        // ULPDU_Length(2) + DDP/RDMAP control(2) tell how many header bytes follow.
+        size_t need = 4;
+        if (c.hdr_have >= 4) {
+          const size_t hl = wire::ddp_header_len(std::span<const std::byte, 2>(&c.hdr[2], 2));
+          need = 2 + std::max<size_t>(hl, 2);
+        }
+        const size_t take = std::min(avail, need - c.hdr_have);
+        std::memcpy(&c.hdr[c.hdr_have], in, take);
+        c.hdr_have += take;
+        c.rx_begin += take;
+        if (c.hdr_have < need) continue;
+        if (need == 4) {
+          const size_t hl = wire::ddp_header_len(std::span<const std::byte, 2>(&c.hdr[2], 2));
+          if (hl > 2) continue;  // more header bytes to collect
+        }
+        c.ulpdu_len = wire::load_be16(c.hdr.data());
+        auto e = wire::ddp_decode(std::span<const std::byte>(&c.hdr[2], c.hdr_have - 2),
+                                  c.ulpdu_len, c.seg);
+        if (e != wire::DdpError::ok) {
+          SV_DBG("qp %u: bad segment header: %s", qp->qpn(), wire::to_string(e));
+          rx_fail(qp, ddp_error_term(e), true, IBV_WC_REM_OP_ERR, IBV_WC_REM_OP_ERR);
+          return false;
+        }
+        if (c.crc) c.crc_state = wire::crc32c_update(wire::kCrc32cInit, c.hdr.data(), c.hdr_have);
+        if (c.tx_gated && !c.expect_rtr) {
+          std::lock_guard lk(qp->tx_mu);
+          c.tx_gated = false;
+          tx_run_locked(qp);
+        }
+        const RxAction a = rx_on_header(qp);
+        if (a == RxAction::dead) return false;
+        if (a == RxAction::stall) {
+          c.stalled = true;
+          break;
+        }
+        c.data_left = c.seg.payload_len;
+        c.phase = RxPhase::data;
+        if (c.data_left == 0) {
+          c.phase = RxPhase::trailer;
+          c.trailer_have = 0;
+        }
+        continue;
+      }
+      case RxPhase::data: {
+        const uint32_t take = static_cast<uint32_t>(std::min<size_t>(avail, c.data_left));
+        place_bytes(c, in, take);
+        if (c.crc) c.crc_state = wire::crc32c_update(c.crc_state, in, take);
+        c.rx_begin += take;
+        c.data_left -= take;
+        if (c.data_left == 0) {
+          c.phase = RxPhase::trailer;
+          c.trailer_have = 0;
+        }
+        continue;
+      }
+      case RxPhase::trailer: {
+        const size_t pad = wire::fpdu_pad(c.ulpdu_len);
+        const size_t need = pad + wire::kMpaCrcLen;
+        const size_t take = std::min(avail, need - c.trailer_have);
+        std::memcpy(&c.trailer[c.trailer_have], in, take);
+        c.trailer_have += take;
+        c.rx_begin += take;
+        if (c.trailer_have < need) continue;
+        if (c.crc) {
+          uint32_t s = wire::crc32c_update(c.crc_state, c.trailer.data(), pad);
+          if (wire::crc32c_final(s) != wire::load_le32(&c.trailer[pad])) {
+            SV_DBG("qp %u: MPA CRC error", qp->qpn());
+            rx_fail(qp, llp_term(wire::LlpEcode::crc_error), true, IBV_WC_RETRY_EXC_ERR,
+                    IBV_WC_WR_FLUSH_ERR);
+            return false;
+          }
+        }
+        c.phase = RxPhase::header;
+        c.hdr_have = 0;
+        c.ulpdu_len = 0;
+        if (!rx_on_segment_end(qp)) return false;
+        if (c.expect_rtr) {
+          // The peer-to-peer RTR has arrived (RFC 6581 §4): we may now send.
+          c.expect_rtr = false;
+          std::lock_guard lk(qp->tx_mu);
+          c.tx_gated = false;
+          tx_run_locked(qp);
+        }
+        continue;
+      }
+    }
+    break;
+  }
+  if (c.stalled != was_stalled) qp_update_interest(qp);
+  return true;
+}
+
+}  // namespace sv::engine

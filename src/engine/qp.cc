@@ -1,0 +1,635 @@
+#include "engine/qp.h"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "engine/iw_cm.h"
+#include "engine/log.h"
+
+namespace sv::engine {
+namespace {
+
+uint32_t round_up_pow2(uint32_t v) {
+  uint32_t r = 1;
+  while (r < v) r <<= 1;
+  return r;
+}
+
+struct QpIo : Progress::Handler {
+  Qp* qp;
+  explicit QpIo(Qp* q) : qp(q) {}
+  void on_event(uint32_t ev) override {
+    if (ev & (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)) {
+      std::lock_guard lk(qp->rx_mu);
+      if (qp->conn.fd >= 0 && !rx_run_locked(qp)) {
+        // rx_run_locked reported the loss; nothing more to read.
+      }
+    }
+    if (ev & EPOLLOUT) tx_kick(qp);
+    qp_update_interest(qp);
+  }
+};
+
+// IB spec 11.2.4.2 / rdma-core qp_state_table: attributes required and allowed per
+// transition for RC.
+struct Transition {
+  bool valid;
+  int required;
+  int optional;
+};
+
+Transition transition(ibv_qp_state cur, ibv_qp_state next) {
+  constexpr int kS = IBV_QP_STATE;
+  if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) return {true, kS, 0};
+  switch (cur) {
+    case IBV_QPS_RESET:
+      if (next == IBV_QPS_INIT)
+        return {true, kS | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0};
+      break;
+    case IBV_QPS_INIT:
+      if (next == IBV_QPS_INIT)
+        return {true, kS, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS};
+      if (next == IBV_QPS_RTR)
+        return {true,
+                kS | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
+                IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX};
+      break;
+    case IBV_QPS_RTR:
+      if (next == IBV_QPS_RTS)
+        return {true,
+                kS | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                    IBV_QP_MAX_QP_RD_ATOMIC,
+                IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS |
+                    IBV_QP_MIN_RNR_TIMER | IBV_QP_PATH_MIG_STATE};
+      break;
+    case IBV_QPS_RTS:
+      if (next == IBV_QPS_RTS)
+        return {true, kS,
+                IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH |
+                    IBV_QP_PATH_MIG_STATE | IBV_QP_MIN_RNR_TIMER};
+      if (next == IBV_QPS_SQD) return {true, kS, IBV_QP_EN_SQD_ASYNC_NOTIFY};
+      break;
+    case IBV_QPS_SQD:
+      if (next == IBV_QPS_RTS)
+        return {true, kS,
+                IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH |
+                    IBV_QP_PATH_MIG_STATE | IBV_QP_MIN_RNR_TIMER};
+      if (next == IBV_QPS_SQD)
+        return {true, kS,
+                IBV_QP_AV | IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH |
+                    IBV_QP_PATH_MIG_STATE | IBV_QP_MIN_RNR_TIMER | IBV_QP_MAX_QP_RD_ATOMIC |
+                    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_PKEY_INDEX | IBV_QP_TIMEOUT |
+                    IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY};
+      break;
+    case IBV_QPS_SQE:
+      if (next == IBV_QPS_RTS) return {true, kS, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS};
+      break;
+    default:
+      break;
+  }
+  return {false, 0, 0};
+}
+
+constexpr int kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                             IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+
+}  // namespace
+
+Qp* qp_create(Context* ctx, Pd* pd, const ibv_qp_init_attr* init, int* err) {
+  *err = EINVAL;
+  if (!pd || !init || !init->send_cq || !init->recv_cq) return nullptr;
+  if (init->qp_type != IBV_QPT_RC) {
+    *err = EOPNOTSUPP;
+    return nullptr;
+  }
+  const auto& c = init->cap;
+  if (c.max_send_wr > static_cast<uint32_t>(kMaxQpWr) ||
+      c.max_recv_wr > static_cast<uint32_t>(kMaxQpWr) ||
+      c.max_send_sge > static_cast<uint32_t>(kMaxSge) ||
+      c.max_recv_sge > static_cast<uint32_t>(kMaxSge) ||
+      c.max_inline_data > static_cast<uint32_t>(kMaxInline))
+    return nullptr;
+  auto* qp = new Qp();
+  qp->ctx = ctx;
+  qp->pd = pd;
+  qp->scq = Cq::from(init->send_cq);
+  qp->rcq = Cq::from(init->recv_cq);
+  qp->srq = init->srq ? reinterpret_cast<Srq*>(init->srq) : nullptr;
+  qp->sq_sig_all = init->sq_sig_all;
+  // Report what we really allocate, like providers do (rounded up).
+  qp->cap.max_send_wr = std::max<uint32_t>(round_up_pow2(std::max<uint32_t>(c.max_send_wr, 1)), 1);
+  qp->cap.max_recv_wr = qp->srq ? 0 : round_up_pow2(std::max<uint32_t>(c.max_recv_wr, 1));
+  qp->cap.max_send_sge = std::max<uint32_t>(c.max_send_sge, 1);
+  qp->cap.max_recv_sge = qp->srq ? 0 : std::max<uint32_t>(c.max_recv_sge, 1);
+  qp->cap.max_inline_data = kMaxInline;
+  qp->sq.resize(qp->cap.max_send_wr);
+  qp->sq_sge.resize(static_cast<size_t>(qp->cap.max_send_wr) * qp->cap.max_send_sge);
+  qp->sq_inline.resize(static_cast<size_t>(qp->cap.max_send_wr) * kMaxInline);
+  for (uint32_t i = 0; i < qp->cap.max_send_wr; ++i)
+    qp->sq[i].sge = &qp->sq_sge[static_cast<size_t>(i) * qp->cap.max_send_sge];
+  if (!qp->srq) {
+    qp->rq.resize(qp->cap.max_recv_wr);
+    qp->rq_sge.resize(static_cast<size_t>(qp->cap.max_recv_wr) * qp->cap.max_recv_sge);
+    for (uint32_t i = 0; i < qp->cap.max_recv_wr; ++i)
+      qp->rq[i].sge = &qp->rq_sge[static_cast<size_t>(i) * qp->cap.max_recv_sge];
+  }
+  qp->irq.resize(kMaxRdAtom);
+
+  ibv_qp& b = qp->qpx.qp_base;
+  b.context = ctx->ibctx();
+  b.qp_context = init->qp_context;
+  b.pd = &pd->pd;
+  b.send_cq = init->send_cq;
+  b.recv_cq = init->recv_cq;
+  b.srq = init->srq;
+  b.state = IBV_QPS_RESET;
+  b.qp_type = IBV_QPT_RC;
+  pthread_mutex_init(&b.mutex, nullptr);
+  pthread_cond_init(&b.cond, nullptr);
+  b.events_completed = 0;
+  const uint32_t qpn = oob::alloc_qpn(qp);
+  if (!qpn) {
+    delete qp;
+    *err = ENOMEM;
+    return nullptr;
+  }
+  b.qp_num = qpn;
+  b.handle = qpn;
+  qp->attr.qp_state = IBV_QPS_RESET;
+  qp->attr.cap = qp->cap;
+  qp->attr.path_mtu = IBV_MTU_4096;
+  qp->attr.port_num = 1;
+  qp->io = std::make_unique<QpIo>(qp);
+  qp->scq->attach(qp);
+  if (qp->rcq != qp->scq) qp->rcq->attach(qp);
+  if (qp->srq) {
+    std::lock_guard lk(qp->srq->qps_mu);
+    qp->srq->qps.push_back(qp);
+  }
+  *err = 0;
+  return qp;
+}
+
+static void close_conn(Qp* qp) {
+  Progress::get().run_sync([qp] {
+    if (qp->conn.fd >= 0) {
+      if (qp->conn.registered) Progress::get().del(qp->conn.fd);
+      qp->conn.registered = false;
+      shutdown(qp->conn.fd, SHUT_RDWR);
+      close(qp->conn.fd);
+      qp->conn.fd = -1;
+    }
+  });
+}
+
+int qp_destroy(Qp* qp) {
+  Progress::get().run_sync([qp] {
+    oob::forget(qp);
+    oob::free_qpn(qp->qpn());
+  });
+  close_conn(qp);
+  qp->scq->detach(qp);
+  if (qp->rcq != qp->scq) qp->rcq->detach(qp);
+  if (qp->srq) {
+    std::lock_guard lk(qp->srq->qps_mu);
+    auto& v = qp->srq->qps;
+    v.erase(std::remove(v.begin(), v.end(), qp), v.end());
+  }
+  {
+    // Wait out any thread still inside this QP's engines.
+    std::lock_guard a(qp->rx_mu);
+    std::lock_guard b(qp->tx_mu);
+  }
+  pthread_mutex_destroy(&qp->qpx.qp_base.mutex);
+  pthread_cond_destroy(&qp->qpx.qp_base.cond);
+  delete qp;
+  return 0;
+}
+
+int qp_modify(Qp* qp, ibv_qp_attr* a, int mask) {
+  if (!a || (mask & ~((IBV_QP_RATE_LIMIT << 1) - 1))) return EINVAL;
+  std::unique_lock lk(qp->tx_mu);
+  const ibv_qp_state cur = (mask & IBV_QP_CUR_STATE) ? a->cur_qp_state : qp->state.load();
+  const ibv_qp_state next = (mask & IBV_QP_STATE) ? a->qp_state : cur;
+  const Transition t = transition(qp->state.load(), next);
+  if (!t.valid || cur != qp->state.load()) return EINVAL;
+  if ((mask & t.required) != t.required || (mask & ~(t.required | t.optional)) != 0) return EINVAL;
+  // Validate every attribute before changing anything (rxe_qp_chk_attr).
+  if ((mask & IBV_QP_PORT) && a->port_num != 1) return EINVAL;
+  if ((mask & IBV_QP_PKEY_INDEX) && a->pkey_index != 0) return EINVAL;
+  if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && a->max_rd_atomic > kMaxRdAtom) return EINVAL;
+  if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && a->max_dest_rd_atomic > kMaxRdAtom) return EINVAL;
+  if ((mask & IBV_QP_PATH_MTU) && (a->path_mtu < IBV_MTU_256 || a->path_mtu > IBV_MTU_4096))
+    return EINVAL;
+  if ((mask & IBV_QP_AV) && a->ah_attr.is_global &&
+      a->ah_attr.grh.sgid_index >= the_device()->gids.size())
+    return EINVAL;
+  if ((mask & IBV_QP_RETRY_CNT) && a->retry_cnt > 7) return EINVAL;
+  if ((mask & IBV_QP_RNR_RETRY) && a->rnr_retry > 7) return EINVAL;
+  if ((mask & IBV_QP_MIN_RNR_TIMER) && a->min_rnr_timer > 31) return EINVAL;
+  if ((mask & IBV_QP_TIMEOUT) && a->timeout > 31) return EINVAL;
+  if ((mask & IBV_QP_DEST_QPN) && (a->dest_qp_num == 0 || a->dest_qp_num > 0xFFFFFF))
+    return EINVAL;
+  if ((mask & IBV_QP_CAP)) return EINVAL;
+
+  auto& s = qp->attr;
+  if (mask & IBV_QP_ACCESS_FLAGS) s.qp_access_flags = a->qp_access_flags & kKnownAccess;
+  if (mask & IBV_QP_PKEY_INDEX) s.pkey_index = a->pkey_index;
+  if (mask & IBV_QP_PORT) s.port_num = a->port_num;
+  if (mask & IBV_QP_AV) s.ah_attr = a->ah_attr;
+  if (mask & IBV_QP_PATH_MTU) s.path_mtu = a->path_mtu;
+  if (mask & IBV_QP_DEST_QPN) s.dest_qp_num = a->dest_qp_num;
+  if (mask & IBV_QP_RQ_PSN) s.rq_psn = a->rq_psn & 0xFFFFFF;
+  if (mask & IBV_QP_SQ_PSN) s.sq_psn = a->sq_psn & 0xFFFFFF;
+  if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) s.max_dest_rd_atomic = a->max_dest_rd_atomic;
+  if (mask & IBV_QP_MAX_QP_RD_ATOMIC) s.max_rd_atomic = a->max_rd_atomic;
+  if (mask & IBV_QP_MIN_RNR_TIMER) s.min_rnr_timer = a->min_rnr_timer;
+  if (mask & IBV_QP_TIMEOUT) s.timeout = a->timeout;
+  if (mask & IBV_QP_RETRY_CNT) s.retry_cnt = a->retry_cnt;
+  if (mask & IBV_QP_RNR_RETRY) s.rnr_retry = a->rnr_retry;
+  if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) s.en_sqd_async_notify = a->en_sqd_async_notify;
+  if (mask & IBV_QP_ALT_PATH) s.alt_ah_attr = a->alt_ah_attr;
+  if (mask & IBV_QP_PATH_MIG_STATE) s.path_mig_state = a->path_mig_state;
+
+  const ibv_qp_state prev = qp->state.load();
+  if (!(mask & IBV_QP_STATE) || next == prev) {
+    return 0;
+  }
+  if (next == IBV_QPS_ERR) {
+    lk.unlock();
+    qp_set_error(qp, IBV_WC_WR_FLUSH_ERR, false);
+    return 0;
+  }
+  if (next == IBV_QPS_RESET) {
+    // Discard everything without completions (IB spec 10.3.1: RESET empties the queues).
+    qp->sq_head = qp->sq_tx = qp->sq_count = 0;
+    qp->orq_used = 0;
+    qp->irq_head = qp->irq_count = 0;
+    {
+      std::lock_guard rq(qp->rq_mu);
+      qp->rq_head = qp->rq_count = 0;
+    }
+    qp->state = IBV_QPS_RESET;
+    s.qp_state = IBV_QPS_RESET;
+    qp->qpx.qp_base.state = IBV_QPS_RESET;
+    qp->error_reported = false;
+    lk.unlock();
+    close_conn(qp);
+    std::lock_guard rx(qp->rx_mu);
+    std::lock_guard tx(qp->tx_mu);
+    Conn fresh;
+    std::swap(qp->conn, fresh);
+    return 0;
+  }
+  qp->state = next;
+  s.qp_state = next;
+  qp->qpx.qp_base.state = next;
+  s.cur_qp_state = next;
+  if (next == IBV_QPS_RTR && !qp->cm_managed) oob::start(qp);
+  if (next == IBV_QPS_RTS && prev != IBV_QPS_RTS) tx_run_locked(qp);
+  if (next == IBV_QPS_SQD && s.en_sqd_async_notify) {
+    // Nothing is ever in flight between WQEs for long: the SQ drains immediately.
+    lk.unlock();
+    ibv_async_event ev{};
+    ev.element.qp = qp->ibqp();
+    ev.event_type = IBV_EVENT_SQ_DRAINED;
+    qp->ctx->post_async(ev);
+  }
+  return 0;
+}
+
+int qp_query(Qp* qp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) {
+  std::lock_guard lk(qp->tx_mu);
+  *attr = qp->attr;
+  attr->qp_state = qp->state.load();
+  attr->cur_qp_state = attr->qp_state;
+  attr->cap = qp->cap;
+  attr->sq_draining = 0;
+  if (init) {
+    std::memset(init, 0, sizeof *init);
+    init->qp_context = qp->qpx.qp_base.qp_context;
+    init->send_cq = qp->qpx.qp_base.send_cq;
+    init->recv_cq = qp->qpx.qp_base.recv_cq;
+    init->srq = qp->qpx.qp_base.srq;
+    init->cap = qp->cap;
+    init->qp_type = IBV_QPT_RC;
+    init->sq_sig_all = qp->sq_sig_all;
+  }
+  return 0;
+}
+
+static int check_send_wr(const Qp* qp, const ibv_send_wr* wr, bool peer_known_not_sv) {
+  if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > qp->cap.max_send_sge)
+    return EINVAL;
+  if (wr->num_sge > 0 && !wr->sg_list) return EINVAL;
+  uint64_t len = 0;
+  for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
+  if (len > kMaxMsgSize) return EINVAL;
+  switch (wr->opcode) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_INV:
+    case IBV_WR_RDMA_WRITE:
+      break;
+    case IBV_WR_SEND_WITH_IMM:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      // Immediate data needs RFC 7306 on the peer; siw would kill the stream.
+      if (peer_known_not_sv) return EINVAL;
+      break;
+    case IBV_WR_RDMA_READ:
+      if (wr->send_flags & IBV_SEND_INLINE) return EINVAL;
+      break;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      if (peer_known_not_sv) return EINVAL;
+      if (len != 8 || wr->num_sge != 1 || (wr->wr.atomic.remote_addr & 7) ||
+          (wr->send_flags & IBV_SEND_INLINE))
+        return EINVAL;
+      break;
+    default:
+      return EINVAL;
+  }
+  if ((wr->send_flags & IBV_SEND_INLINE) && len > qp->cap.max_inline_data) return EINVAL;
+  return 0;
+}
+
+int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+  std::unique_lock lk(qp->tx_mu);
+  const ibv_qp_state st = qp->state.load(std::memory_order_acquire);
+  int err = 0;
+  if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) err = EINVAL;
+  const bool not_sv = qp->conn.fd >= 0 && !qp->conn.peer_sv;
+  const uint32_t cap = qp->cap.max_send_wr;
+  for (; wr && !err; wr = wr->next) {
+    if ((err = check_send_wr(qp, wr, not_sv))) break;
+    if (qp->sq_count == cap) {
+      err = ENOMEM;
+      break;
+    }
+    const uint32_t slot = (qp->sq_head + qp->sq_count) & (cap - 1);
+    SendWqe& w = qp->sq[slot];
+    ibv_sge* sge = &qp->sq_sge[static_cast<size_t>(slot) * qp->cap.max_send_sge];
+    w = SendWqe{};
+    w.sge = sge;
+    w.wr_id = wr->wr_id;
+    w.opcode = wr->opcode;
+    w.flags = wr->send_flags;
+    w.signaled = qp->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
+    uint64_t len = 0;
+    for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
+    w.length = static_cast<uint32_t>(len);
+    if (wr->send_flags & IBV_SEND_INLINE) {
+      // Copy now: the caller may reuse the buffer as soon as post_send returns.
+      std::byte* dst = &qp->sq_inline[static_cast<size_t>(slot) * kMaxInline];
+      size_t off = 0;
+      for (int i = 0; i < wr->num_sge; ++i) {
+        std::memcpy(dst + off, reinterpret_cast<const void*>(wr->sg_list[i].addr),
+                    wr->sg_list[i].length);
+        off += wr->sg_list[i].length;
+      }
+      sge[0] = ibv_sge{reinterpret_cast<uint64_t>(dst), w.length, 0};
+      w.num_sge = w.length ? 1 : 0;
+    } else {
+      std::copy(wr->sg_list, wr->sg_list + wr->num_sge, sge);
+      w.num_sge = static_cast<uint32_t>(wr->num_sge);
+    }
+    switch (wr->opcode) {
+      case IBV_WR_SEND_WITH_IMM:
+      case IBV_WR_RDMA_WRITE_WITH_IMM:
+        w.imm_or_inv = wr->imm_data;
+        break;
+      case IBV_WR_SEND_WITH_INV:
+        w.imm_or_inv = wr->invalidate_rkey;
+        break;
+      default:
+        break;
+    }
+    if (wr->opcode == IBV_WR_RDMA_WRITE || wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
+        wr->opcode == IBV_WR_RDMA_READ) {
+      w.remote_addr = wr->wr.rdma.remote_addr;
+      w.rkey = wr->wr.rdma.rkey;
+    } else if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+               wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+      w.remote_addr = wr->wr.atomic.remote_addr;
+      w.rkey = wr->wr.atomic.rkey;
+      w.compare_add = wr->wr.atomic.compare_add;
+      w.swap = wr->wr.atomic.swap;
+    }
+    ++qp->sq_count;
+  }
+  if (err) *bad = wr;
+  if (qp->state.load() == IBV_QPS_ERR) {
+    flush_qp_locked(qp, IBV_WC_WR_FLUSH_ERR);
+  } else if (st == IBV_QPS_RTS) {
+    tx_run_locked(qp);
+  }
+  return err;
+}
+
+static int check_recv_wr(uint32_t max_sge, const ibv_recv_wr* wr) {
+  if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > max_sge) return EINVAL;
+  if (wr->num_sge > 0 && !wr->sg_list) return EINVAL;
+  return 0;
+}
+
+static void restart_rx(Qp* qp) {
+  // A receive was posted while RX waited for one: resume parsing.
+  if (!qp->conn.stalled) return;
+  if (Progress::get().on_thread() || qp->rx_mu.try_lock()) {
+    if (!Progress::get().on_thread()) {
+      rx_run_locked(qp);
+      qp->rx_mu.unlock();
+    } else {
+      std::lock_guard lk(qp->rx_mu);
+      rx_run_locked(qp);
+    }
+    qp_update_interest(qp);
+  } else {
+    Progress::get().post([qp] {
+      std::lock_guard lk(qp->rx_mu);
+      rx_run_locked(qp);
+      qp_update_interest(qp);
+    });
+  }
+}
+
+int qp_post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  if (qp->srq) {
+    *bad = wr;
+    return EINVAL;
+  }
+  int err = 0;
+  {
+    std::lock_guard lk(qp->rq_mu);
+    if (qp->state.load() == IBV_QPS_RESET) err = EINVAL;
+    const uint32_t cap = qp->cap.max_recv_wr;
+    for (; wr && !err; wr = wr->next) {
+      if ((err = check_recv_wr(qp->cap.max_recv_sge, wr))) break;
+      if (qp->rq_count == cap) {
+        err = ENOMEM;
+        break;
+      }
+      const uint32_t slot = (qp->rq_head + qp->rq_count) & (cap - 1);
+      RecvWqe& r = qp->rq[slot];
+      r.wr_id = wr->wr_id;
+      r.num_sge = static_cast<uint32_t>(wr->num_sge);
+      std::copy(wr->sg_list, wr->sg_list + wr->num_sge, r.sge);
+      uint64_t len = 0;
+      for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
+      r.length = static_cast<uint32_t>(std::min<uint64_t>(len, UINT32_MAX));
+      ++qp->rq_count;
+    }
+    if (err) *bad = wr;
+  }
+  if (qp->state.load() == IBV_QPS_ERR) {
+    std::lock_guard lk(qp->tx_mu);
+    flush_qp_locked(qp, IBV_WC_WR_FLUSH_ERR);
+  } else {
+    restart_rx(qp);
+  }
+  return err;
+}
+
+int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  int err = 0;
+  {
+    std::lock_guard lk(srq->mu);
+    for (; wr && !err; wr = wr->next) {
+      if ((err = check_recv_wr(srq->max_sge, wr))) break;
+      if (srq->count == srq->max_wr) {
+        err = ENOMEM;
+        break;
+      }
+      const uint32_t slot = (srq->head + srq->count) % srq->max_wr;
+      RecvWqe& r = srq->ring[slot];
+      r.wr_id = wr->wr_id;
+      r.num_sge = static_cast<uint32_t>(wr->num_sge);
+      std::copy(wr->sg_list, wr->sg_list + wr->num_sge, r.sge);
+      uint64_t len = 0;
+      for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
+      r.length = static_cast<uint32_t>(std::min<uint64_t>(len, UINT32_MAX));
+      ++srq->count;
+    }
+    if (err) *bad = wr;
+  }
+  std::vector<Qp*> qps;
+  {
+    std::lock_guard lk(srq->qps_mu);
+    qps = srq->qps;
+  }
+  for (Qp* qp : qps) restart_rx(qp);
+  return err;
+}
+
+void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal) {
+  bool first = false;
+  {
+    std::lock_guard lk(qp->tx_mu);
+    if (qp->state.load() != IBV_QPS_ERR) {
+      qp->state = IBV_QPS_ERR;
+      qp->attr.qp_state = IBV_QPS_ERR;
+      qp->qpx.qp_base.state = IBV_QPS_ERR;
+      first = true;
+    }
+    flush_qp_locked(qp, first ? status : IBV_WC_WR_FLUSH_ERR);
+  }
+  if (!first) return;
+  if (fatal && !qp->error_reported) {
+    qp->error_reported = true;
+    ibv_async_event ev{};
+    ev.element.qp = qp->ibqp();
+    ev.event_type = IBV_EVENT_QP_FATAL;
+    qp->ctx->post_async(ev);
+  }
+  // Close the socket so the peer sees the connection end (siw tears down the same way).
+  Progress::get().post([qp] {
+    if (!oob::lookup(qp->qpn())) return;  // destroyed meanwhile
+    if (qp->conn.fd >= 0) {
+      if (qp->conn.registered) Progress::get().del(qp->conn.fd);
+      qp->conn.registered = false;
+      shutdown(qp->conn.fd, SHUT_RDWR);
+    }
+  });
+  if (qp->on_disconnect) qp->on_disconnect(qp->cm_id);
+}
+
+void qp_conn_lost(Qp* qp, ibv_wc_status status) {
+  // rdma_cm QPs: the peer's disconnect is normal, everything outstanding is flushed.
+  qp_set_error(qp, qp->cm_managed ? IBV_WC_WR_FLUSH_ERR : status, !qp->cm_managed);
+}
+
+void qp_update_interest(Qp* qp) {
+  auto apply = [qp] {
+    if (qp->conn.fd < 0) return;
+    uint32_t ev = EPOLLRDHUP;
+    if (!qp->conn.stalled) ev |= EPOLLIN;
+    if (qp->conn.tx_blocked) ev |= EPOLLOUT;
+    if (!qp->conn.registered) {
+      Progress::get().add(qp->conn.fd, ev, qp->io.get());
+      qp->conn.registered = true;
+    } else if (ev != qp->conn.events) {
+      Progress::get().mod(qp->conn.fd, ev, qp->io.get());
+    }
+    qp->conn.events = ev;
+  };
+  if (Progress::get().on_thread())
+    apply();
+  else
+    Progress::get().post(apply);
+}
+
+void qp_take_endpoint(Qp* qp, Endpoint* ep) {
+  const MpaOutcome& o = ep->outcome();
+  std::lock_guard rx(qp->rx_mu);
+  std::lock_guard tx(qp->tx_mu);
+  Conn& c = qp->conn;
+  c.fd = ep->release_fd();
+  c.crc = o.crc;
+  c.peer_sv = o.peer_sv;
+  c.ird = ep->negotiated_ird();
+  c.ord = ep->negotiated_ord();
+  const bool passive = ep->role() == Endpoint::Role::passive;
+  c.tx_gated = passive;  // RFC 6581 §4 / siw: the responder waits for the first FPDU
+  c.send_rtr = !passive && o.p2p;
+  c.expect_rtr = passive && o.p2p;
+  if (c.peer_sv) {
+    c.max_ulpdu = wire::kMaxUlpduLen & ~7u;
+  } else {
+    // siw sizes whole FPDUs to mss & ~7 and hardware peers want FPDUs <= MSS.
+    const int mss = transport::tcp_mss(c.fd);
+    c.max_ulpdu = static_cast<uint32_t>((mss & ~7) - 2 - 4 - 4);
+  }
+  c.rxbuf.resize(256 * 1024);
+  c.iov.resize(Conn::kMaxIov);
+  c.arena.resize(Conn::kHdrArena);
+  qp_attach_conn(qp);
+}
+
+void qp_attach_conn(Qp* qp) {
+  transport::set_nonblock(qp->conn.fd, true);
+  transport::set_nodelay(qp->conn.fd);
+  SV_DBG("qp %u connected fd %d crc %d sv %d", qp->qpn(), qp->conn.fd, qp->conn.crc,
+         qp->conn.peer_sv);
+  qp_update_interest(qp);
+  if (qp->state.load() == IBV_QPS_RTS || qp->conn.send_rtr) tx_run_locked(qp);
+  if (qp->state.load() == IBV_QPS_ERR) flush_qp_locked(qp, IBV_WC_WR_FLUSH_ERR);
+}
+
+void qp_progress(Qp* qp) {
+  if (qp->conn.fd < 0) return;
+  if (qp->rx_mu.try_lock()) {
+    rx_run_locked(qp);
+    qp->rx_mu.unlock();
+  }
+  if (qp->conn.tx_blocked && qp->tx_mu.try_lock()) {
+    tx_run_locked(qp);
+    qp->tx_mu.unlock();
+  }
+}
+
+}  // namespace sv::engine

@@ -1,0 +1,267 @@
+// Reliable-connected queue pairs over iWARP.
+//
+// Theory of operation
+// -------------------
+// Each RC QP owns one TCP connection carrying MPA FPDUs (RFC 5044) once it is connected.
+// Three engines act on a QP, split as in rxe:
+//   requester (qp_requester.cc): turns SQ WQEs and pending Read/Atomic responses into FPDUs
+//            and writes them to the socket (TX);
+//   responder (qp_responder.cc): validates and executes inbound Send/Write/Read Request/
+//            Atomic/Immediate messages;
+//   completer (qp_completer.cc): matches Read/Atomic responses to the ORQ and retires SQ
+//            WQEs in order into the send CQ.
+// iw_rx.cc parses the byte stream (resumable header/data/trailer machine, as siw's
+// SIW_GET_HDR/DATA/TRAILER) and dispatches to the responder or completer.
+//
+// Threads: the application thread (post_send, post_recv, poll_cq) and one progress thread
+// per process (progress.cc, epoll). Either may run TX or RX of a QP:
+//   tx_mu  guards the SQ ring, IRQ, TX batch and socket writes;
+//   rx_mu  guards the RX parser; taken with try_lock by pollers so nobody waits for it;
+//   rq_mu  guards the RQ ring.
+// Lock order: rx_mu -> tx_mu -> rq_mu -> Cq::mu. The state is an atomic so the hot path can
+// read it without a lock; transitions happen under tx_mu.
+#pragma once
+#include <infiniband/verbs.h>
+#include <sys/uio.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "engine/context.h"
+#include "engine/cq.h"
+#include "engine/mr.h"
+#include "engine/progress.h"
+#include "transport/tcp.h"
+#include "wire/ddp_rdmap.h"
+
+namespace sv::engine {
+
+struct Srq;
+
+// Marker in a Send's RsvdULP field: an RFC 7306 Immediate Data message carrying this
+// Send's immediate value follows. Only ever sent to a peer known to be softverbs.
+inline constexpr uint32_t kSvImmFollows = 0x53560001;  // "SV" 0001
+// First 4 bytes of Immediate Data: the imm value; next 4: 1 if it belongs to the Send
+// just before it, 0 if it stands alone (RDMA Write with immediate).
+inline constexpr uint32_t kSvImmAttached = 1;
+
+enum class WqeState : uint8_t { queued, sending, sent, awaiting_response, done };
+
+struct SendWqe {
+  uint64_t wr_id = 0;
+  ibv_wr_opcode opcode = IBV_WR_SEND;
+  unsigned flags = 0;
+  uint32_t imm_or_inv = 0;
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  uint64_t compare_add = 0;
+  uint64_t swap = 0;
+  uint32_t num_sge = 0;
+  uint32_t length = 0;
+  ibv_sge* sge = nullptr;  // into the QP's pool; inline data gets one SGE to inline_buf
+  bool signaled = false;
+  // progress
+  WqeState state = WqeState::queued;
+  uint32_t sent = 0;          // payload bytes already framed
+  bool imm_sent = false;      // trailing Immediate Data framed
+  uint64_t stream_end = 0;    // TX stream offset just past this WQE's last byte
+  uint32_t msn = 0;           // Read/Atomic request MSN (also the atomic request id)
+  uint32_t resp_bytes = 0;    // Read Response bytes placed
+  ibv_wc_status status = IBV_WC_SUCCESS;
+};
+
+struct RecvWqe {
+  uint64_t wr_id = 0;
+  uint32_t num_sge = 0;
+  uint32_t length = 0;
+  ibv_sge* sge = nullptr;
+};
+
+// Inbound Read Request or Atomic being answered (RFC 5040 §5.2: the IRQ, bounded by IRD).
+struct IrqEntry {
+  bool atomic = false;
+  uint32_t sink_stag = 0;
+  uint64_t sink_to = 0;
+  const std::byte* src = nullptr;
+  uint32_t length = 0;
+  uint32_t sent = 0;
+  wire::AtomicResponse aresp{};
+};
+
+enum class RxPhase : uint8_t { header, data, trailer };
+
+// Where the current segment's payload goes.
+struct Placement {
+  enum class Kind : uint8_t { discard, contiguous, sgl } kind = Kind::discard;
+  std::byte* ptr = nullptr;        // contiguous
+  const ibv_sge* sge = nullptr;    // sgl
+  uint32_t num_sge = 0;
+  uint32_t offset = 0;             // byte offset into the sgl
+};
+
+struct Conn {
+  int fd = -1;
+  bool crc = false;
+  bool peer_sv = false;        // peer is softverbs: RFC 7306 opcodes allowed
+  bool tx_gated = false;       // responder: send nothing until the first FPDU arrives
+  bool expect_rtr = false;     // p2p responder: the first FPDU is the RTR, not for the ULP
+  bool send_rtr = false;       // p2p initiator: send a zero-length Write first
+  uint32_t max_ulpdu = 0;      // largest ULPDU we send
+  uint16_t ird = 0, ord = 0;   // negotiated (RFC 6581 §5)
+
+  // RX (under rx_mu)
+  std::vector<std::byte> rxbuf;
+  size_t rx_begin = 0, rx_end = 0;
+  RxPhase phase = RxPhase::header;
+  std::array<std::byte, 96> hdr{};
+  size_t hdr_have = 0;
+  uint16_t ulpdu_len = 0;
+  wire::DdpSegment seg{};
+  uint32_t data_left = 0;
+  Placement place;
+  uint32_t crc_state = 0;
+  std::array<std::byte, 8> trailer{};
+  size_t trailer_have = 0;
+  bool stalled = false;        // no receive buffer: stop reading (TCP back-pressure = RNR wait)
+  uint32_t recv_msn = 1;       // next expected MSN, QN 0 (RFC 5041 §5.3: starts at 1)
+  uint32_t rreq_msn = 1;       // QN 1
+  uint32_t aresp_msn = 1;      // QN 3
+  RecvWqe cur_recv{};          // receive WQE being filled
+  bool have_recv = false;
+  bool recv_error = false;
+  bool imm_pending = false;    // completed Send awaits its Immediate Data
+  RecvWqe imm_recv{};
+  uint32_t imm_len = 0;
+  std::array<ibv_sge, kMaxSge> cur_sge{};  // copies: the RQ slot is reusable once popped
+  std::array<ibv_sge, kMaxSge> imm_sge{};
+  std::array<ibv_sge, kMaxSge> tmp_sge{};
+
+  // TX (under tx_mu)
+  static constexpr size_t kMaxIov = 512;
+  static constexpr size_t kHdrArena = 128 * 1024;
+  std::vector<iovec> iov;
+  size_t iov_n = 0, iov_pos = 0;
+  std::vector<std::byte> arena;  // headers and trailers of the current batch
+  size_t arena_used = 0;
+  uint64_t tx_queued = 0, tx_sent = 0;
+  bool tx_blocked = false;       // socket full: EPOLLOUT armed
+  uint32_t send_msn = 0;         // last MSN used, QN 0
+  uint32_t rreq_msn_tx = 0;      // QN 1
+  uint32_t aresp_msn_tx = 0;     // QN 3
+  uint32_t term_msn_tx = 0;      // QN 2
+
+  bool registered = false;       // in the progress thread's epoll set
+  uint32_t events = 0;           // current epoll interest
+};
+
+struct Qp {
+  ibv_qp_ex qpx;  // first: ibv_qp_ex begins with ibv_qp
+  Context* ctx = nullptr;
+  Pd* pd = nullptr;
+  Cq* scq = nullptr;
+  Cq* rcq = nullptr;
+  Srq* srq = nullptr;
+  bool sq_sig_all = false;
+
+  // attributes (ibv_query_qp)
+  ibv_qp_cap cap{};
+  ibv_qp_attr attr{};
+  std::atomic<ibv_qp_state> state{IBV_QPS_RESET};
+
+  // SQ ring (tx_mu)
+  std::mutex tx_mu;
+  std::vector<SendWqe> sq;
+  std::vector<ibv_sge> sq_sge;
+  std::vector<std::byte> sq_inline;
+  uint32_t sq_head = 0;     // oldest not yet completed
+  uint32_t sq_tx = 0;       // next to frame
+  uint32_t sq_count = 0;
+  uint32_t orq_used = 0;    // outstanding Read/Atomic requests (<= ORD)
+  std::vector<IrqEntry> irq;  // ring, size IRD
+  uint32_t irq_head = 0, irq_count = 0;
+
+  // RQ ring (rq_mu)
+  std::mutex rq_mu;
+  std::vector<RecvWqe> rq;
+  std::vector<ibv_sge> rq_sge;
+  uint32_t rq_head = 0, rq_count = 0;
+
+  std::mutex rx_mu;
+  Conn conn;
+
+  // connection set-up
+  std::mutex cm_mu;
+  bool cm_managed = false;         // rdma_cm drives transitions and owns set-up
+  bool connecting = false;         // OOB handshake in flight
+  bool error_reported = false;
+  void* cm_id = nullptr;           // rdma_cm_id when cm_managed
+  // rdma_cm is told when the connection ends (peer closed or QP error).
+  void (*on_disconnect)(void* cm_id) = nullptr;
+  std::unique_ptr<Progress::Handler> io;  // epoll handler for conn.fd
+
+  ibv_qp* ibqp() { return &qpx.qp_base; }
+  static Qp* from(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
+  uint32_t qpn() const { return qpx.qp_base.qp_num; }
+};
+
+struct Srq {
+  ibv_srq srq;  // first
+  Context* ctx = nullptr;
+  Pd* pd = nullptr;
+  std::mutex mu;
+  std::vector<RecvWqe> ring;
+  std::vector<ibv_sge> sge;
+  uint32_t head = 0, count = 0;
+  uint32_t max_wr = 0, max_sge = 0, limit = 0;
+  std::mutex qps_mu;
+  std::vector<Qp*> qps;  // to restart QPs stalled waiting for a buffer
+};
+
+// ---- qp.cc: creation, state machine, posting -------------------------------------------
+Qp* qp_create(Context* ctx, Pd* pd, const ibv_qp_init_attr* init, int* err);
+int qp_destroy(Qp* qp);
+int qp_modify(Qp* qp, ibv_qp_attr* attr, int mask);
+int qp_query(Qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init);
+int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
+int qp_post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
+int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
+// Moves the QP to ERR: `status` for the oldest outstanding send WQE (IBV_WC_WR_FLUSH_ERR to
+// flush everything), async event if `fatal`, connection closed.
+void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal);
+// Runs pending RX and TX without blocking (called by poll_cq and the progress thread).
+void qp_progress(Qp* qp);
+// Connection established: start TX/RX through the progress thread.
+void qp_attach_conn(Qp* qp);
+// Recomputes the socket's epoll interest (EPOLLIN unless stalled, EPOLLOUT if blocked).
+void qp_update_interest(Qp* qp);
+// The connection ended under us (EOF, reset, Terminate): error the QP.
+void qp_conn_lost(Qp* qp, ibv_wc_status status);
+
+// ---- qp_requester.cc ------------------------------------------------------------------
+// Frames and writes as much as the socket takes. Caller holds tx_mu.
+void tx_run_locked(Qp* qp);
+void tx_kick(Qp* qp);  // takes tx_mu
+// Sends a Terminate (best effort) and no more FPDUs afterwards. Caller holds tx_mu.
+void tx_terminate_locked(Qp* qp, const wire::Terminate& t);
+
+// ---- qp_completer.cc ------------------------------------------------------------------
+// Retires finished WQEs from sq_head in order. Caller holds tx_mu.
+void complete_sq_locked(Qp* qp);
+void flush_qp_locked(Qp* qp, ibv_wc_status first_status);
+void complete_recv(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_len,
+                   ibv_wc_opcode op, unsigned wc_flags, uint32_t imm, uint32_t inv);
+
+// ---- iw_rx.cc -------------------------------------------------------------------------
+// Parses what the socket holds. Caller holds rx_mu. Returns false if the connection died.
+bool rx_run_locked(Qp* qp);
+
+// ---- errors.cc ------------------------------------------------------------------------
+ibv_wc_status terminate_to_wc_status(const wire::Terminate& t);
+wire::Terminate access_to_terminate(AccessResult r, bool tagged);
+
+}  // namespace sv::engine

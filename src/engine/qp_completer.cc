@@ -1,0 +1,117 @@
+// Completer: retires send WQEs in order (IB spec 10.8.5: completions are returned in the
+// order WQEs were posted) and writes receive completions.
+#include <algorithm>
+
+#include "engine/qp.h"
+
+namespace sv::engine {
+namespace {
+
+ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ:
+      return IBV_WC_RDMA_READ;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+      return IBV_WC_COMP_SWAP;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      return IBV_WC_FETCH_ADD;
+    default:
+      return IBV_WC_SEND;
+  }
+}
+
+void push_cq(Qp* qp, Cq* cq, const ibv_wc& wc, bool solicited) {
+  if (!cq->push(wc, solicited)) {
+    ibv_async_event ev{};
+    ev.element.cq = cq->ibcq();
+    ev.event_type = IBV_EVENT_CQ_ERR;
+    qp->ctx->post_async(ev);
+  }
+}
+
+void complete_send(Qp* qp, const SendWqe& w, ibv_wc_status st) {
+  ibv_wc wc{};
+  wc.wr_id = w.wr_id;
+  wc.status = st;
+  wc.opcode = wc_opcode(w.opcode);
+  wc.qp_num = qp->qpn();
+  if (st == IBV_WC_SUCCESS) {
+    if (w.opcode == IBV_WR_RDMA_READ)
+      wc.byte_len = w.length;
+    else if (w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+      wc.byte_len = 8;
+    else
+      wc.byte_len = w.length;
+  }
+  push_cq(qp, qp->scq, wc, false);
+}
+
+}  // namespace
+
+void complete_sq_locked(Qp* qp) {
+  const uint32_t mask = qp->cap.max_send_wr - 1;
+  while (qp->sq_count) {
+    SendWqe& w = qp->sq[qp->sq_head & mask];
+    const bool done = w.state == WqeState::done ||
+                      (w.state == WqeState::sent && w.stream_end <= qp->conn.tx_sent);
+    if (!done) break;
+    if (w.status != IBV_WC_SUCCESS) break;  // errors are completed by the flush
+    if (w.signaled) complete_send(qp, w, IBV_WC_SUCCESS);
+    ++qp->sq_head;
+    --qp->sq_count;
+    if (static_cast<int32_t>(qp->sq_tx - qp->sq_head) < 0) qp->sq_tx = qp->sq_head;
+  }
+}
+
+void flush_qp_locked(Qp* qp, ibv_wc_status first_status) {
+  complete_sq_locked(qp);
+  const uint32_t mask = qp->cap.max_send_wr - 1;
+  bool first = true;
+  while (qp->sq_count) {
+    SendWqe& w = qp->sq[qp->sq_head & mask];
+    ibv_wc_status st = IBV_WC_WR_FLUSH_ERR;
+    if (w.status != IBV_WC_SUCCESS)
+      st = w.status;
+    else if (first && first_status != IBV_WC_WR_FLUSH_ERR &&
+             w.state != WqeState::queued)
+      st = first_status;  // the WQE the failure hit
+    first = false;
+    // Error completions are always generated, signaled or not.
+    complete_send(qp, w, st);
+    ++qp->sq_head;
+    --qp->sq_count;
+  }
+  qp->sq_tx = qp->sq_head;
+  qp->orq_used = 0;
+  qp->irq_head = qp->irq_count = 0;
+  if (!qp->srq) {
+    std::lock_guard lk(qp->rq_mu);
+    const uint32_t rmask = qp->cap.max_recv_wr - 1;
+    while (qp->rq_count) {
+      RecvWqe& r = qp->rq[qp->rq_head & rmask];
+      complete_recv(qp, r, IBV_WC_WR_FLUSH_ERR, 0, IBV_WC_RECV, 0, 0, 0);
+      ++qp->rq_head;
+      --qp->rq_count;
+    }
+  }
+}
+
+void complete_recv(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_len,
+                   ibv_wc_opcode op, unsigned wc_flags, uint32_t imm, uint32_t inv) {
+  ibv_wc wc{};
+  wc.wr_id = w.wr_id;
+  wc.status = st;
+  wc.opcode = op;
+  wc.byte_len = st == IBV_WC_SUCCESS ? byte_len : 0;
+  wc.qp_num = qp->qpn();
+  wc.src_qp = qp->attr.dest_qp_num;
+  wc.wc_flags = wc_flags & ~(1u << 31);  // bit 31: solicited, internal only
+  if (wc_flags & IBV_WC_WITH_IMM) wc.imm_data = imm;
+  if (wc_flags & IBV_WC_WITH_INV) wc.invalidated_rkey = inv;
+  push_cq(qp, qp->rcq, wc, (wc_flags & (1u << 31)) != 0);
+}
+
+}  // namespace sv::engine

@@ -1,0 +1,432 @@
+// Requester: frames SQ WQEs and IRQ responses into MPA FPDUs (RFC 5044 §4) and writes them
+// with one sendmsg per batch. Messages are framed back to back, never interleaved
+// (siw_get_hdr refuses interleaved tagged or untagged messages).
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+#include "engine/iw_cm.h"
+#include "engine/log.h"
+#include "engine/qp.h"
+#include "wire/be.h"
+#include "wire/crc32c.h"
+
+namespace sv::engine {
+namespace {
+
+using wire::RdmapOpcode;
+
+constexpr size_t kMaxFpduHdr = 2 + 70;  // length + largest header (Atomic Request)
+constexpr size_t kCopyBelow = 64;       // small payloads are copied next to their header
+
+// Builder for one FPDU inside the current batch. Headers, small payloads and trailers go
+// into the arena; adjacent arena bytes share one iovec, large payloads are referenced.
+struct Framer {
+  Conn& c;
+  std::byte* hdr = nullptr;  // start of ULPDU_Length in the arena
+  size_t ulpdu = 0;
+  size_t mark = 0;      // arena bytes from here are not yet in the iovec list
+  size_t first = 0;     // this FPDU starts in iov[first] ...
+  size_t first_off = 0; // ... at this offset
+
+  bool room(size_t pieces) const {
+    return c.iov_n + pieces + 3 <= Conn::kMaxIov &&
+           c.arena_used + kMaxFpduHdr + kCopyBelow + 8 <= c.arena.size();
+  }
+  void add_iov(std::byte* p, size_t len) {
+    if (!len) return;
+    if (c.iov_n) {
+      iovec& last = c.iov[c.iov_n - 1];
+      if (static_cast<std::byte*>(last.iov_base) + last.iov_len == p) {
+        last.iov_len += len;
+        return;
+      }
+    }
+    c.iov[c.iov_n++] = iovec{p, len};
+  }
+  void flush_arena() {
+    if (c.arena_used > mark) add_iov(&c.arena[mark], c.arena_used - mark);
+    mark = c.arena_used;
+  }
+  void start() {
+    mark = c.arena_used;
+    first = c.iov_n ? c.iov_n - 1 : 0;
+    first_off = c.iov_n ? c.iov[c.iov_n - 1].iov_len : 0;
+  }
+  // Reserves ULPDU_Length + header; returns where the DDP header goes.
+  std::byte* begin(size_t hdr_len) {
+    hdr = &c.arena[c.arena_used];
+    c.arena_used += 2 + hdr_len;
+    ulpdu = hdr_len;
+    return hdr + 2;
+  }
+  void payload(const std::byte* p, size_t len) {
+    if (!len) return;
+    if (len <= kCopyBelow) {
+      std::memcpy(&c.arena[c.arena_used], p, len);
+      c.arena_used += len;
+    } else {
+      flush_arena();
+      add_iov(const_cast<std::byte*>(p), len);
+    }
+    ulpdu += len;
+  }
+  void end() {
+    wire::store_be16(hdr, static_cast<uint16_t>(ulpdu));
+    const size_t pad = wire::fpdu_pad(ulpdu);
+    std::memset(&c.arena[c.arena_used], 0, pad + 4);
+    c.arena_used += pad;
+    flush_arena();
+    if (c.crc) {
+      // CRC over ULPDU_Length, ULPDU and pad, in wire order (RFC 5044 §4.4).
+      uint32_t s = wire::kCrc32cInit;
+      for (size_t i = first; i < c.iov_n; ++i) {
+        auto* b = static_cast<const std::byte*>(c.iov[i].iov_base);
+        size_t len = c.iov[i].iov_len;
+        if (i == first) {
+          b += first_off;
+          len -= first_off;
+        }
+        s = wire::crc32c_update(s, b, len);
+      }
+      wire::store_le32(&c.arena[c.arena_used], wire::crc32c_final(s));
+    }
+    c.arena_used += 4;
+    flush_arena();
+    c.tx_queued += 2 + ulpdu + pad + 4;
+  }
+};
+
+// Adds payload bytes [off, off+len) of a WQE's gather list.
+void gather(Framer& f, const SendWqe& w, uint32_t off, uint32_t len) {
+  for (uint32_t i = 0; i < w.num_sge && len; ++i) {
+    const ibv_sge& s = w.sge[i];
+    if (off >= s.length) {
+      off -= s.length;
+      continue;
+    }
+    const uint32_t take = std::min(len, s.length - off);
+    f.payload(reinterpret_cast<const std::byte*>(s.addr) + off, take);
+    len -= take;
+    off = 0;
+  }
+}
+
+bool local_keys_ok(Qp* qp, const SendWqe& w, int need) {
+  if (w.flags & IBV_SEND_INLINE) return true;
+  auto& kt = KeyTable::get();
+  auto g = kt.read_guard();
+  for (uint32_t i = 0; i < w.num_sge; ++i) {
+    if (!w.sge[i].length) continue;
+    std::byte* p;
+    if (kt.check(w.sge[i].lkey, qp->pd, w.sge[i].addr, w.sge[i].length, need, false, &p) !=
+        AccessResult::ok)
+      return false;
+  }
+  return true;
+}
+
+uint32_t ord_limit(const Qp* qp) {
+  uint32_t ord = std::max<uint32_t>(qp->attr.max_rd_atomic, 1);
+  if (qp->conn.ord) ord = std::min<uint32_t>(ord, qp->conn.ord);
+  return std::max<uint32_t>(ord, 1);
+}
+
+// Frames as much of the IRQ head as fits. Returns false when the batch is full.
+bool frame_irq(Qp* qp, Framer& f) {
+  Conn& c = qp->conn;
+  while (qp->irq_count) {
+    IrqEntry& e = qp->irq[qp->irq_head];
+    if (!f.room(1)) return false;
+    f.start();
+    if (e.atomic) {
+      std::byte* h = f.begin(wire::kDdpUntaggedHdrLen + wire::kAtomicResponseLen);
+      wire::encode_untagged(h, RdmapOpcode::atomic_response, true, 0, wire::kQnAtomicResponse,
+                            ++c.aresp_msn_tx, 0);
+      wire::encode_atomic_response(h + wire::kDdpUntaggedHdrLen, e.aresp);
+      f.end();
+    } else {
+      const uint32_t chunk = std::min<uint32_t>(e.length - e.sent,
+                                                c.max_ulpdu - wire::kDdpTaggedHdrLen);
+      const bool last = e.sent + chunk == e.length;
+      std::byte* h = f.begin(wire::kDdpTaggedHdrLen);
+      wire::encode_tagged(h, RdmapOpcode::read_response, last, e.sink_stag, e.sink_to + e.sent);
+      f.payload(e.src + e.sent, chunk);
+      f.end();
+      e.sent += chunk;
+      if (!last) continue;
+    }
+    qp->irq_head = (qp->irq_head + 1) % qp->irq.size();
+    --qp->irq_count;
+  }
+  return true;
+}
+
+void set_error_in_tx(Qp* qp, SendWqe& w, ibv_wc_status st) {
+  w.status = st;
+  w.state = WqeState::done;
+  const uint32_t qpn = qp->qpn();
+  // qp_set_error takes tx_mu, which we hold: finish on the progress thread.
+  Progress::get().post([qp, qpn] {
+    if (oob::lookup(qpn) == qp) qp_set_error(qp, IBV_WC_WR_FLUSH_ERR, true);
+  });
+}
+
+// Frames SQ WQEs from sq_tx. Returns false when the batch is full or the SQ must wait.
+bool frame_sq(Qp* qp, Framer& f) {
+  Conn& c = qp->conn;
+  const uint32_t mask = qp->cap.max_send_wr - 1;
+  while (qp->sq_tx != qp->sq_head + qp->sq_count) {
+    SendWqe& w = qp->sq[qp->sq_tx & mask];
+    if (w.state == WqeState::done) {  // failed locally
+      ++qp->sq_tx;
+      continue;
+    }
+    const bool is_read = w.opcode == IBV_WR_RDMA_READ;
+    const bool is_atomic =
+        w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+    if (w.state == WqeState::queued) {
+      // Fence: wait for earlier Reads/Atomics (IB spec 10.8.3.3).
+      if ((w.flags & IBV_SEND_FENCE) && qp->orq_used) return false;
+      if ((is_read || is_atomic) && qp->orq_used >= ord_limit(qp)) return false;
+      const bool needs_sv = is_atomic || w.opcode == IBV_WR_SEND_WITH_IMM ||
+                            w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+      if (needs_sv && !c.peer_sv) {
+        set_error_in_tx(qp, w, IBV_WC_LOC_QP_OP_ERR);
+        return false;
+      }
+      if (!local_keys_ok(qp, w, (is_read || is_atomic) ? IBV_ACCESS_LOCAL_WRITE : 0)) {
+        set_error_in_tx(qp, w, IBV_WC_LOC_PROT_ERR);
+        return false;
+      }
+      w.state = WqeState::sending;
+    }
+    if (!f.room(w.num_sge)) return false;
+    f.start();
+    switch (w.opcode) {
+      case IBV_WR_SEND:
+      case IBV_WR_SEND_WITH_IMM:
+      case IBV_WR_SEND_WITH_INV: {
+        if (w.sent == 0 && !w.imm_sent) w.msn = ++c.send_msn;
+        const bool se = w.flags & IBV_SEND_SOLICITED;
+        const bool inv = w.opcode == IBV_WR_SEND_WITH_INV;
+        const RdmapOpcode op = inv ? (se ? RdmapOpcode::send_se_inv : RdmapOpcode::send_inv)
+                                   : (se ? RdmapOpcode::send_se : RdmapOpcode::send);
+        const uint32_t rsvd = inv ? w.imm_or_inv
+                                  : (w.opcode == IBV_WR_SEND_WITH_IMM ? kSvImmFollows : 0);
+        const uint32_t chunk =
+            std::min<uint32_t>(w.length - w.sent, c.max_ulpdu - wire::kDdpUntaggedHdrLen);
+        const bool last = w.sent + chunk == w.length;
+        std::byte* h = f.begin(wire::kDdpUntaggedHdrLen);
+        wire::encode_untagged(h, op, last, rsvd, wire::kQnSend, w.msn, w.sent);
+        gather(f, w, w.sent, chunk);
+        f.end();
+        w.sent += chunk;
+        if (!last) continue;
+        break;
+      }
+      case IBV_WR_RDMA_WRITE:
+      case IBV_WR_RDMA_WRITE_WITH_IMM: {
+        const uint32_t chunk =
+            std::min<uint32_t>(w.length - w.sent, c.max_ulpdu - wire::kDdpTaggedHdrLen);
+        const bool last = w.sent + chunk == w.length;
+        std::byte* h = f.begin(wire::kDdpTaggedHdrLen);
+        wire::encode_tagged(h, RdmapOpcode::rdma_write, last, w.rkey, w.remote_addr + w.sent);
+        gather(f, w, w.sent, chunk);
+        f.end();
+        w.sent += chunk;
+        if (!last) continue;
+        break;
+      }
+      case IBV_WR_RDMA_READ: {
+        w.msn = ++c.rreq_msn_tx;
+        std::byte* h = f.begin(wire::kDdpUntaggedHdrLen + wire::kReadRequestLen);
+        wire::encode_untagged(h, RdmapOpcode::read_request, true, 0, wire::kQnReadRequest, w.msn,
+                              0);
+        wire::ReadRequest rr;
+        rr.sink_stag = w.num_sge ? w.sge[0].lkey : 0;
+        rr.sink_to = w.num_sge ? w.sge[0].addr : 0;
+        rr.read_size = w.length;
+        rr.source_stag = w.rkey;
+        rr.source_to = w.remote_addr;
+        wire::encode_read_request(h + wire::kDdpUntaggedHdrLen, rr);
+        f.end();
+        break;
+      }
+      case IBV_WR_ATOMIC_CMP_AND_SWP:
+      case IBV_WR_ATOMIC_FETCH_AND_ADD: {
+        w.msn = ++c.rreq_msn_tx;  // Atomic Requests share QN 1 with Read Requests
+        std::byte* h = f.begin(wire::kDdpUntaggedHdrLen + wire::kAtomicRequestLen);
+        wire::encode_untagged(h, RdmapOpcode::atomic_request, true, 0, wire::kQnReadRequest,
+                              w.msn, 0);
+        wire::AtomicRequest ar;
+        const bool cas = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
+        ar.op = cas ? wire::AtomicOp::compare_swap : wire::AtomicOp::fetch_add;
+        ar.req_id = w.msn;
+        ar.stag = w.rkey;
+        ar.to = w.remote_addr;
+        ar.add_swap = cas ? w.swap : w.compare_add;
+        ar.add_swap_mask = ~0ull;
+        ar.compare = cas ? w.compare_add : 0;
+        ar.compare_mask = ~0ull;
+        wire::encode_atomic_request(h + wire::kDdpUntaggedHdrLen, ar);
+        f.end();
+        break;
+      }
+      default:
+        break;
+    }
+    if (is_read || is_atomic) {
+      w.state = WqeState::awaiting_response;
+      ++qp->orq_used;
+    } else {
+      if (w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+        // RFC 7306 §6 Immediate Data: 4 bytes of imm, 4 bytes saying whether it belongs to
+        // the Send just sent (softverbs) or stands alone (Write with immediate).
+        f.start();
+        const bool se = w.flags & IBV_SEND_SOLICITED;
+        std::byte* h = f.begin(wire::kDdpUntaggedHdrLen + wire::kImmDataLen);
+        wire::encode_untagged(h, se ? RdmapOpcode::imm_data_se : RdmapOpcode::imm_data, true, 0,
+                              wire::kQnSend, ++c.send_msn, 0);
+        std::memcpy(h + wire::kDdpUntaggedHdrLen, &w.imm_or_inv, 4);  // already big-endian
+        wire::store_be32(h + wire::kDdpUntaggedHdrLen + 4,
+                         w.opcode == IBV_WR_SEND_WITH_IMM ? kSvImmAttached : 0);
+        f.end();
+      }
+      w.state = WqeState::sent;
+      w.stream_end = c.tx_queued;
+    }
+    ++qp->sq_tx;
+  }
+  return true;
+}
+
+// Builds the next batch. Returns true if anything was framed.
+bool build_batch(Qp* qp) {
+  Conn& c = qp->conn;
+  if (c.tx_gated) return false;
+  Framer f{c};
+  const size_t before = c.iov_n;
+  if (c.send_rtr) {
+    // RFC 6581 §4: peer-to-peer RTR, a zero-length RDMA Write the responder does not
+    // surface to its ULP.
+    f.start();
+    std::byte* h = f.begin(wire::kDdpTaggedHdrLen);
+    wire::encode_tagged(h, RdmapOpcode::rdma_write, true, 0, 0);
+    f.end();
+    c.send_rtr = false;
+  }
+  const ibv_qp_state st = qp->state.load();
+  if (st == IBV_QPS_RTS || st == IBV_QPS_SQD || st == IBV_QPS_RTR) {
+    // Responses first: the peer's Reads are waiting on them. A partially framed SQ
+    // message is finished before anything else so messages never interleave.
+    const uint32_t mask = qp->cap.max_send_wr - 1;
+    const bool sq_mid = qp->sq_tx != qp->sq_head + qp->sq_count &&
+                        qp->sq[qp->sq_tx & mask].state == WqeState::sending &&
+                        qp->sq[qp->sq_tx & mask].sent > 0;
+    if (!sq_mid) frame_irq(qp, f);
+    if (st == IBV_QPS_RTS) frame_sq(qp, f);
+    if (sq_mid) frame_irq(qp, f);
+  }
+  return c.iov_n > before;
+}
+
+}  // namespace
+
+void tx_run_locked(Qp* qp) {
+  Conn& c = qp->conn;
+  if (c.fd < 0 || c.iov.empty()) return;
+  for (;;) {
+    while (c.iov_pos < c.iov_n) {
+      msghdr mh{};
+      mh.msg_iov = &c.iov[c.iov_pos];
+      mh.msg_iovlen = std::min<size_t>(c.iov_n - c.iov_pos, IOV_MAX);
+      ssize_t n = sendmsg(c.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN) {
+          if (!c.tx_blocked) {
+            c.tx_blocked = true;
+            qp_update_interest(qp);
+          }
+          return;
+        }
+        // The peer is gone; RX sees the same and errors the QP.
+        c.tx_blocked = false;
+        c.iov_n = c.iov_pos = 0;
+        const uint32_t qpn = qp->qpn();
+        Progress::get().post([qp, qpn] {
+          if (oob::lookup(qpn) == qp) qp_conn_lost(qp, IBV_WC_RETRY_EXC_ERR);
+        });
+        return;
+      }
+      c.tx_sent += static_cast<uint64_t>(n);
+      size_t left = static_cast<size_t>(n);
+      while (left && c.iov_pos < c.iov_n) {
+        iovec& v = c.iov[c.iov_pos];
+        if (left >= v.iov_len) {
+          left -= v.iov_len;
+          ++c.iov_pos;
+        } else {
+          v.iov_base = static_cast<char*>(v.iov_base) + left;
+          v.iov_len -= left;
+          left = 0;
+        }
+      }
+    }
+    if (c.tx_blocked) {
+      c.tx_blocked = false;
+      qp_update_interest(qp);
+    }
+    c.iov_n = c.iov_pos = 0;
+    c.arena_used = 0;
+    complete_sq_locked(qp);
+    if (!build_batch(qp)) return;
+  }
+}
+
+void tx_kick(Qp* qp) {
+  std::lock_guard lk(qp->tx_mu);
+  tx_run_locked(qp);
+}
+
+void tx_terminate_locked(Qp* qp, const wire::Terminate& t) {
+  Conn& c = qp->conn;
+  if (c.fd < 0 || c.iov.empty()) return;
+  // Finish what is queued so the Terminate starts on an FPDU boundary, then send it.
+  Framer f{c};
+  if (!f.room(0)) return;
+  f.start();
+  std::byte* h = f.begin(wire::kDdpUntaggedHdrLen + wire::kTerminateCtrlLen);
+  // siw sends its Terminate with MSN 1 on QN 2.
+  wire::encode_untagged(h, RdmapOpcode::terminate, true, 0, wire::kQnTerminate,
+                        ++c.term_msn_tx, 0);
+  wire::encode_terminate(h + wire::kDdpUntaggedHdrLen, t);
+  f.end();
+  c.tx_gated = true;  // nothing after the Terminate
+  for (int tries = 0; c.iov_pos < c.iov_n && tries < 100; ++tries) {
+    msghdr mh{};
+    mh.msg_iov = &c.iov[c.iov_pos];
+    mh.msg_iovlen = std::min<size_t>(c.iov_n - c.iov_pos, IOV_MAX);
+    ssize_t n = sendmsg(c.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n <= 0) break;
+    size_t left = static_cast<size_t>(n);
+    while (left && c.iov_pos < c.iov_n) {
+      iovec& v = c.iov[c.iov_pos];
+      if (left >= v.iov_len) {
+        left -= v.iov_len;
+        ++c.iov_pos;
+      } else {
+        v.iov_base = static_cast<char*>(v.iov_base) + left;
+        v.iov_len -= left;
+        left = 0;
+      }
+    }
+  }
+}
+
+}  // namespace sv::engine

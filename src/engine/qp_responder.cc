@@ -1,0 +1,460 @@
+// Responder: validates and executes inbound RDMAP messages (RFC 5040 §5), and matches
+// Read/Atomic responses for the completer. Caller holds rx_mu throughout.
+#include <algorithm>
+#include <cstring>
+
+#include "engine/iw_cm.h"
+#include "engine/log.h"
+#include "engine/rx_dispatch.h"
+#include "wire/be.h"
+#include "wire/terminate_codes.h"
+
+namespace sv::engine {
+namespace {
+
+using wire::RdmapOpcode;
+using wire::Terminate;
+
+Terminate untagged_term(wire::DdpUntaggedEcode e) {
+  Terminate t;
+  t.layer = wire::TermLayer::ddp;
+  t.etype = static_cast<uint8_t>(wire::DdpEtype::untagged);
+  t.ecode = static_cast<uint8_t>(e);
+  return t;
+}
+
+Terminate rdmap_op_term(wire::RdmapEcode e) {
+  Terminate t;
+  t.layer = wire::TermLayer::rdmap;
+  t.etype = static_cast<uint8_t>(wire::RdmapEtype::remote_operation);
+  t.ecode = static_cast<uint8_t>(e);
+  return t;
+}
+
+// Pops a receive WQE (RQ or SRQ) into conn.cur_recv, copying its SGEs.
+bool take_recv(Qp* qp, RecvWqe& out, std::array<ibv_sge, kMaxSge>& sge) {
+  if (qp->srq) {
+    Srq* s = qp->srq;
+    bool limit_event = false;
+    {
+      std::lock_guard lk(s->mu);
+      if (!s->count) return false;
+      RecvWqe& r = s->ring[s->head];
+      out = r;
+      std::copy(r.sge, r.sge + r.num_sge, sge.begin());
+      s->head = (s->head + 1) % s->max_wr;
+      --s->count;
+      if (s->limit && s->count < s->limit) {
+        s->limit = 0;  // one-shot, as armed by ibv_modify_srq(IBV_SRQ_LIMIT)
+        limit_event = true;
+      }
+    }
+    if (limit_event) {
+      ibv_async_event ev{};
+      ev.element.srq = &s->srq;
+      ev.event_type = IBV_EVENT_SRQ_LIMIT_REACHED;
+      qp->ctx->post_async(ev);
+    }
+  } else {
+    std::lock_guard lk(qp->rq_mu);
+    if (!qp->rq_count) return false;
+    RecvWqe& r = qp->rq[qp->rq_head & (qp->cap.max_recv_wr - 1)];
+    out = r;
+    std::copy(r.sge, r.sge + r.num_sge, sge.begin());
+    ++qp->rq_head;
+    --qp->rq_count;
+  }
+  out.sge = sge.data();
+  return true;
+}
+
+bool recv_keys_ok(Qp* qp, const RecvWqe& w) {
+  auto& kt = KeyTable::get();
+  auto g = kt.read_guard();
+  for (uint32_t i = 0; i < w.num_sge; ++i) {
+    if (!w.sge[i].length) continue;
+    std::byte* p;
+    if (kt.check(w.sge[i].lkey, qp->pd, w.sge[i].addr, w.sge[i].length, IBV_ACCESS_LOCAL_WRITE,
+                 false, &p) != AccessResult::ok)
+      return false;
+  }
+  return true;
+}
+
+// Finds the oldest WQE awaiting a response of this kind.
+SendWqe* oldest_awaiting(Qp* qp, bool atomic) {
+  const uint32_t mask = qp->cap.max_send_wr - 1;
+  for (uint32_t i = qp->sq_head; i != qp->sq_tx; ++i) {
+    SendWqe& w = qp->sq[i & mask];
+    if (w.state != WqeState::awaiting_response) continue;
+    const bool is_atomic =
+        w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+    if (is_atomic == atomic) return &w;
+  }
+  return nullptr;
+}
+
+RxAction on_send(Qp* qp, Conn& c) {
+  const auto& s = c.seg;
+  if (s.msn != c.recv_msn) {
+    rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::msn_range), true, IBV_WC_REM_OP_ERR,
+            IBV_WC_WR_FLUSH_ERR);
+    return RxAction::dead;
+  }
+  if (!c.have_recv) {
+    if (s.mo != 0) {
+      rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::invalid_mo), true, IBV_WC_REM_OP_ERR,
+              IBV_WC_WR_FLUSH_ERR);
+      return RxAction::dead;
+    }
+    if (!take_recv(qp, c.cur_recv, c.cur_sge)) return RxAction::stall;  // RNR: wait
+    c.have_recv = true;
+    if (!recv_keys_ok(qp, c.cur_recv)) {
+      rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::no_buffer), true, IBV_WC_REM_OP_ERR,
+              IBV_WC_LOC_PROT_ERR);
+      return RxAction::dead;
+    }
+  } else if (s.mo != c.place.offset) {
+    rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::invalid_mo), true, IBV_WC_REM_OP_ERR,
+            IBV_WC_WR_FLUSH_ERR);
+    return RxAction::dead;
+  }
+  if (static_cast<uint64_t>(s.mo) + s.payload_len > c.cur_recv.length) {
+    // RFC 5041 §7.3 "message too long"; the local receive fails with LOC_LEN_ERR.
+    rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::too_long), true, IBV_WC_REM_INV_REQ_ERR,
+            IBV_WC_LOC_LEN_ERR);
+    return RxAction::dead;
+  }
+  c.place.kind = Placement::Kind::sgl;
+  c.place.sge = c.cur_recv.sge;
+  c.place.num_sge = c.cur_recv.num_sge;
+  c.place.offset = s.mo;
+  return RxAction::place;
+}
+
+RxAction on_write(Qp* qp, Conn& c) {
+  const auto& s = c.seg;
+  c.place.kind = Placement::Kind::discard;
+  if (s.payload_len == 0) return RxAction::place;  // zero-length Write, e.g. the RTR
+  AccessResult r = AccessResult::access_rights;
+  std::byte* p = nullptr;
+  if (qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_WRITE) {
+    auto& kt = KeyTable::get();
+    auto g = kt.read_guard();
+    r = kt.check(s.stag, qp->pd, s.to, s.payload_len, IBV_ACCESS_REMOTE_WRITE, true, &p);
+  }
+  if (r != AccessResult::ok) {
+    SV_DBG("qp %u: write to stag %#x denied", qp->qpn(), s.stag);
+    rx_fail(qp, access_to_terminate(r, true), true, IBV_WC_REM_ACCESS_ERR, IBV_WC_WR_FLUSH_ERR);
+    return RxAction::dead;
+  }
+  c.place.kind = Placement::Kind::contiguous;
+  c.place.ptr = p;
+  return RxAction::place;
+}
+
+RxAction on_read_request(Qp* qp, Conn& c) {
+  const auto& s = c.seg;
+  if (s.msn != c.rreq_msn) {
+    rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::msn_range), true, IBV_WC_REM_OP_ERR,
+            IBV_WC_WR_FLUSH_ERR);
+    return RxAction::dead;
+  }
+  const wire::ReadRequest rr = wire::decode_read_request(&c.hdr[2 + wire::kDdpUntaggedHdrLen]);
+  AccessResult r = AccessResult::ok;
+  std::byte* p = nullptr;
+  if (rr.read_size) {
+    r = AccessResult::access_rights;
+    if (qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_READ) {
+      auto& kt = KeyTable::get();
+      auto g = kt.read_guard();
+      r = kt.check(rr.source_stag, qp->pd, rr.source_to, rr.read_size, IBV_ACCESS_REMOTE_READ,
+                   true, &p);
+    }
+  }
+  if (r != AccessResult::ok) {
+    rx_fail(qp, access_to_terminate(r, false), true, IBV_WC_REM_ACCESS_ERR, IBV_WC_WR_FLUSH_ERR);
+    return RxAction::dead;
+  }
+  std::lock_guard lk(qp->tx_mu);
+  const uint32_t ird = std::min<uint32_t>(
+      static_cast<uint32_t>(qp->irq.size()),
+      std::max<uint32_t>({qp->attr.max_dest_rd_atomic, c.ird, 1u}));
+  if (qp->irq_count >= ird) {
+    // More outstanding Reads than we advertised (RFC 5040 §5.2 / siw: catastrophic).
+    Terminate t;
+    t.layer = wire::TermLayer::rdmap;
+    t.etype = static_cast<uint8_t>(wire::RdmapEtype::catastrophic);
+    t.ecode = 0;
+    tx_terminate_locked(qp, t);
+    qp->tx_mu.unlock();
+    qp_set_error(qp, IBV_WC_WR_FLUSH_ERR, true);
+    qp->tx_mu.lock();
+    return RxAction::dead;
+  }
+  IrqEntry& e = qp->irq[(qp->irq_head + qp->irq_count) % qp->irq.size()];
+  e = IrqEntry{};
+  e.sink_stag = rr.sink_stag;
+  e.sink_to = rr.sink_to;
+  e.src = p;
+  e.length = rr.read_size;
+  ++qp->irq_count;
+  ++c.rreq_msn;
+  c.place.kind = Placement::Kind::discard;
+  return RxAction::place;
+}
+
+RxAction on_atomic_request(Qp* qp, Conn& c) {
+  const auto& s = c.seg;
+  if (!c.peer_sv || s.msn != c.rreq_msn) {
+    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), true, IBV_WC_REM_OP_ERR,
+            IBV_WC_WR_FLUSH_ERR);
+    return RxAction::dead;
+  }
+  wire::AtomicRequest ar;
+  if (!wire::decode_atomic_request(&c.hdr[2 + wire::kDdpUntaggedHdrLen], ar)) {
+    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), true, IBV_WC_REM_OP_ERR,
+            IBV_WC_WR_FLUSH_ERR);
+    return RxAction::dead;
+  }
+  if (ar.to & 7) {
+    // Misaligned target: an invalid request (IB spec o10-31 / C9-40 analogue).
+    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::catastrophic_stream), true,
+            IBV_WC_REM_INV_REQ_ERR, IBV_WC_WR_FLUSH_ERR);
+    return RxAction::dead;
+  }
+  AccessResult r = AccessResult::access_rights;
+  std::byte* p = nullptr;
+  auto& kt = KeyTable::get();
+  auto g = kt.read_guard();
+  if (qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_ATOMIC)
+    r = kt.check(ar.stag, qp->pd, ar.to, 8, IBV_ACCESS_REMOTE_ATOMIC, true, &p);
+  if (r != AccessResult::ok) {
+    g.unlock();
+    rx_fail(qp, access_to_terminate(r, false), true, IBV_WC_REM_ACCESS_ERR, IBV_WC_WR_FLUSH_ERR);
+    return RxAction::dead;
+  }
+  // Atomic with respect to every other QP of this process; remote peers can only reach
+  // this memory through us.
+  auto* v = reinterpret_cast<uint64_t*>(p);
+  uint64_t orig;
+  switch (ar.op) {
+    case wire::AtomicOp::fetch_add:
+      orig = __atomic_fetch_add(v, ar.add_swap, __ATOMIC_SEQ_CST);
+      break;
+    case wire::AtomicOp::swap:
+      orig = __atomic_exchange_n(v, ar.add_swap, __ATOMIC_SEQ_CST);
+      break;
+    case wire::AtomicOp::compare_swap:
+    default:
+      orig = ar.compare;
+      __atomic_compare_exchange_n(v, &orig, ar.add_swap, false, __ATOMIC_SEQ_CST,
+                                  __ATOMIC_SEQ_CST);
+      break;
+  }
+  g.unlock();
+  std::lock_guard lk(qp->tx_mu);
+  IrqEntry& e = qp->irq[(qp->irq_head + qp->irq_count) % qp->irq.size()];
+  e = IrqEntry{};
+  e.atomic = true;
+  e.aresp = wire::AtomicResponse{ar.req_id, orig};
+  ++qp->irq_count;
+  ++c.rreq_msn;
+  c.place.kind = Placement::Kind::discard;
+  return RxAction::place;
+}
+
+RxAction on_read_response(Qp* qp, Conn& c) {
+  const auto& s = c.seg;
+  std::lock_guard lk(qp->tx_mu);
+  SendWqe* w = oldest_awaiting(qp, false);
+  const uint32_t sink_stag = w && w->num_sge ? w->sge[0].lkey : 0;
+  const uint64_t sink_to = w && w->num_sge ? w->sge[0].addr : 0;
+  // RFC 5040 §4.5: the response targets exactly the Sink STag/TO we asked for, in order.
+  if (!w || (s.payload_len && s.stag != sink_stag) || s.to != sink_to + w->resp_bytes ||
+      w->resp_bytes + s.payload_len > w->length) {
+    Terminate t;
+    t.layer = wire::TermLayer::ddp;
+    t.etype = static_cast<uint8_t>(wire::DdpEtype::tagged);
+    t.ecode = static_cast<uint8_t>(!w || s.stag != sink_stag ? wire::DdpTaggedEcode::invalid_stag
+                                                             : wire::DdpTaggedEcode::base_bounds);
+    tx_terminate_locked(qp, t);
+    qp->tx_mu.unlock();
+    qp_set_error(qp, IBV_WC_BAD_RESP_ERR, true);
+    qp->tx_mu.lock();
+    return RxAction::dead;
+  }
+  c.place.kind = Placement::Kind::sgl;
+  c.place.sge = w->sge;
+  c.place.num_sge = w->num_sge;
+  c.place.offset = w->resp_bytes;
+  w->resp_bytes += s.payload_len;
+  return RxAction::place;
+}
+
+RxAction on_atomic_response(Qp* qp, Conn& c) {
+  const wire::AtomicResponse ar =
+      wire::decode_atomic_response(&c.hdr[2 + wire::kDdpUntaggedHdrLen]);
+  std::lock_guard lk(qp->tx_mu);
+  SendWqe* w = oldest_awaiting(qp, true);
+  if (!w || w->msn != ar.req_id) {
+    qp->tx_mu.unlock();
+    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), true, IBV_WC_BAD_RESP_ERR,
+            IBV_WC_WR_FLUSH_ERR);
+    qp->tx_mu.lock();
+    return RxAction::dead;
+  }
+  // The original value lands in the local buffer in host order, as on IB HCAs.
+  std::memcpy(reinterpret_cast<void*>(w->sge[0].addr), &ar.original, 8);
+  w->state = WqeState::done;
+  --qp->orq_used;
+  c.place.kind = Placement::Kind::discard;
+  return RxAction::place;
+}
+
+RxAction on_imm(Qp* qp, Conn& c) {
+  const auto& s = c.seg;
+  if (!c.peer_sv || s.msn != c.recv_msn) {
+    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), true, IBV_WC_REM_OP_ERR,
+            IBV_WC_WR_FLUSH_ERR);
+    return RxAction::dead;
+  }
+  const std::byte* body = &c.hdr[2 + wire::kDdpUntaggedHdrLen];
+  uint32_t imm;
+  std::memcpy(&imm, body, 4);  // stays big-endian, as ibv_wc.imm_data is
+  const bool attached = wire::load_be32(body + 4) == kSvImmAttached;
+  const unsigned se = s.opcode == RdmapOpcode::imm_data_se ? (1u << 31) : 0;
+  if (attached) {
+    if (!c.imm_pending) {
+      rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), true, IBV_WC_REM_OP_ERR,
+              IBV_WC_WR_FLUSH_ERR);
+      return RxAction::dead;
+    }
+    c.imm_pending = false;
+    complete_recv(qp, c.imm_recv, IBV_WC_SUCCESS, c.imm_len, IBV_WC_RECV, IBV_WC_WITH_IMM | se,
+                  imm, 0);
+  } else {
+    RecvWqe w;
+    if (!take_recv(qp, w, c.tmp_sge)) return RxAction::stall;
+    complete_recv(qp, w, IBV_WC_SUCCESS, 0, IBV_WC_RECV_RDMA_WITH_IMM, IBV_WC_WITH_IMM | se, imm,
+                  0);
+  }
+  ++c.recv_msn;
+  c.place.kind = Placement::Kind::discard;
+  return RxAction::place;
+}
+
+}  // namespace
+
+void rx_fail(Qp* qp, const Terminate& t, bool send_term, ibv_wc_status send_status,
+             ibv_wc_status recv_status) {
+  Conn& c = qp->conn;
+  if (c.have_recv) {
+    complete_recv(qp, c.cur_recv, recv_status, 0, IBV_WC_RECV, 0, 0, 0);
+    c.have_recv = false;
+  }
+  if (send_term) {
+    std::lock_guard lk(qp->tx_mu);
+    tx_terminate_locked(qp, t);
+  }
+  c.stalled = true;
+  // The requester side learns of the failure from our Terminate; locally, outstanding
+  // requests complete with the status the caller chose.
+  qp_set_error(qp, send_status == IBV_WC_REM_OP_ERR || send_status == IBV_WC_REM_ACCESS_ERR ||
+                           send_status == IBV_WC_REM_INV_REQ_ERR
+                       ? IBV_WC_WR_FLUSH_ERR
+                       : send_status,
+               true);
+}
+
+RxAction rx_on_header(Qp* qp) {
+  Conn& c = qp->conn;
+  if (qp->state.load() == IBV_QPS_ERR) return RxAction::dead;
+  switch (c.seg.opcode) {
+    case RdmapOpcode::send:
+    case RdmapOpcode::send_inv:
+    case RdmapOpcode::send_se:
+    case RdmapOpcode::send_se_inv:
+      return on_send(qp, c);
+    case RdmapOpcode::rdma_write:
+      return on_write(qp, c);
+    case RdmapOpcode::read_request:
+      return on_read_request(qp, c);
+    case RdmapOpcode::read_response:
+      return on_read_response(qp, c);
+    case RdmapOpcode::atomic_request:
+      return on_atomic_request(qp, c);
+    case RdmapOpcode::atomic_response:
+      return on_atomic_response(qp, c);
+    case RdmapOpcode::imm_data:
+    case RdmapOpcode::imm_data_se:
+      return on_imm(qp, c);
+    case RdmapOpcode::terminate: {
+      const Terminate t = wire::decode_terminate(&c.hdr[2 + wire::kDdpUntaggedHdrLen]);
+      SV_DBG("qp %u: Terminate layer %d etype %d ecode %#x", qp->qpn(), int(t.layer), t.etype,
+             t.ecode);
+      if (c.have_recv) {
+        complete_recv(qp, c.cur_recv, IBV_WC_WR_FLUSH_ERR, 0, IBV_WC_RECV, 0, 0, 0);
+        c.have_recv = false;
+      }
+      c.stalled = true;
+      qp_set_error(qp, terminate_to_wc_status(t), true);
+      return RxAction::dead;
+    }
+  }
+  return RxAction::dead;
+}
+
+bool rx_on_segment_end(Qp* qp) {
+  Conn& c = qp->conn;
+  const auto& s = c.seg;
+  switch (s.opcode) {
+    case RdmapOpcode::send:
+    case RdmapOpcode::send_inv:
+    case RdmapOpcode::send_se:
+    case RdmapOpcode::send_se_inv: {
+      if (!s.last) return true;
+      const bool inv = s.opcode == RdmapOpcode::send_inv || s.opcode == RdmapOpcode::send_se_inv;
+      const unsigned se =
+          (s.opcode == RdmapOpcode::send_se || s.opcode == RdmapOpcode::send_se_inv) ? (1u << 31)
+                                                                                     : 0;
+      const uint32_t len = c.place.offset;
+      c.have_recv = false;
+      ++c.recv_msn;
+      if (!inv && c.peer_sv && s.rsvd_ulp == kSvImmFollows) {
+        // The Immediate Data message right behind completes this receive.
+        c.imm_pending = true;
+        c.imm_recv = c.cur_recv;
+        c.imm_sge = c.cur_sge;
+        c.imm_recv.sge = c.imm_sge.data();
+        c.imm_len = len;
+        return true;
+      }
+      complete_recv(qp, c.cur_recv, IBV_WC_SUCCESS, len, IBV_WC_RECV,
+                    (inv ? IBV_WC_WITH_INV : 0) | se, 0, inv ? s.rsvd_ulp : 0);
+      return true;
+    }
+    case RdmapOpcode::read_response: {
+      if (!s.last) return true;
+      std::lock_guard lk(qp->tx_mu);
+      SendWqe* w = oldest_awaiting(qp, false);
+      if (w) {
+        w->state = WqeState::done;
+        --qp->orq_used;
+      }
+      tx_run_locked(qp);  // ORD/fence may have held the SQ
+      return true;
+    }
+    case RdmapOpcode::atomic_response:
+    case RdmapOpcode::read_request:
+    case RdmapOpcode::atomic_request: {
+      std::lock_guard lk(qp->tx_mu);
+      tx_run_locked(qp);
+      return true;
+    }
+    default:
+      return true;
+  }
+}
+
+}  // namespace sv::engine

@@ -1,0 +1,1 @@
+// rdma_cm: filled in below.

@@ -1,0 +1,678 @@
+// libibverbs.so.1 ABI: the exported verbs (verbs-abi.md §1.4) and the ops the header's
+// inline verbs call through (ibv_context_ops, verbs_context). Conventions follow
+// libibverbs: create_* return NULL with errno set; modify/destroy return a positive errno;
+// post_* return a positive errno and set *bad_wr.
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "engine/context.h"
+#include "engine/cq.h"
+#include "engine/device.h"
+#include "engine/mr.h"
+#include "engine/qp.h"
+
+#define SV_EXPORT extern "C" __attribute__((visibility("default")))
+
+using namespace sv::engine;
+
+namespace {
+
+int op_poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
+  Cq* cq = Cq::from(ibcq);
+  if (n <= 0) return 0;
+  int got = cq->poll(n, wc);
+  if (got || cq->nqps.load(std::memory_order_acquire) == 0) return got;
+  // Empty: run the attached QPs' receive path here rather than waiting for the
+  // progress thread to wake up (a cross-core wake-up costs ~30 us on this class of VM).
+  {
+    std::lock_guard lk(cq->qps_mu);
+    for (Qp* qp : cq->qps) qp_progress(qp);
+  }
+  return cq->poll(n, wc);
+}
+
+int op_req_notify_cq(ibv_cq* ibcq, int solicited) { return Cq::from(ibcq)->arm(solicited != 0); }
+
+int op_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+  return qp_post_send(Qp::from(qp), wr, bad);
+}
+int op_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  return qp_post_recv(Qp::from(qp), wr, bad);
+}
+int op_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  return srq_post_recv(reinterpret_cast<Srq*>(srq), wr, bad);
+}
+
+int op_query_port(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t len) {
+  if (port != 1) return EINVAL;
+  ibv_port_attr a;
+  fill_port_attr(Context::from(ctx)->device, &a);
+  std::memset(attr, 0, len);
+  std::memcpy(attr, &a, std::min(len, sizeof a));
+  return 0;
+}
+
+int op_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input,
+                       ibv_device_attr_ex* attr, size_t size) {
+  if (input && input->comp_mask) return EINVAL;
+  if (size < sizeof(attr->orig_attr)) return EINVAL;
+  ibv_device_attr_ex a{};
+  fill_device_attr(Context::from(ctx)->device, &a.orig_attr);
+  a.max_dm_size = 0;
+  std::memset(attr, 0, size);
+  std::memcpy(attr, &a, std::min(size, sizeof a));
+  return 0;
+}
+
+int check_port(uint8_t port) { return port == 1 ? 0 : EINVAL; }
+
+}  // namespace
+
+// ---- devices --------------------------------------------------------------------------
+
+SV_EXPORT ibv_device** ibv_get_device_list(int* num) {
+  auto** list = static_cast<ibv_device**>(calloc(2, sizeof(ibv_device*)));
+  if (!list) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  list[0] = &the_device()->dev;
+  if (num) *num = 1;
+  return list;
+}
+
+SV_EXPORT void ibv_free_device_list(ibv_device** list) { free(list); }
+
+SV_EXPORT const char* ibv_get_device_name(ibv_device* dev) { return dev ? dev->name : nullptr; }
+
+SV_EXPORT __be64 ibv_get_device_guid(ibv_device* dev) {
+  return htobe64(reinterpret_cast<Device*>(dev)->guid);
+}
+
+SV_EXPORT int ibv_get_device_index(ibv_device*) { return 0; }
+
+SV_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
+  auto* c = new (std::nothrow) Context();
+  if (!c) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  std::memset(&c->vctx, 0, sizeof c->vctx);
+  c->device = reinterpret_cast<Device*>(dev);
+  refresh_gids(c->device);
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) < 0) {
+    delete c;
+    return nullptr;
+  }
+  fcntl(p[1], F_SETFL, O_NONBLOCK);
+  c->async_wr = p[1];
+  ibv_context& ctx = c->vctx.context;
+  ctx.device = dev;
+  ctx.cmd_fd = -1;
+  ctx.async_fd = p[0];
+  ctx.num_comp_vectors = 1;
+  pthread_mutex_init(&ctx.mutex, nullptr);
+  ctx.abi_compat = __VERBS_ABI_IS_EXTENDED;
+  ctx.ops.poll_cq = op_poll_cq;
+  ctx.ops.req_notify_cq = op_req_notify_cq;
+  ctx.ops.post_send = op_post_send;
+  ctx.ops.post_recv = op_post_recv;
+  ctx.ops.post_srq_recv = op_post_srq_recv;
+  c->vctx.sz = sizeof(verbs_context);
+  c->vctx.query_port = op_query_port;
+  c->vctx.query_device_ex = op_query_device_ex;
+  return &ctx;
+}
+
+SV_EXPORT int ibv_close_device(ibv_context* ctx) {
+  Context* c = Context::from(ctx);
+  close(ctx->async_fd);
+  close(c->async_wr);
+  pthread_mutex_destroy(&ctx->mutex);
+  delete c;
+  return 0;
+}
+
+SV_EXPORT int ibv_query_device(ibv_context* ctx, ibv_device_attr* attr) {
+  if (!ctx || !attr) return EINVAL;
+  fill_device_attr(Context::from(ctx)->device, attr);
+  return 0;
+}
+
+#undef ibv_query_port
+SV_EXPORT int ibv_query_port(ibv_context* ctx, uint8_t port, _compat_ibv_port_attr* attr) {
+  // Old entry point for binaries built before the size-aware verbs_context op.
+  // _compat_ibv_port_attr is only declared; its layout is ibv_port_attr up to link_layer.
+  return op_query_port(ctx, port, reinterpret_cast<ibv_port_attr*>(attr),
+                       offsetof(ibv_port_attr, flags));
+}
+
+SV_EXPORT int ibv_query_gid(ibv_context* ctx, uint8_t port, int index, ibv_gid* gid) {
+  Device* d = Context::from(ctx)->device;
+  if (check_port(port) || index < 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  if (static_cast<size_t>(index) >= d->gids.size()) {
+    errno = EINVAL;
+    return -1;
+  }
+  *gid = d->gids[index];
+  return 0;
+}
+
+SV_EXPORT int ibv_query_pkey(ibv_context*, uint8_t port, int index, __be16* pkey) {
+  if (check_port(port) || index != 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  *pkey = htobe16(kPkey);
+  return 0;
+}
+
+SV_EXPORT int ibv_get_pkey_index(ibv_context*, uint8_t port, __be16 pkey) {
+  if (check_port(port) || be16toh(pkey) != kPkey) {
+    errno = ENOENT;
+    return -1;
+  }
+  return 0;
+}
+
+static void fill_gid_entry(Device* d, uint32_t i, ibv_gid_entry* e) {
+  std::memset(e, 0, sizeof *e);
+  e->gid = d->gids[i];
+  e->gid_index = i;
+  e->port_num = 1;
+  e->gid_type = IBV_GID_TYPE_ROCE_V2;
+  e->ndev_ifindex = 0;
+}
+
+SV_EXPORT int _ibv_query_gid_ex(ibv_context* ctx, uint32_t port, uint32_t index,
+                                ibv_gid_entry* entry, uint32_t flags, size_t entry_size) {
+  Device* d = Context::from(ctx)->device;
+  if (port != 1 || flags || entry_size < sizeof(ibv_gid_entry)) return EINVAL;
+  if (index >= d->gids.size()) return ENODATA;
+  fill_gid_entry(d, index, entry);
+  return 0;
+}
+
+SV_EXPORT ssize_t _ibv_query_gid_table(ibv_context* ctx, ibv_gid_entry* entries,
+                                       size_t max_entries, uint32_t flags, size_t entry_size) {
+  Device* d = Context::from(ctx)->device;
+  if (flags || entry_size < sizeof(ibv_gid_entry)) return -EINVAL;
+  if (max_entries < d->gids.size()) return -EINVAL;
+  for (uint32_t i = 0; i < d->gids.size(); ++i)
+    fill_gid_entry(d, i, reinterpret_cast<ibv_gid_entry*>(reinterpret_cast<char*>(entries) +
+                                                          i * entry_size));
+  return static_cast<ssize_t>(d->gids.size());
+}
+
+// enum ibv_gid_type_sysfs (driver.h, not installed): 0 = IB/RoCE v1, 1 = RoCE v2.
+SV_EXPORT int ibv_query_gid_type(ibv_context* ctx, uint8_t port, unsigned int index, int* type) {
+  Device* d = Context::from(ctx)->device;
+  if (port != 1 || index >= d->gids.size()) {
+    errno = EINVAL;
+    return -1;
+  }
+  *type = 1;
+  return 0;
+}
+
+// ---- protection domains and memory regions --------------------------------------------
+
+SV_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
+  auto* pd = new (std::nothrow) Pd();
+  if (!pd) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  static std::atomic<uint32_t> handles{1};
+  pd->pd.context = ctx;
+  pd->pd.handle = handles++;
+  return &pd->pd;
+}
+
+SV_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
+  delete reinterpret_cast<Pd*>(pd);
+  return 0;
+}
+
+namespace {
+constexpr int kMrAllowed = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                           IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                           IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED | IBV_ACCESS_HUGETLB;
+
+int check_mr_access(int access) {
+  access &= ~IBV_ACCESS_OPTIONAL_RANGE;  // best-effort bits (RELAXED_ORDERING): ignored
+  if (access & IBV_ACCESS_ON_DEMAND) return EOPNOTSUPP;
+  if (access & ~kMrAllowed) return EINVAL;
+  // IB spec 10.6.3.1: remote write/atomic require local write.
+  if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+      !(access & IBV_ACCESS_LOCAL_WRITE))
+    return EINVAL;
+  return 0;
+}
+}  // namespace
+
+SV_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
+                                   unsigned int access) {
+  if (!pd || (!addr && length) || length == 0) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (int e = check_mr_access(static_cast<int>(access))) {
+    errno = e;
+    return nullptr;
+  }
+  auto* mr = new (std::nothrow) Mr();
+  if (!mr) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  mr->pd = reinterpret_cast<Pd*>(pd);
+  mr->access = static_cast<int>(access) & kMrAllowed;
+  mr->iova = (access & IBV_ACCESS_ZERO_BASED) ? 0 : iova;
+  mr->mr.context = pd->context;
+  mr->mr.pd = pd;
+  mr->mr.addr = addr;
+  mr->mr.length = length;
+  if (!KeyTable::get().add(mr)) {
+    delete mr;
+    errno = ENOMEM;
+    return nullptr;
+  }
+  mr->mr.handle = mr->mr.lkey;
+  return &mr->mr;
+}
+
+#undef ibv_reg_mr
+SV_EXPORT ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
+  return ibv_reg_mr_iova2(pd, addr, length, reinterpret_cast<uintptr_t>(addr),
+                          static_cast<unsigned>(access));
+}
+
+#undef ibv_reg_mr_iova
+SV_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
+                                  int access) {
+  return ibv_reg_mr_iova2(pd, addr, length, iova, static_cast<unsigned>(access));
+}
+
+SV_EXPORT int ibv_dereg_mr(ibv_mr* ibmr) {
+  if (!ibmr) return EINVAL;
+  auto* mr = reinterpret_cast<Mr*>(ibmr);
+  KeyTable::get().remove(mr);
+  delete mr;
+  return 0;
+}
+
+SV_EXPORT int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size_t length,
+                           int access) {
+  if (!ibmr || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED) || !flags) return IBV_REREG_MR_ERR_INPUT;
+  auto* mr = reinterpret_cast<Mr*>(ibmr);
+  if ((flags & IBV_REREG_MR_CHANGE_ACCESS) && check_mr_access(access))
+    return IBV_REREG_MR_ERR_INPUT;
+  if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!addr || !length))
+    return IBV_REREG_MR_ERR_INPUT;
+  if ((flags & IBV_REREG_MR_CHANGE_PD) && !pd) return IBV_REREG_MR_ERR_INPUT;
+  // New keys, as after a fresh registration: the old ones must stop working.
+  auto& kt = KeyTable::get();
+  kt.remove(mr);
+  if (flags & IBV_REREG_MR_CHANGE_PD) {
+    mr->pd = reinterpret_cast<Pd*>(pd);
+    mr->mr.pd = pd;
+  }
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+    mr->mr.addr = addr;
+    mr->mr.length = length;
+    mr->iova = reinterpret_cast<uintptr_t>(addr);
+  }
+  if (flags & IBV_REREG_MR_CHANGE_ACCESS) mr->access = access & kMrAllowed;
+  if (!kt.add(mr)) return IBV_REREG_MR_ERR_CMD;
+  return 0;
+}
+
+// ---- completion channels and CQs --------------------------------------------------------
+
+SV_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* ctx) {
+  auto* ch = new (std::nothrow) CompChannel();
+  if (!ch) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) < 0) {
+    delete ch;
+    return nullptr;
+  }
+  fcntl(p[1], F_SETFL, O_NONBLOCK);
+  ch->ch.context = ctx;
+  ch->ch.fd = p[0];
+  ch->ch.refcnt = 0;
+  ch->wr_fd = p[1];
+  return &ch->ch;
+}
+
+SV_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
+  auto* ch = reinterpret_cast<CompChannel*>(channel);
+  if (ch->ch.refcnt) return EBUSY;
+  close(ch->ch.fd);
+  close(ch->wr_fd);
+  delete ch;
+  return 0;
+}
+
+SV_EXPORT ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_context,
+                                ibv_comp_channel* channel, int comp_vector) {
+  if (cqe < 1 || cqe > kMaxCqe || comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* cq = new (std::nothrow) Cq();
+  if (!cq) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  cq->ctx = Context::from(ctx);
+  cq->channel = reinterpret_cast<CompChannel*>(channel);
+  cq->cqe = cqe;
+  cq->ring.resize(static_cast<size_t>(cqe) + 1);
+  ibv_cq* c = cq->ibcq();
+  c->context = ctx;
+  c->channel = channel;
+  c->cq_context = cq_context;
+  c->cqe = cqe;
+  c->handle = 0;
+  pthread_mutex_init(&c->mutex, nullptr);
+  pthread_cond_init(&c->cond, nullptr);
+  if (channel) ++channel->refcnt;
+  return c;
+}
+
+SV_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {
+  Cq* cq = Cq::from(ibcq);
+  if (cq->nqps.load()) return EBUSY;
+  if (ibcq->channel) --ibcq->channel->refcnt;
+  pthread_mutex_destroy(&ibcq->mutex);
+  pthread_cond_destroy(&ibcq->cond);
+  delete cq;
+  return 0;
+}
+
+SV_EXPORT int ibv_resize_cq(ibv_cq* ibcq, int cqe) {
+  Cq* cq = Cq::from(ibcq);
+  if (cqe < 1 || cqe > kMaxCqe) return EINVAL;
+  std::lock_guard lk(cq->mu);
+  if (static_cast<uint32_t>(cqe) < cq->count) return EINVAL;
+  std::vector<ibv_wc> ring(static_cast<size_t>(cqe) + 1);
+  for (uint32_t i = 0; i < cq->count; ++i) ring[i] = cq->ring[(cq->head + i) % cq->ring.size()];
+  cq->ring.swap(ring);
+  cq->head = 0;
+  cq->cqe = cqe;
+  ibcq->cqe = cqe;
+  return 0;
+}
+
+SV_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
+  ibv_cq* p = nullptr;
+  ssize_t n = read(channel->fd, &p, sizeof p);
+  if (n != sizeof p) {
+    if (n >= 0) errno = EIO;
+    return -1;
+  }
+  *cq = p;
+  *cq_context = p->cq_context;
+  return 0;
+}
+
+SV_EXPORT void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
+  pthread_mutex_lock(&cq->mutex);
+  cq->comp_events_completed += nevents;
+  pthread_cond_broadcast(&cq->cond);
+  pthread_mutex_unlock(&cq->mutex);
+}
+
+// ---- QPs ------------------------------------------------------------------------------
+
+SV_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
+  if (!pd || !init) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  int err = 0;
+  Qp* qp = qp_create(Context::from(pd->context), reinterpret_cast<Pd*>(pd), init, &err);
+  if (!qp) {
+    errno = err;
+    return nullptr;
+  }
+  init->cap = qp->cap;
+  return qp->ibqp();
+}
+
+SV_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init) {
+  if (!qp || !attr) return EINVAL;
+  return qp_query(Qp::from(qp), attr, mask, init);
+}
+
+SV_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
+  if (!qp) return EINVAL;
+  return qp_modify(Qp::from(qp), attr, mask);
+}
+
+SV_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
+  if (!qp) return EINVAL;
+  return qp_destroy(Qp::from(qp));
+}
+
+SV_EXPORT ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp*) {
+  // The ibv_wr_* interface is not offered (no IBV_QP_INIT_ATTR_SEND_OPS_FLAGS support).
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+
+SV_EXPORT int ibv_query_qp_data_in_order(ibv_qp*, enum ibv_wr_opcode, uint32_t) {
+  // TCP delivers in order and we place in order, but we make no promise about visibility
+  // order of bytes inside one message to CPUs polling memory.
+  return 0;
+}
+
+// ---- SRQs -----------------------------------------------------------------------------
+
+SV_EXPORT ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
+  if (!pd || !init || init->attr.max_wr == 0 ||
+      init->attr.max_wr > static_cast<uint32_t>(kMaxSrqWr) ||
+      init->attr.max_sge > static_cast<uint32_t>(kMaxSge) ||
+      init->attr.srq_limit > init->attr.max_wr) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* s = new (std::nothrow) Srq();
+  if (!s) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  s->ctx = Context::from(pd->context);
+  s->pd = reinterpret_cast<Pd*>(pd);
+  s->max_wr = init->attr.max_wr;
+  s->max_sge = std::max<uint32_t>(init->attr.max_sge, 1);
+  s->limit = init->attr.srq_limit;
+  s->ring.resize(s->max_wr);
+  s->sge.resize(static_cast<size_t>(s->max_wr) * s->max_sge);
+  for (uint32_t i = 0; i < s->max_wr; ++i) s->ring[i].sge = &s->sge[i * s->max_sge];
+  s->srq.context = pd->context;
+  s->srq.srq_context = init->srq_context;
+  s->srq.pd = pd;
+  pthread_mutex_init(&s->srq.mutex, nullptr);
+  pthread_cond_init(&s->srq.cond, nullptr);
+  init->attr.max_sge = s->max_sge;
+  return &s->srq;
+}
+
+SV_EXPORT int ibv_modify_srq(ibv_srq* srq, ibv_srq_attr* attr, int mask) {
+  auto* s = reinterpret_cast<Srq*>(srq);
+  if (!attr || (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT))) return EINVAL;
+  std::lock_guard lk(s->mu);
+  if (mask & IBV_SRQ_MAX_WR) {
+    if (attr->max_wr == 0 || attr->max_wr > static_cast<uint32_t>(kMaxSrqWr) ||
+        attr->max_wr < s->count)
+      return EINVAL;
+    std::vector<RecvWqe> ring(attr->max_wr);
+    std::vector<ibv_sge> sge(static_cast<size_t>(attr->max_wr) * s->max_sge);
+    for (uint32_t i = 0; i < attr->max_wr; ++i) ring[i].sge = &sge[i * s->max_sge];
+    for (uint32_t i = 0; i < s->count; ++i) {
+      const RecvWqe& o = s->ring[(s->head + i) % s->max_wr];
+      RecvWqe& n = ring[i];
+      n.wr_id = o.wr_id;
+      n.num_sge = o.num_sge;
+      n.length = o.length;
+      std::copy(o.sge, o.sge + o.num_sge, n.sge);
+    }
+    s->ring.swap(ring);
+    s->sge.swap(sge);
+    s->head = 0;
+    s->max_wr = attr->max_wr;
+  }
+  if (mask & IBV_SRQ_LIMIT) {
+    if (attr->srq_limit > s->max_wr) return EINVAL;
+    s->limit = attr->srq_limit;
+  }
+  return 0;
+}
+
+SV_EXPORT int ibv_query_srq(ibv_srq* srq, ibv_srq_attr* attr) {
+  auto* s = reinterpret_cast<Srq*>(srq);
+  std::lock_guard lk(s->mu);
+  attr->max_wr = s->max_wr;
+  attr->max_sge = s->max_sge;
+  attr->srq_limit = s->limit;
+  return 0;
+}
+
+SV_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
+  auto* s = reinterpret_cast<Srq*>(srq);
+  {
+    std::lock_guard lk(s->qps_mu);
+    if (!s->qps.empty()) return EBUSY;
+  }
+  pthread_mutex_destroy(&srq->mutex);
+  pthread_cond_destroy(&srq->cond);
+  delete s;
+  return 0;
+}
+
+// ---- address handles and multicast (UD only: RC is all we carry) ------------------------
+
+SV_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
+  if (!pd || !attr || attr->port_num != 1) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* ah = static_cast<ibv_ah*>(calloc(1, sizeof(ibv_ah)));
+  if (!ah) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  ah->context = pd->context;
+  ah->pd = pd;
+  return ah;
+}
+
+SV_EXPORT int ibv_destroy_ah(ibv_ah* ah) {
+  free(ah);
+  return 0;
+}
+
+SV_EXPORT int ibv_init_ah_from_wc(ibv_context*, uint8_t, ibv_wc*, ibv_grh*, ibv_ah_attr*) {
+  errno = EOPNOTSUPP;  // needs a UD GRH; softverbs carries RC only
+  return -1;
+}
+
+SV_EXPORT ibv_ah* ibv_create_ah_from_wc(ibv_pd*, ibv_wc*, ibv_grh*, uint8_t) {
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+
+SV_EXPORT int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
+SV_EXPORT int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
+
+// ---- async events ---------------------------------------------------------------------
+
+SV_EXPORT int ibv_get_async_event(ibv_context* ctx, ibv_async_event* event) {
+  ssize_t n = read(ctx->async_fd, event, sizeof *event);
+  if (n != sizeof *event) {
+    if (n >= 0) errno = EIO;
+    return -1;
+  }
+  return 0;
+}
+
+SV_EXPORT void ibv_ack_async_event(ibv_async_event* event) {
+  switch (event->event_type) {
+    case IBV_EVENT_CQ_ERR: {
+      ibv_cq* cq = event->element.cq;
+      pthread_mutex_lock(&cq->mutex);
+      ++cq->async_events_completed;
+      pthread_cond_broadcast(&cq->cond);
+      pthread_mutex_unlock(&cq->mutex);
+      break;
+    }
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED: {
+      ibv_srq* srq = event->element.srq;
+      pthread_mutex_lock(&srq->mutex);
+      ++srq->events_completed;
+      pthread_cond_broadcast(&srq->cond);
+      pthread_mutex_unlock(&srq->mutex);
+      break;
+    }
+    case IBV_EVENT_DEVICE_FATAL:
+    case IBV_EVENT_PORT_ACTIVE:
+    case IBV_EVENT_PORT_ERR:
+    case IBV_EVENT_LID_CHANGE:
+    case IBV_EVENT_PKEY_CHANGE:
+    case IBV_EVENT_SM_CHANGE:
+    case IBV_EVENT_CLIENT_REREGISTER:
+    case IBV_EVENT_GID_CHANGE:
+      break;
+    default: {
+      ibv_qp* qp = event->element.qp;
+      pthread_mutex_lock(&qp->mutex);
+      ++qp->events_completed;
+      pthread_cond_broadcast(&qp->cond);
+      pthread_mutex_unlock(&qp->mutex);
+      break;
+    }
+  }
+}
+
+// ---- fork and sysfs -------------------------------------------------------------------
+
+SV_EXPORT int ibv_fork_init(void) { return 0; }
+SV_EXPORT enum ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
+SV_EXPORT int ibv_dontfork_range(void*, size_t) { return 0; }
+SV_EXPORT int ibv_dofork_range(void*, size_t) { return 0; }
+
+// There is no sysfs device behind softverbs: optional attributes read as absent.
+SV_EXPORT int ibv_read_sysfs_file(const char*, const char*, char*, size_t) {
+  errno = ENOENT;
+  return -1;
+}
+
+SV_EXPORT int ibv_get_sysfs_path(char* buf, size_t size) {
+  if (!buf || size < 5) return -1;
+  std::strcpy(buf, "/sys");
+  return 0;
+}
+
+SV_EXPORT int ibv_resolve_eth_l2_from_gid(ibv_context*, ibv_ah_attr*, uint8_t[6], uint16_t*) {
+  return EOPNOTSUPP;  // no L2 below us: TCP picks the route
+}
+
+SV_EXPORT int ibv_query_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
+SV_EXPORT int ibv_set_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
