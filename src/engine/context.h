@@ -3,13 +3,14 @@
 #include <infiniband/verbs.h>
 
 #include "engine/device.h"
+#include "engine/event_queue.h"
 
 namespace sv::engine {
 
 struct Context {
   verbs_context vctx;  // first; &vctx.context is the ibv_context handed out
   Device* device = nullptr;
-  int async_wr = -1;  // write end of the async event pipe; vctx.context.async_fd reads
+  EventQueue<ibv_async_event> async;  // vctx.context.async_fd is its fd
 
   ibv_context* ibctx() { return &vctx.context; }
   static Context* from(ibv_context* c) {

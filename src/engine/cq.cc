@@ -21,12 +21,7 @@ bool Cq::push(const ibv_wc& wc, bool solicited) {
       notify = true;
     }
   }
-  if (notify && channel) {
-    ibv_cq* p = ibcq();
-    // The pipe holds thousands of 8-byte events; one per arm can never fill it.
-    ssize_t r = write(channel->wr_fd, &p, sizeof p);
-    (void)r;
-  }
+  if (notify && channel) channel->events.push(ibcq());
   return true;
 }
 

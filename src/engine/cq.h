@@ -1,6 +1,6 @@
-// Completion queues and completion channels. A channel is a pipe: the engine writes the
-// ibv_cq pointer, ibv_get_cq_event reads it, so blocking, O_NONBLOCK/EAGAIN, EINTR and
-// poll/epoll behave exactly like the kernel's uverbs event file.
+// Completion queues and completion channels. A channel is an EventQueue of ibv_cq
+// pointers, so blocking, O_NONBLOCK/EAGAIN, EINTR and poll/epoll behave like the kernel's
+// uverbs completion event file.
 #pragma once
 #include <infiniband/verbs.h>
 
@@ -8,14 +8,16 @@
 #include <mutex>
 #include <vector>
 
+#include "engine/event_queue.h"
+
 namespace sv::engine {
 
 struct Context;
 struct Qp;
 
 struct CompChannel {
-  ibv_comp_channel ch;  // first; ch.fd is the read end
-  int wr_fd = -1;
+  ibv_comp_channel ch;  // first; ch.fd is events.fd()
+  EventQueue<ibv_cq*> events;
 };
 
 struct Cq {

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "engine/log.h"
 
@@ -50,14 +51,29 @@ bool gid_to_addr(const ibv_gid& gid, transport::SockAddr& out) {
   return true;
 }
 
+// SOFTVERBS_NETDEV=lo,veth0 binds the device to those interfaces, as `rdma link add
+// ... netdev` binds rxe/siw: only their addresses enter the GID table.
+static bool netdev_selected(const std::string& ifname) {
+  const char* e = std::getenv("SOFTVERBS_NETDEV");
+  if (!e || !*e) return true;
+  std::string list = std::string(",") + e + ",";
+  return list.find("," + ifname + ",") != std::string::npos;
+}
+
 void refresh_gids(Device* d) {
   static std::mutex mu;
   std::lock_guard lk(mu);
   d->gids.clear();
   d->gid_addrs.clear();
   for (const auto& h : transport::host_addresses()) {
+    if (!netdev_selected(h.ifname)) continue;
     d->gids.push_back(addr_to_gid(h.addr));
     d->gid_addrs.push_back(h.addr);
+  }
+  if (d->gids.empty()) {  // never an empty table: perftest and devinfo walk it
+    auto lo = transport::SockAddr::ipv4(htonl(INADDR_LOOPBACK), 0);
+    d->gids.push_back(addr_to_gid(lo));
+    d->gid_addrs.push_back(lo);
   }
 }
 

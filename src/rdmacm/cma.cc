@@ -1,1 +1,888 @@
-// rdma_cm: filled in below.
+// librdmacm.so.1: the rdma_cm API over softverbs' iWARP connection set-up (engine/iw_cm.h).
+// As with Linux iw_cm, the rdma_cm port is the TCP port, and a connection is a TCP
+// connection carrying an MPA Request/Reply with the ULP's private data, so a softverbs
+// rping talks to a siw rping.
+//
+// Events: each rdma_event_channel is an EventQueue (engine/event_queue.h), so blocking,
+// O_NONBLOCK -> EAGAIN and poll() on channel->fd behave as with the kernel's rdma_cm file.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <vector>
+
+#include "engine/iw_cm.h"
+#include "engine/qp.h"
+
+#define SV_EXPORT extern "C" __attribute__((visibility("default")))
+
+using namespace sv::engine;
+using sv::transport::SockAddr;
+
+namespace {
+
+struct CmEvent {
+  rdma_cm_event ev;  // first: handed out
+  std::vector<std::byte> pdata;
+};
+
+struct Channel {
+  rdma_event_channel ch;  // first; ch.fd is events.fd()
+  EventQueue<CmEvent*> events;
+};
+
+struct CmId;
+
+struct Listener : Progress::Handler {
+  CmId* id = nullptr;
+  int fd = -1;
+  void on_event(uint32_t) override;
+};
+
+struct CmId {
+  rdma_cm_id id;  // first: handed out
+  std::mutex mu;
+  bool sync = false;        // created with a NULL channel (rdma_create_ep style)
+  Channel* own_channel = nullptr;
+  int bound_fd = -1;        // bound, not yet listening
+  Listener* listener = nullptr;
+  Endpoint* ep = nullptr;   // handshake in flight or waiting for accept/reject
+  bool connected = false;
+  bool disconnected = false;  // DISCONNECTED already queued
+  uint8_t resp_res = 0, init_depth = 0;
+  int outstanding = 0;      // events not yet acked (rdma_destroy_id waits)
+  std::condition_variable cv;
+};
+
+Channel* chan(rdma_event_channel* c) { return reinterpret_cast<Channel*>(c); }
+CmId* cmid(rdma_cm_id* i) { return reinterpret_cast<CmId*>(i); }
+
+ibv_context* g_verbs() {
+  // One device context shared by every rdma_cm_id, as librdmacm keeps one per device.
+  static ibv_context* ctx = [] {
+    int n = 0;
+    ibv_device** l = ibv_get_device_list(&n);
+    ibv_context* c = n > 0 ? ibv_open_device(l[0]) : nullptr;
+    ibv_free_device_list(l);
+    return c;
+  }();
+  return ctx;
+}
+
+void queue_event(CmId* id, rdma_cm_event_type type, int status,
+                 const std::vector<std::byte>* pdata = nullptr, rdma_cm_id* ev_id = nullptr,
+                 uint8_t resp_res = 0, uint8_t init_depth = 0) {
+  auto* e = new CmEvent();
+  e->ev.id = ev_id ? ev_id : &id->id;
+  e->ev.listen_id = ev_id ? &id->id : nullptr;
+  e->ev.event = type;
+  e->ev.status = status;
+  if (pdata && !pdata->empty()) {
+    e->pdata = *pdata;
+    e->ev.param.conn.private_data = e->pdata.data();
+    e->ev.param.conn.private_data_len = static_cast<uint8_t>(std::min<size_t>(e->pdata.size(), 255));
+  }
+  e->ev.param.conn.responder_resources = resp_res;
+  e->ev.param.conn.initiator_depth = init_depth;
+  CmId* owner = ev_id ? cmid(ev_id) : id;
+  chan(owner->id.channel)->events.push(e);
+}
+
+SockAddr id_src(CmId* id) { return SockAddr::from(&id->id.route.addr.src_addr); }
+SockAddr id_dst(CmId* id) { return SockAddr::from(&id->id.route.addr.dst_addr); }
+
+void set_src(CmId* id, const SockAddr& a) {
+  std::memset(&id->id.route.addr.src_storage, 0, sizeof(sockaddr_storage));
+  std::memcpy(&id->id.route.addr.src_storage, &a.ss, a.len);
+}
+void set_dst(CmId* id, const SockAddr& a) {
+  std::memset(&id->id.route.addr.dst_storage, 0, sizeof(sockaddr_storage));
+  std::memcpy(&id->id.route.addr.dst_storage, &a.ss, a.len);
+}
+
+bool is_any(const SockAddr& a) {
+  if (a.family() == AF_INET)
+    return reinterpret_cast<const sockaddr_in*>(&a.ss)->sin_addr.s_addr == htonl(INADDR_ANY);
+  if (a.family() == AF_INET6)
+    return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(&a.ss)->sin6_addr);
+  return true;
+}
+
+socklen_t sa_len(const sockaddr* sa) {
+  if (!sa) return 0;
+  return sa->sa_family == AF_INET6 ? sizeof(sockaddr_in6)
+         : sa->sa_family == AF_INET ? sizeof(sockaddr_in)
+                                    : 0;
+}
+
+// Moves a CM-managed QP through RTR and RTS with the negotiated resources, as iw_cm does
+// when the MPA exchange completes.
+void qp_connect(CmId* id, Endpoint* ep) {
+  Qp* qp = Qp::from(id->id.qp);
+  {
+    std::lock_guard lk(qp->tx_mu);
+    qp->attr.max_rd_atomic = static_cast<uint8_t>(std::max<uint16_t>(ep->negotiated_ord(), 1));
+    qp->attr.max_dest_rd_atomic =
+        static_cast<uint8_t>(std::max<uint16_t>(ep->negotiated_ird(), 1));
+    qp->attr.rnr_retry = 7;
+    qp->attr.retry_cnt = 7;
+    qp->attr.timeout = 14;
+    qp->attr.path_mtu = IBV_MTU_4096;
+    qp->attr.dest_qp_num = 0;
+    for (ibv_qp_state s : {IBV_QPS_RTR, IBV_QPS_RTS}) {
+      qp->state = s;
+      qp->attr.qp_state = s;
+      qp->qpx.qp_base.state = s;
+    }
+  }
+  qp_take_endpoint(qp, ep);
+}
+
+void on_qp_disconnect(void* p) {
+  auto* id = static_cast<CmId*>(p);
+  bool fire = false;
+  {
+    std::lock_guard lk(id->mu);
+    if (id->connected && !id->disconnected) {
+      id->disconnected = true;
+      fire = true;
+    }
+  }
+  if (fire) queue_event(id, RDMA_CM_EVENT_DISCONNECTED, 0);
+}
+
+void on_passive_done(Endpoint* ep, int err) {
+  auto* child = static_cast<CmId*>(ep->user);
+  if (err) {
+    {
+      std::lock_guard lk(child->mu);
+      child->ep = nullptr;
+    }
+    ep->dispose();
+    return;
+  }
+  {
+    std::lock_guard lk(child->mu);
+    child->ep = nullptr;
+    child->connected = true;
+  }
+  if (child->id.qp) qp_connect(child, ep);
+  ep->dispose();
+  queue_event(child, RDMA_CM_EVENT_ESTABLISHED, 0);
+}
+
+void on_passive_request(Endpoint* ep) {
+  auto* lid = static_cast<CmId*>(ep->user);
+  auto* child = new CmId();
+  child->id.verbs = g_verbs();
+  child->id.channel = lid->id.channel;
+  child->id.context = lid->id.context;
+  child->id.ps = lid->id.ps;
+  child->id.port_num = 1;
+  child->id.qp_type = IBV_QPT_RC;
+  child->id.pd = lid->id.pd;
+  child->ep = ep;
+  set_src(child, sv::transport::local_addr(ep->fd()));
+  set_dst(child, sv::transport::peer_addr(ep->fd()));
+  const auto& o = ep->outcome();
+  // iw_cm convention: the peer's ORD is what we must serve (responder_resources), its
+  // IRD bounds what we may issue (initiator_depth).
+  child->resp_res = static_cast<uint8_t>(std::min<uint16_t>(o.peer_ord, kMaxRdAtom));
+  child->init_depth = static_cast<uint8_t>(std::min<uint16_t>(o.peer_ird, kMaxRdAtom));
+  ep->user = child;
+  queue_event(lid, RDMA_CM_EVENT_CONNECT_REQUEST, 0, &o.peer_pdata, &child->id, child->resp_res,
+              child->init_depth);
+}
+
+void Listener::on_event(uint32_t) {
+  for (;;) {
+    int c = accept4(fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (c < 0) return;
+    Endpoint* ep = Endpoint::passive(c, on_passive_request, on_passive_done);
+    ep->user = id;
+  }
+}
+
+bool crc_wanted() {
+  const char* e = std::getenv("SOFTVERBS_MPA_CRC");
+  return e && *e && *e != '0';
+}
+
+int fail(int e) {
+  errno = e;
+  return -1;
+}
+
+// Synchronous ids (NULL channel): wait for the next event of this id and ack it.
+int sync_wait(CmId* id, rdma_cm_event_type want) {
+  rdma_cm_event* ev = nullptr;
+  if (rdma_get_cm_event(id->id.channel, &ev)) return -1;
+  const bool ok = ev->event == want && ev->status == 0;
+  const int st = ev->status;
+  rdma_ack_cm_event(ev);
+  if (!ok) return fail(st ? -st : ECONNREFUSED);
+  return 0;
+}
+
+}  // namespace
+
+// ---- event channels -------------------------------------------------------------------
+
+SV_EXPORT rdma_event_channel* rdma_create_event_channel(void) {
+  if (!g_verbs()) return errno = ENODEV, nullptr;
+  auto* c = new (std::nothrow) Channel();
+  if (!c) return errno = ENOMEM, nullptr;
+  if (c->events.open() < 0) {
+    delete c;
+    return nullptr;
+  }
+  c->ch.fd = c->events.fd();
+  return &c->ch;
+}
+
+SV_EXPORT void rdma_destroy_event_channel(rdma_event_channel* channel) {
+  Channel* c = chan(channel);
+  c->events.close_fd();
+  for (auto* e : c->events.drain()) delete e;
+  delete c;
+}
+
+SV_EXPORT int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
+  if (!channel || !event) return fail(EINVAL);
+  CmEvent* e = nullptr;
+  if (chan(channel)->events.pop(e)) return -1;  // errno from read (EAGAIN, EINTR)
+  {
+    // Counted once handed out: rdma_destroy_id waits for these to be acked.
+    CmId* id = cmid(e->ev.id);
+    std::lock_guard lk2(id->mu);
+    ++id->outstanding;
+  }
+  *event = &e->ev;
+  return 0;
+}
+
+SV_EXPORT int rdma_ack_cm_event(rdma_cm_event* event) {
+  if (!event) return fail(EINVAL);
+  auto* e = reinterpret_cast<CmEvent*>(event);
+  CmId* id = cmid(event->id);
+  {
+    std::lock_guard lk(id->mu);
+    --id->outstanding;
+  }
+  id->cv.notify_all();
+  delete e;
+  return 0;
+}
+
+SV_EXPORT const char* rdma_event_str(rdma_cm_event_type event) {
+  switch (event) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED: return "RDMA_CM_EVENT_ADDR_RESOLVED";
+    case RDMA_CM_EVENT_ADDR_ERROR: return "RDMA_CM_EVENT_ADDR_ERROR";
+    case RDMA_CM_EVENT_ROUTE_RESOLVED: return "RDMA_CM_EVENT_ROUTE_RESOLVED";
+    case RDMA_CM_EVENT_ROUTE_ERROR: return "RDMA_CM_EVENT_ROUTE_ERROR";
+    case RDMA_CM_EVENT_CONNECT_REQUEST: return "RDMA_CM_EVENT_CONNECT_REQUEST";
+    case RDMA_CM_EVENT_CONNECT_RESPONSE: return "RDMA_CM_EVENT_CONNECT_RESPONSE";
+    case RDMA_CM_EVENT_CONNECT_ERROR: return "RDMA_CM_EVENT_CONNECT_ERROR";
+    case RDMA_CM_EVENT_UNREACHABLE: return "RDMA_CM_EVENT_UNREACHABLE";
+    case RDMA_CM_EVENT_REJECTED: return "RDMA_CM_EVENT_REJECTED";
+    case RDMA_CM_EVENT_ESTABLISHED: return "RDMA_CM_EVENT_ESTABLISHED";
+    case RDMA_CM_EVENT_DISCONNECTED: return "RDMA_CM_EVENT_DISCONNECTED";
+    case RDMA_CM_EVENT_DEVICE_REMOVAL: return "RDMA_CM_EVENT_DEVICE_REMOVAL";
+    case RDMA_CM_EVENT_MULTICAST_JOIN: return "RDMA_CM_EVENT_MULTICAST_JOIN";
+    case RDMA_CM_EVENT_MULTICAST_ERROR: return "RDMA_CM_EVENT_MULTICAST_ERROR";
+    case RDMA_CM_EVENT_ADDR_CHANGE: return "RDMA_CM_EVENT_ADDR_CHANGE";
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT: return "RDMA_CM_EVENT_TIMEWAIT_EXIT";
+    default: return "UNKNOWN EVENT";
+  }
+}
+
+// ---- ids ------------------------------------------------------------------------------
+
+SV_EXPORT int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** out, void* context,
+                             rdma_port_space ps) {
+  if (!out) return fail(EINVAL);
+  if (ps != RDMA_PS_TCP && ps != RDMA_PS_IB) return fail(EPROTONOSUPPORT);
+  auto* id = new (std::nothrow) CmId();
+  if (!id) return fail(ENOMEM);
+  if (!channel) {
+    channel = rdma_create_event_channel();
+    if (!channel) {
+      delete id;
+      return -1;
+    }
+    id->sync = true;
+    id->own_channel = chan(channel);
+  }
+  id->id.channel = channel;
+  id->id.context = context;
+  id->id.ps = ps;
+  id->id.qp_type = IBV_QPT_RC;
+  *out = &id->id;
+  return 0;
+}
+
+SV_EXPORT int rdma_destroy_id(rdma_cm_id* i) {
+  if (!i) return fail(EINVAL);
+  CmId* id = cmid(i);
+  {
+    // librdmacm: destroy waits until the id's events have been acknowledged.
+    std::unique_lock lk(id->mu);
+    id->cv.wait(lk, [id] { return id->outstanding == 0; });
+  }
+  if (id->id.qp) Qp::from(id->id.qp)->on_disconnect = nullptr;
+  {
+    // Events queued for this id but never retrieved die with it.
+    for (auto* e : chan(id->id.channel)->events.take_if([i](CmEvent* e) { return e->ev.id == i; }))
+      delete e;
+  }
+  Progress::get().run_sync([id] {
+    if (id->listener) {
+      Progress::get().del(id->listener->fd);
+      close(id->listener->fd);
+      delete id->listener;
+      id->listener = nullptr;
+    }
+  });
+  if (id->bound_fd >= 0) close(id->bound_fd);
+  if (id->ep) id->ep->reject({});
+  if (id->own_channel) rdma_destroy_event_channel(&id->own_channel->ch);
+  delete id;
+  return 0;
+}
+
+SV_EXPORT int rdma_bind_addr(rdma_cm_id* i, sockaddr* addr) {
+  if (!i || !addr || !sa_len(addr)) return fail(EINVAL);
+  CmId* id = cmid(i);
+  if (id->bound_fd >= 0 || id->listener) return fail(EINVAL);
+  SockAddr a = SockAddr::from(addr);
+  int fd = socket(a.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return -1;
+  int one = 1;
+  // RDMA_PS_TCP ports have no TIME_WAIT: perftest -R re-listens on the port at once.
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (a.family() == AF_INET6) {
+    int zero = 0;
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+  }
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a.ss), a.len) < 0) {
+    int e = errno;
+    close(fd);
+    return fail(e);
+  }
+  id->bound_fd = fd;
+  set_src(id, sv::transport::local_addr(fd));
+  if (!is_any(a)) {
+    id->id.verbs = g_verbs();
+    id->id.port_num = 1;
+  }
+  return 0;
+}
+
+SV_EXPORT int rdma_listen(rdma_cm_id* i, int backlog) {
+  CmId* id = cmid(i);
+  if (id->bound_fd < 0) {
+    sockaddr_in any{};
+    any.sin_family = AF_INET;
+    if (rdma_bind_addr(i, reinterpret_cast<sockaddr*>(&any))) return -1;
+  }
+  if (listen(id->bound_fd, backlog > 0 ? backlog : 128) < 0) return -1;
+  auto* l = new Listener();
+  l->id = id;
+  l->fd = id->bound_fd;
+  id->bound_fd = -1;
+  id->listener = l;
+  Progress::get().run_sync([l] { Progress::get().add(l->fd, EPOLLIN, l); });
+  return 0;
+}
+
+SV_EXPORT int rdma_resolve_addr(rdma_cm_id* i, sockaddr* src, sockaddr* dst, int) {
+  if (!i || !dst || !sa_len(dst)) return fail(EINVAL);
+  CmId* id = cmid(i);
+  SockAddr d = SockAddr::from(dst);
+  set_dst(id, d);
+  if (src && sa_len(src)) {
+    SockAddr s = SockAddr::from(src);
+    set_src(id, s);
+  } else {
+    // The source the kernel would pick: connect a UDP socket (sends nothing).
+    int fd = socket(d.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    SockAddr probe = d;
+    if (probe.port() == 0) probe.set_port(9);
+    if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&probe.ss), probe.len) == 0) {
+      SockAddr s = sv::transport::local_addr(fd);
+      s.set_port(0);
+      set_src(id, s);
+    }
+    if (fd >= 0) close(fd);
+  }
+  id->id.verbs = g_verbs();
+  id->id.port_num = 1;
+  queue_event(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+  return id->sync ? sync_wait(id, RDMA_CM_EVENT_ADDR_RESOLVED) : 0;
+}
+
+SV_EXPORT int rdma_resolve_route(rdma_cm_id* i, int) {
+  if (!i) return fail(EINVAL);
+  CmId* id = cmid(i);
+  if (!id->id.verbs) return fail(EINVAL);
+  // iWARP has no path records: TCP routes the connection.
+  queue_event(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+  return id->sync ? sync_wait(id, RDMA_CM_EVENT_ROUTE_RESOLVED) : 0;
+}
+
+// ---- QPs ------------------------------------------------------------------------------
+
+SV_EXPORT int rdma_create_qp_ex(rdma_cm_id* i, ibv_qp_init_attr_ex* attr) {
+  if (!i || !attr) return fail(EINVAL);
+  CmId* id = cmid(i);
+  if (id->id.qp) return fail(EINVAL);
+  if (!id->id.verbs) id->id.verbs = g_verbs();
+  ibv_pd* pd = (attr->comp_mask & IBV_QP_INIT_ATTR_PD) && attr->pd ? attr->pd : id->id.pd;
+  if (!pd) return fail(EINVAL);
+  if (attr->comp_mask & ~(IBV_QP_INIT_ATTR_PD)) return fail(EOPNOTSUPP);
+  ibv_qp_init_attr init{};
+  init.qp_context = attr->qp_context;
+  init.send_cq = attr->send_cq;
+  init.recv_cq = attr->recv_cq;
+  init.srq = attr->srq ? attr->srq : id->id.srq;
+  init.cap = attr->cap;
+  init.qp_type = attr->qp_type;
+  init.sq_sig_all = attr->sq_sig_all;
+  // librdmacm creates CQs and completion channels the caller did not supply.
+  if (!init.send_cq || !init.recv_cq) {
+    if (!init.recv_cq) {
+      id->id.recv_cq_channel = ibv_create_comp_channel(id->id.verbs);
+      id->id.recv_cq =
+          ibv_create_cq(id->id.verbs, std::max<int>(attr->cap.max_recv_wr, 1), id,
+                        id->id.recv_cq_channel, 0);
+      init.recv_cq = id->id.recv_cq;
+    }
+    if (!init.send_cq) {
+      id->id.send_cq_channel = ibv_create_comp_channel(id->id.verbs);
+      id->id.send_cq =
+          ibv_create_cq(id->id.verbs, std::max<int>(attr->cap.max_send_wr, 1), id,
+                        id->id.send_cq_channel, 0);
+      init.send_cq = id->id.send_cq;
+    }
+  }
+  ibv_qp* qp = ibv_create_qp(pd, &init);
+  if (!qp) return -1;
+  attr->cap = init.cap;
+  Qp* q = Qp::from(qp);
+  q->cm_managed = true;
+  q->cm_id = id;
+  q->on_disconnect = on_qp_disconnect;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = 1;
+  // iw_cm_init_qp_attr grants remote read and write; we also offer atomics.
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                      IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_LOCAL_WRITE;
+  if (int e = ibv_modify_qp(qp, &a,
+                            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
+    ibv_destroy_qp(qp);
+    return fail(e);
+  }
+  id->id.qp = qp;
+  if (!id->id.pd) id->id.pd = pd;
+  return 0;
+}
+
+SV_EXPORT int rdma_create_qp(rdma_cm_id* i, ibv_pd* pd, ibv_qp_init_attr* qp_init_attr) {
+  if (!i || !qp_init_attr) return fail(EINVAL);
+  ibv_qp_init_attr_ex ex{};
+  ex.qp_context = qp_init_attr->qp_context;
+  ex.send_cq = qp_init_attr->send_cq;
+  ex.recv_cq = qp_init_attr->recv_cq;
+  ex.srq = qp_init_attr->srq;
+  ex.cap = qp_init_attr->cap;
+  ex.qp_type = qp_init_attr->qp_type;
+  ex.sq_sig_all = qp_init_attr->sq_sig_all;
+  ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+  ex.pd = pd;
+  int r = rdma_create_qp_ex(i, &ex);
+  if (r == 0) {
+    qp_init_attr->cap = ex.cap;
+    qp_init_attr->send_cq = i->qp->send_cq;
+    qp_init_attr->recv_cq = i->qp->recv_cq;
+  }
+  return r;
+}
+
+SV_EXPORT void rdma_destroy_qp(rdma_cm_id* i) {
+  if (!i || !i->qp) return;
+  Qp::from(i->qp)->on_disconnect = nullptr;
+  ibv_destroy_qp(i->qp);
+  i->qp = nullptr;
+  if (i->send_cq) {
+    ibv_destroy_cq(i->send_cq);
+    i->send_cq = nullptr;
+  }
+  if (i->send_cq_channel) {
+    ibv_destroy_comp_channel(i->send_cq_channel);
+    i->send_cq_channel = nullptr;
+  }
+  if (i->recv_cq) {
+    ibv_destroy_cq(i->recv_cq);
+    i->recv_cq = nullptr;
+  }
+  if (i->recv_cq_channel) {
+    ibv_destroy_comp_channel(i->recv_cq_channel);
+    i->recv_cq_channel = nullptr;
+  }
+}
+
+// ---- connection -----------------------------------------------------------------------
+
+SV_EXPORT int rdma_connect(rdma_cm_id* i, rdma_conn_param* param) {
+  if (!i) return fail(EINVAL);
+  CmId* id = cmid(i);
+  if (id->ep || id->connected) return fail(EISCONN);
+  SockAddr dst = id_dst(id);
+  if (!dst.len) return fail(EINVAL);
+  MpaOffer o;
+  o.crc = crc_wanted();
+  o.ird = param ? param->responder_resources : 1;
+  o.ord = param ? param->initiator_depth : 1;
+  o.p2p = true;  // RFC 6581: ask for a Write RTR so either side may send first
+  if (param && param->private_data && param->private_data_len) {
+    const auto* p = static_cast<const std::byte*>(param->private_data);
+    size_t len = std::min<size_t>(param->private_data_len,
+                                  sv::wire::kMpaSiwMaxPrivData - sv::wire::kMpaV2WordLen);
+    o.pdata.assign(p, p + len);
+  }
+  SockAddr src = id_src(id);
+  const SockAddr* from = (src.len && !is_any(src)) ? &src : nullptr;
+  id->ep = Endpoint::connect(dst, from, std::move(o), [id](Endpoint* ep, int err) {
+    {
+      std::lock_guard lk(id->mu);
+      id->ep = nullptr;
+    }
+    if (err) {
+      const auto& pd = ep->outcome().peer_pdata;
+      if (err == -ECONNREFUSED)
+        queue_event(id, RDMA_CM_EVENT_REJECTED, err, &pd);
+      else
+        queue_event(id, RDMA_CM_EVENT_UNREACHABLE, err);
+      ep->dispose();
+      return;
+    }
+    set_src(id, sv::transport::local_addr(ep->fd()));
+    {
+      std::lock_guard lk(id->mu);
+      id->connected = true;
+    }
+    if (id->id.qp) {
+      qp_connect(id, ep);
+      ep->dispose();
+      queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0, &ep->outcome().peer_pdata);
+    } else {
+      std::lock_guard lk(id->mu);
+      id->ep = ep;  // rdma_establish() or a later QP picks it up
+      queue_event(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, &ep->outcome().peer_pdata);
+    }
+  });
+  return id->sync ? sync_wait(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
+}
+
+SV_EXPORT int rdma_establish(rdma_cm_id* i) {
+  if (!i) return fail(EINVAL);
+  CmId* id = cmid(i);
+  Endpoint* ep = nullptr;
+  {
+    std::lock_guard lk(id->mu);
+    ep = id->ep;
+    id->ep = nullptr;
+  }
+  if (!ep || !id->id.qp) return fail(EINVAL);
+  qp_connect(id, ep);
+  ep->dispose();
+  return 0;
+}
+
+SV_EXPORT int rdma_accept(rdma_cm_id* i, rdma_conn_param* param) {
+  if (!i) return fail(EINVAL);
+  CmId* id = cmid(i);
+  Endpoint* ep = id->ep;
+  if (!ep || ep->role() != Endpoint::Role::passive) return fail(EINVAL);
+  MpaOffer o;
+  o.crc = crc_wanted();
+  o.ird = param ? param->responder_resources : std::max<uint8_t>(id->resp_res, 1);
+  o.ord = param ? param->initiator_depth : std::max<uint8_t>(id->init_depth, 1);
+  if (param && param->private_data && param->private_data_len) {
+    const auto* p = static_cast<const std::byte*>(param->private_data);
+    size_t len = std::min<size_t>(param->private_data_len,
+                                  sv::wire::kMpaSiwMaxPrivData - sv::wire::kMpaV2WordLen);
+    o.pdata.assign(p, p + len);
+  }
+  ep->accept(std::move(o));
+  return id->sync ? sync_wait(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
+}
+
+SV_EXPORT int rdma_reject(rdma_cm_id* i, const void* pdata, uint8_t len) {
+  if (!i) return fail(EINVAL);
+  CmId* id = cmid(i);
+  Endpoint* ep = id->ep;
+  if (!ep || ep->role() != Endpoint::Role::passive) return fail(EINVAL);
+  std::vector<std::byte> b;
+  if (pdata && len) b.assign(static_cast<const std::byte*>(pdata),
+                             static_cast<const std::byte*>(pdata) + len);
+  id->ep = nullptr;
+  ep->reject(std::move(b));
+  return 0;
+}
+
+SV_EXPORT int rdma_reject_ece(rdma_cm_id* i, const void* pdata, uint8_t len) {
+  return rdma_reject(i, pdata, len);
+}
+
+SV_EXPORT int rdma_disconnect(rdma_cm_id* i) {
+  if (!i) return fail(EINVAL);
+  CmId* id = cmid(i);
+  {
+    std::lock_guard lk(id->mu);
+    if (!id->connected) return fail(EINVAL);
+  }
+  // TCP close is the iWARP disconnect (siw sends no close message); the QP flushes.
+  if (id->id.qp)
+    qp_set_error(Qp::from(id->id.qp), IBV_WC_WR_FLUSH_ERR, false);
+  else
+    on_qp_disconnect(id);
+  return 0;
+}
+
+SV_EXPORT int rdma_notify(rdma_cm_id* i, ibv_event_type) { return i ? 0 : fail(EINVAL); }
+
+SV_EXPORT int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** id) {
+  if (!listen || !id) return fail(EINVAL);
+  for (;;) {
+    rdma_cm_event* ev = nullptr;
+    if (rdma_get_cm_event(listen->channel, &ev)) return -1;
+    if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+      *id = ev->id;
+      CmId* child = cmid(ev->id);
+      // The child answers synchronously too.
+      child->sync = cmid(listen)->sync;
+      rdma_ack_cm_event(ev);
+      if (child->sync) {
+        rdma_event_channel* c = rdma_create_event_channel();
+        child->own_channel = chan(c);
+        child->id.channel = c;
+      }
+      return 0;
+    }
+    rdma_ack_cm_event(ev);
+  }
+}
+
+// ---- options, addresses, devices ----------------------------------------------------------
+
+SV_EXPORT int rdma_set_option(rdma_cm_id* i, int level, int optname, void* optval,
+                              size_t optlen) {
+  if (!i || !optval) return fail(EINVAL);
+  if (level == RDMA_OPTION_ID || level == RDMA_OPTION_IB) {
+    (void)optname;
+    (void)optlen;
+    return 0;  // TOS, REUSEADDR, AFONLY, ACK_TIMEOUT: TCP already covers them
+  }
+  return fail(ENOSYS);
+}
+
+SV_EXPORT int rdma_migrate_id(rdma_cm_id* i, rdma_event_channel* channel) {
+  if (!i || !channel) return fail(EINVAL);
+  CmId* id = cmid(i);
+  // Pending events of this id move with it.
+  auto moving = chan(i->channel)->events.take_if([i](CmEvent* e) { return e->ev.id == i; });
+  i->channel = channel;
+  for (auto* e : moving) chan(channel)->events.push(e);
+  (void)id;
+  return 0;
+}
+
+SV_EXPORT __be16 rdma_get_src_port(rdma_cm_id* i) { return htons(id_src(cmid(i)).port()); }
+SV_EXPORT __be16 rdma_get_dst_port(rdma_cm_id* i) { return htons(id_dst(cmid(i)).port()); }
+
+SV_EXPORT ibv_context** rdma_get_devices(int* num) {
+  auto** l = static_cast<ibv_context**>(calloc(2, sizeof(ibv_context*)));
+  if (!l) return errno = ENOMEM, nullptr;
+  l[0] = g_verbs();
+  if (num) *num = l[0] ? 1 : 0;
+  return l;
+}
+
+SV_EXPORT void rdma_free_devices(ibv_context** list) { free(list); }
+
+SV_EXPORT int rdma_getaddrinfo(const char* node, const char* service,
+                               const rdma_addrinfo* hints, rdma_addrinfo** res) {
+  if (!res || (!node && !service)) return EAI_NONAME;
+  addrinfo h{};
+  h.ai_socktype = SOCK_STREAM;
+  h.ai_family = hints ? hints->ai_family : AF_UNSPEC;
+  const bool passive = hints && (hints->ai_flags & RAI_PASSIVE);
+  if (passive) h.ai_flags |= AI_PASSIVE;
+  if (hints && (hints->ai_flags & RAI_NUMERICHOST)) h.ai_flags |= AI_NUMERICHOST;
+  addrinfo* ai = nullptr;
+  int r = getaddrinfo(node, service, &h, &ai);
+  if (r) return r;
+  auto* ra = static_cast<rdma_addrinfo*>(calloc(1, sizeof(rdma_addrinfo)));
+  ra->ai_flags = hints ? hints->ai_flags : 0;
+  ra->ai_family = ai->ai_family;
+  ra->ai_qp_type = IBV_QPT_RC;
+  ra->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
+  auto* a = static_cast<sockaddr*>(calloc(1, sizeof(sockaddr_storage)));
+  std::memcpy(a, ai->ai_addr, ai->ai_addrlen);
+  if (passive) {
+    ra->ai_src_addr = a;
+    ra->ai_src_len = ai->ai_addrlen;
+  } else {
+    ra->ai_dst_addr = a;
+    ra->ai_dst_len = ai->ai_addrlen;
+    if (hints && hints->ai_src_addr && hints->ai_src_len) {
+      ra->ai_src_addr = static_cast<sockaddr*>(calloc(1, sizeof(sockaddr_storage)));
+      std::memcpy(ra->ai_src_addr, hints->ai_src_addr, hints->ai_src_len);
+      ra->ai_src_len = hints->ai_src_len;
+    }
+  }
+  if (node) {
+    if (passive)
+      ra->ai_src_canonname = strdup(node);
+    else
+      ra->ai_dst_canonname = strdup(node);
+  }
+  freeaddrinfo(ai);
+  *res = ra;
+  return 0;
+}
+
+SV_EXPORT void rdma_freeaddrinfo(rdma_addrinfo* res) {
+  while (res) {
+    rdma_addrinfo* n = res->ai_next;
+    free(res->ai_src_addr);
+    free(res->ai_dst_addr);
+    free(res->ai_src_canonname);
+    free(res->ai_dst_canonname);
+    free(res->ai_route);
+    free(res->ai_connect);
+    free(res);
+    res = n;
+  }
+}
+
+SV_EXPORT int rdma_init_qp_attr(rdma_cm_id* i, ibv_qp_attr* attr, int* mask) {
+  if (!i || !attr || !mask) return fail(EINVAL);
+  CmId* id = cmid(i);
+  std::memset(attr, 0, sizeof *attr);
+  const ibv_qp_state cur = i->qp ? Qp::from(i->qp)->state.load() : IBV_QPS_RESET;
+  switch (cur) {
+    case IBV_QPS_RESET:
+      attr->qp_state = IBV_QPS_INIT;
+      attr->port_num = 1;
+      attr->qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                              IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_LOCAL_WRITE;
+      *mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+      return 0;
+    case IBV_QPS_INIT:
+      attr->qp_state = IBV_QPS_RTR;
+      attr->path_mtu = IBV_MTU_4096;
+      attr->dest_qp_num = 1;
+      attr->max_dest_rd_atomic = std::max<uint8_t>(id->resp_res, 1);
+      attr->min_rnr_timer = 12;
+      *mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+      return 0;
+    case IBV_QPS_RTR:
+      attr->qp_state = IBV_QPS_RTS;
+      attr->timeout = 14;
+      attr->retry_cnt = 7;
+      attr->rnr_retry = 7;
+      attr->max_rd_atomic = std::max<uint8_t>(id->init_depth, 1);
+      *mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+              IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+      return 0;
+    default:
+      return fail(EINVAL);
+  }
+}
+
+// ---- endpoint helpers (rdma_verbs.h style) ----------------------------------------------
+
+SV_EXPORT int rdma_create_ep(rdma_cm_id** out, rdma_addrinfo* res, ibv_pd* pd,
+                             ibv_qp_init_attr* qp_init_attr) {
+  if (!out || !res) return fail(EINVAL);
+  rdma_cm_id* i = nullptr;
+  if (rdma_create_id(nullptr, &i, nullptr, static_cast<rdma_port_space>(res->ai_port_space)))
+    return -1;
+  int r;
+  if (res->ai_flags & RAI_PASSIVE) {
+    r = rdma_bind_addr(i, res->ai_src_addr);
+  } else {
+    r = rdma_resolve_addr(i, res->ai_src_addr, res->ai_dst_addr, 2000);
+    if (!r) r = rdma_resolve_route(i, 2000);
+  }
+  if (!r) {
+    i->verbs = g_verbs();
+    i->pd = pd ? pd : ibv_alloc_pd(i->verbs);
+    if (qp_init_attr) r = rdma_create_qp(i, i->pd, qp_init_attr);
+  }
+  if (r) {
+    int e = errno;
+    rdma_destroy_id(i);
+    return fail(e);
+  }
+  *out = i;
+  return 0;
+}
+
+SV_EXPORT void rdma_destroy_ep(rdma_cm_id* i) {
+  if (!i) return;
+  rdma_destroy_qp(i);
+  if (i->srq) ibv_destroy_srq(i->srq);
+  rdma_destroy_id(i);
+}
+
+SV_EXPORT int rdma_create_srq_ex(rdma_cm_id* i, ibv_srq_init_attr_ex* attr) {
+  if (!i || !attr) return fail(EINVAL);
+  ibv_pd* pd = (attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) && attr->pd ? attr->pd : i->pd;
+  if (!pd) return fail(EINVAL);
+  ibv_srq_init_attr init{};
+  init.srq_context = attr->srq_context;
+  init.attr = attr->attr;
+  ibv_srq* s = ibv_create_srq(pd, &init);
+  if (!s) return -1;
+  i->srq = s;
+  return 0;
+}
+
+SV_EXPORT int rdma_create_srq(rdma_cm_id* i, ibv_pd* pd, ibv_srq_init_attr* attr) {
+  if (!i || !attr) return fail(EINVAL);
+  ibv_srq_init_attr_ex ex{};
+  ex.srq_context = attr->srq_context;
+  ex.attr = attr->attr;
+  ex.comp_mask = IBV_SRQ_INIT_ATTR_PD;
+  ex.pd = pd;
+  return rdma_create_srq_ex(i, &ex);
+}
+
+SV_EXPORT void rdma_destroy_srq(rdma_cm_id* i) {
+  if (i && i->srq) {
+    ibv_destroy_srq(i->srq);
+    i->srq = nullptr;
+  }
+}
+
+// Enhanced connection establishment (IB ECE) has no iWARP equivalent.
+SV_EXPORT int rdma_set_local_ece(rdma_cm_id*, ibv_ece*) { return fail(EOPNOTSUPP); }
+SV_EXPORT int rdma_get_remote_ece(rdma_cm_id*, ibv_ece*) { return fail(EOPNOTSUPP); }

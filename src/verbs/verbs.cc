@@ -106,17 +106,14 @@ SV_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
   std::memset(&c->vctx, 0, sizeof c->vctx);
   c->device = reinterpret_cast<Device*>(dev);
   refresh_gids(c->device);
-  int p[2];
-  if (pipe2(p, O_CLOEXEC) < 0) {
+  if (c->async.open() < 0) {
     delete c;
     return nullptr;
   }
-  fcntl(p[1], F_SETFL, O_NONBLOCK);
-  c->async_wr = p[1];
   ibv_context& ctx = c->vctx.context;
   ctx.device = dev;
   ctx.cmd_fd = -1;
-  ctx.async_fd = p[0];
+  ctx.async_fd = c->async.fd();
   ctx.num_comp_vectors = 1;
   pthread_mutex_init(&ctx.mutex, nullptr);
   ctx.abi_compat = __VERBS_ABI_IS_EXTENDED;
@@ -133,8 +130,7 @@ SV_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
 
 SV_EXPORT int ibv_close_device(ibv_context* ctx) {
   Context* c = Context::from(ctx);
-  close(ctx->async_fd);
-  close(c->async_wr);
+  c->async.close_fd();
   pthread_mutex_destroy(&ctx->mutex);
   delete c;
   return 0;
@@ -346,24 +342,20 @@ SV_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* ctx) {
     errno = ENOMEM;
     return nullptr;
   }
-  int p[2];
-  if (pipe2(p, O_CLOEXEC) < 0) {
+  if (ch->events.open() < 0) {
     delete ch;
     return nullptr;
   }
-  fcntl(p[1], F_SETFL, O_NONBLOCK);
   ch->ch.context = ctx;
-  ch->ch.fd = p[0];
+  ch->ch.fd = ch->events.fd();
   ch->ch.refcnt = 0;
-  ch->wr_fd = p[1];
   return &ch->ch;
 }
 
 SV_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   auto* ch = reinterpret_cast<CompChannel*>(channel);
   if (ch->ch.refcnt) return EBUSY;
-  close(ch->ch.fd);
-  close(ch->wr_fd);
+  ch->events.close_fd();
   delete ch;
   return 0;
 }
@@ -421,11 +413,7 @@ SV_EXPORT int ibv_resize_cq(ibv_cq* ibcq, int cqe) {
 
 SV_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
   ibv_cq* p = nullptr;
-  ssize_t n = read(channel->fd, &p, sizeof p);
-  if (n != sizeof p) {
-    if (n >= 0) errno = EIO;
-    return -1;
-  }
+  if (reinterpret_cast<CompChannel*>(channel)->events.pop(p)) return -1;
   *cq = p;
   *cq_context = p->cq_context;
   return 0;
@@ -604,12 +592,7 @@ SV_EXPORT int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNO
 // ---- async events ---------------------------------------------------------------------
 
 SV_EXPORT int ibv_get_async_event(ibv_context* ctx, ibv_async_event* event) {
-  ssize_t n = read(ctx->async_fd, event, sizeof *event);
-  if (n != sizeof *event) {
-    if (n >= 0) errno = EIO;
-    return -1;
-  }
-  return 0;
+  return Context::from(ctx)->async.pop(*event);
 }
 
 SV_EXPORT void ibv_ack_async_event(ibv_async_event* event) {

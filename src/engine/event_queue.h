@@ -1,0 +1,91 @@
+// An event file: an eventfd in semaphore mode plus a queue of records. Each queued record
+// adds 1 to the counter, each read takes exactly 1, so the fd behaves like the kernel's
+// uverbs/rdma_cm event files: read blocks or gives EAGAIN under O_NONBLOCK, poll/epoll see
+// POLLIN while events are pending, and closing it does not wake a thread blocked in read
+// with a spurious EOF (a pipe would: rping's CM thread exits on that).
+#pragma once
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <deque>
+#include <mutex>
+
+namespace sv::engine {
+
+template <typename T>
+class EventQueue {
+ public:
+  // Returns the fd, or -1 with errno set.
+  int open() {
+    fd_ = eventfd(0, EFD_SEMAPHORE | EFD_CLOEXEC);
+    return fd_;
+  }
+  int fd() const { return fd_; }
+  void close_fd() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+  void push(const T& v) {
+    {
+      std::lock_guard lk(mu_);
+      q_.push_back(v);
+    }
+    const uint64_t one = 1;
+    ssize_t r = write(fd_, &one, sizeof one);
+    (void)r;
+  }
+
+  // Blocks (unless the fd is O_NONBLOCK) until an event is there. 0 or -1 with errno.
+  int pop(T& out) {
+    uint64_t v;
+    ssize_t n = read(fd_, &v, sizeof v);
+    if (n != sizeof v) {
+      if (n >= 0) errno = EIO;
+      return -1;
+    }
+    std::lock_guard lk(mu_);
+    if (q_.empty()) {
+      errno = EAGAIN;
+      return -1;
+    }
+    out = q_.front();
+    q_.pop_front();
+    return 0;
+  }
+
+  // Removes queued records matching pred (and their counts). Returns them.
+  template <typename Pred>
+  std::deque<T> take_if(Pred pred) {
+    std::deque<T> out;
+    std::lock_guard lk(mu_);
+    for (auto it = q_.begin(); it != q_.end();) {
+      if (pred(*it)) {
+        out.push_back(*it);
+        it = q_.erase(it);
+        uint64_t v;
+        // Non-blocking in effect: the counter is at least the queue length.
+        ssize_t r = read(fd_, &v, sizeof v);
+        (void)r;
+      } else {
+        ++it;
+      }
+    }
+    return out;
+  }
+
+  std::deque<T> drain() {
+    std::lock_guard lk(mu_);
+    std::deque<T> out;
+    out.swap(q_);
+    return out;
+  }
+
+ private:
+  int fd_ = -1;
+  std::mutex mu_;
+  std::deque<T> q_;
+};
+
+}  // namespace sv::engine

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Runs unmodified Debian rdma-core/perftest binaries against softverbs through
+# LD_LIBRARY_PATH, server and client on this host (or, with SV_NETNS=1, in two network
+# namespaces joined by veth). Each case must exit 0 on both sides and, for perftest,
+# print a results line. Usage: unmodified_binaries.sh <libdir> [filter-regex]
+set -u
+LIBDIR=$(cd "$1" && pwd)
+FILTER=${2:-.}
+export LD_LIBRARY_PATH=$LIBDIR
+pass=0
+fail=0
+failed=()
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+if [ "${SV_NETNS:-0}" = 1 ]; then
+  # Two hosts: sva (10.77.0.1) and svb (10.77.0.2), our own namespaces only.
+  NSA=sv_a_$$
+  NSB=sv_b_$$
+  ip netns add $NSA && ip netns add $NSB || exit 1
+  trap 'ip netns del $NSA 2>/dev/null; ip netns del $NSB 2>/dev/null; rm -rf "$TMP"' EXIT
+  ip link add sv_va_$$ type veth peer name sv_vb_$$
+  ip link set sv_va_$$ netns $NSA
+  ip link set sv_vb_$$ netns $NSB
+  ip -n $NSA addr add 10.77.0.1/24 dev sv_va_$$
+  ip -n $NSB addr add 10.77.0.2/24 dev sv_vb_$$
+  for ns in $NSA $NSB; do ip -n $ns link set lo up; done
+  ip -n $NSA link set sv_va_$$ up
+  ip -n $NSB link set sv_vb_$$ up
+  SRV=(ip netns exec $NSA)
+  CLI=(ip netns exec $NSB)
+  SRV_ADDR=10.77.0.1
+  unset SOFTVERBS_NETDEV
+else
+  SRV=()
+  CLI=()
+  SRV_ADDR=127.0.0.1
+  export SOFTVERBS_NETDEV=lo   # keep every GID, so all traffic, on loopback
+fi
+
+# run_pair NAME "server cmd" "client cmd" [regex the client output must match]
+run_pair() {
+  local name=$1 scmd=$2 ccmd=$3 want=${4:-}
+  [[ $name =~ $FILTER ]] || return 0
+  "${SRV[@]}" timeout 60 bash -c "$scmd" >"$TMP/s.log" 2>&1 &
+  local spid=$!
+  sleep 0.6
+  "${CLI[@]}" timeout 60 bash -c "$ccmd" >"$TMP/c.log" 2>&1
+  local crc=$?
+  wait $spid
+  local src=$?
+  local ok=1
+  [ $crc -eq 0 ] && [ $src -eq 0 ] || ok=0
+  if [ -n "$want" ] && ! grep -Eq "$want" "$TMP/c.log"; then ok=0; fi
+  if [ $ok = 1 ]; then
+    pass=$((pass + 1))
+    echo "PASS $name"
+    [ -n "$want" ] && grep -E "$want" "$TMP/c.log" | tail -1 | sed 's/^/     /'
+  else
+    fail=$((fail + 1))
+    failed+=("$name")
+    echo "FAIL $name (server rc=$src client rc=$crc)"
+    sed 's/^/  server| /' "$TMP/s.log" | tail -8
+    sed 's/^/  client| /' "$TMP/c.log" | tail -8
+  fi
+}
+
+run_one() {
+  local name=$1 cmd=$2 want=$3
+  [[ $name =~ $FILTER ]] || return 0
+  if timeout 20 bash -c "$cmd" >"$TMP/o.log" 2>&1 && grep -Eq "$want" "$TMP/o.log"; then
+    pass=$((pass + 1))
+    echo "PASS $name"
+  else
+    fail=$((fail + 1))
+    failed+=("$name")
+    echo "FAIL $name"
+    tail -8 "$TMP/o.log"
+  fi
+}
+
+run_one ibv_devinfo "ibv_devinfo -v" "state:.*PORT_ACTIVE"
+run_one ibv_devices "ibv_devices" "softverbs0"
+run_pair ibv_rc_pingpong "ibv_rc_pingpong -g 0 -n 200" \
+  "ibv_rc_pingpong -g 0 -n 200 $SRV_ADDR" "iters in"
+run_pair ibv_rc_pingpong_events "ibv_rc_pingpong -g 0 -n 200 -e" \
+  "ibv_rc_pingpong -g 0 -n 200 -e $SRV_ADDR" "iters in"
+run_pair rping "rping -s -a $SRV_ADDR -v -C 100" "rping -c -a $SRV_ADDR -v -C 100" "rdma-ping-99"
+run_pair ucmatose "ucmatose" "ucmatose -s $SRV_ADDR" "test complete"
+PT_BW="-D 1 -s 65536"
+PT_LAT="-n 500 -s 8"
+for t in ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw; do
+  for r in "" "-R"; do
+    args=$PT_BW
+    [ $t = ib_atomic_bw ] && args="-D 1"
+    run_pair "$t${r:+ $r}" "$t $args $r" "$t $args $r $SRV_ADDR" "^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+"
+  done
+done
+for t in ib_write_lat ib_read_lat ib_send_lat; do
+  for r in "" "-R"; do
+    run_pair "$t${r:+ $r}" "$t $PT_LAT $r" "$t $PT_LAT $r $SRV_ADDR" "^ *[0-9]+ +[0-9]+ +[0-9.]+"
+  done
+done
+
+echo
+[ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
