@@ -423,6 +423,12 @@ int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     ++qp->sq_count;
   }
   if (err) *bad = wr;
+  if (qp->conn.peer_gone && qp->sq_count && qp->state.load() != IBV_QPS_ERR) {
+    // Retries toward a peer that is gone are exhausted (IB spec 9.7.5.1.5 analogue).
+    lk.unlock();
+    qp_set_error(qp, IBV_WC_RETRY_EXC_ERR, true);
+    return err;
+  }
   if (qp->state.load() == IBV_QPS_ERR) {
     flush_qp_locked(qp, IBV_WC_WR_FLUSH_ERR);
   } else if (st == IBV_QPS_RTS) {
@@ -560,13 +566,38 @@ void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal) {
 
 void qp_conn_lost(Qp* qp, ibv_wc_status status) {
   // rdma_cm QPs: the peer's disconnect is normal, everything outstanding is flushed.
-  qp_set_error(qp, qp->cm_managed ? IBV_WC_WR_FLUSH_ERR : status, !qp->cm_managed);
+  if (qp->cm_managed) {
+    qp_set_error(qp, IBV_WC_WR_FLUSH_ERR, false);
+    return;
+  }
+  {
+    // An IB RC requester notices a vanished peer only through its retries: with nothing
+    // outstanding the QP stays in RTS and posted receives stay posted (ibv_rc_pingpong's
+    // server may exit before the client reaped its last completions). The next send fails.
+    std::lock_guard lk(qp->tx_mu);
+    if (qp->sq_count == 0 && qp->irq_count == 0 && !qp->conn.have_recv &&
+        qp->state.load() != IBV_QPS_ERR) {
+      qp->conn.peer_gone = true;
+      Progress::get().post([qp, qpn = qp->qpn()] {
+        if (oob::lookup(qpn) != qp) return;
+        std::lock_guard rx(qp->rx_mu);
+        std::lock_guard tx(qp->tx_mu);
+        if (qp->conn.fd < 0) return;
+        if (qp->conn.registered) Progress::get().del(qp->conn.fd);
+        qp->conn.registered = false;
+        close(qp->conn.fd);
+        qp->conn.fd = -1;
+      });
+      return;
+    }
+  }
+  qp_set_error(qp, status, true);
 }
 
 void qp_update_interest(Qp* qp) {
   auto apply = [qp] {
     if (qp->conn.fd < 0) return;
-    uint32_t ev = EPOLLRDHUP;
+    uint32_t ev = 0;
     if (!qp->conn.stalled) ev |= EPOLLIN;
     if (qp->conn.tx_blocked) ev |= EPOLLOUT;
     if (!qp->conn.registered) {

@@ -155,6 +155,7 @@ struct Conn {
   uint32_t aresp_msn_tx = 0;     // QN 3
   uint32_t term_msn_tx = 0;      // QN 2
 
+  bool peer_gone = false;        // OOB peer closed while nothing was outstanding
   bool registered = false;       // in the progress thread's epoll set
   uint32_t events = 0;           // current epoll interest
 };

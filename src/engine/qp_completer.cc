@@ -75,9 +75,8 @@ void flush_qp_locked(Qp* qp, ibv_wc_status first_status) {
     ibv_wc_status st = IBV_WC_WR_FLUSH_ERR;
     if (w.status != IBV_WC_SUCCESS)
       st = w.status;
-    else if (first && first_status != IBV_WC_WR_FLUSH_ERR &&
-             w.state != WqeState::queued)
-      st = first_status;  // the WQE the failure hit
+    else if (first && first_status != IBV_WC_WR_FLUSH_ERR)
+      st = first_status;  // the oldest outstanding WQE carries the cause
     first = false;
     // Error completions are always generated, signaled or not.
     complete_send(qp, w, st);

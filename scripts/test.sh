@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run). Installs dependencies, builds, and runs:
+#   1. the whole suite (unit, multi-process verbs, ABI exports, unmodified rdma-core and
+#      perftest binaries on loopback and across two network namespaces);
+#   2. unit + multi-process tests again under ASan+UBSan, and the threaded ones under TSan.
+# Exits non-zero if any test fails. Options: --quick (skip the sanitizer builds).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+QUICK=0
+[ "${1:-}" = "--quick" ] && QUICK=1
+bash scripts/install-deps.sh || exit 1
+
+status=0
+total_pass=0
+total_fail=0
+run_ctest() {  # run_ctest <build-dir> <label> [ctest args...]
+  local b=$1 label=$2
+  shift 2
+  echo "=== ctest: $label"
+  local out
+  out=$(cd "$b" && ctest --output-on-failure --timeout 600 "$@" 2>&1)
+  local rc=$?
+  echo "$out" | tail -n 40
+  local p f
+  p=$(echo "$out" | sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2 \1/p' | awk '{print $1-$2}')
+  f=$(echo "$out" | sed -n 's/.*tests passed, \([0-9]*\) tests failed out of.*/\1/p')
+  total_pass=$((total_pass + ${p:-0}))
+  total_fail=$((total_fail + ${f:-0}))
+  if [ $rc -ne 0 ]; then
+    status=1
+    [ -z "$f" ] && total_fail=$((total_fail + 1))
+  fi
+}
+
+bash scripts/build.sh build || exit 1
+run_ctest build "default build"
+
+if [ $QUICK = 0 ]; then
+  bash scripts/build.sh build-asan -DSV_SANITIZE=address || exit 1
+  # Unmodified binaries cannot load an ASan library; they ran above.
+  ASAN_OPTIONS=detect_leaks=0 run_ctest build-asan "ASan+UBSan" -LE tools
+  bash scripts/build.sh build-tsan -DSV_SANITIZE=thread || exit 1
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" run_ctest build-tsan "TSan" -L threaded
+fi
+
+echo
+echo "suite: $total_pass passed, $total_fail failed"
+exit $status
