@@ -150,9 +150,17 @@ void qp_connect(CmId* id, Endpoint* ep) {
   qp_take_endpoint(qp, ep);
 }
 
+// Live ids. A QP may outlive its id (rdma_destroy_id before ibv_destroy_qp) and an id
+// may outlive its QP (ibv_destroy_qp instead of rdma_destroy_qp), so the QP's disconnect
+// hook finds its id through this set rather than holding a raw pointer.
+std::mutex g_ids_mu;
+std::vector<CmId*> g_ids;
+
 void on_qp_disconnect(void* p) {
   auto* id = static_cast<CmId*>(p);
   bool fire = false;
+  std::lock_guard reg(g_ids_mu);
+  if (std::find(g_ids.begin(), g_ids.end(), id) == g_ids.end()) return;
   {
     std::lock_guard lk(id->mu);
     if (id->connected && !id->disconnected) {
@@ -194,6 +202,10 @@ void on_passive_request(Endpoint* ep) {
   child->id.qp_type = IBV_QPT_RC;
   child->id.pd = lid->id.pd;
   child->ep = ep;
+  {
+    std::lock_guard reg(g_ids_mu);
+    g_ids.push_back(child);
+  }
   set_src(child, sv::transport::local_addr(ep->fd()));
   set_dst(child, sv::transport::peer_addr(ep->fd()));
   const auto& o = ep->outcome();
@@ -329,6 +341,10 @@ SV_EXPORT int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** out, void
   id->id.context = context;
   id->id.ps = ps;
   id->id.qp_type = IBV_QPT_RC;
+  {
+    std::lock_guard reg(g_ids_mu);
+    g_ids.push_back(id);
+  }
   *out = &id->id;
   return 0;
 }
@@ -341,7 +357,10 @@ SV_EXPORT int rdma_destroy_id(rdma_cm_id* i) {
     std::unique_lock lk(id->mu);
     id->cv.wait(lk, [id] { return id->outstanding == 0; });
   }
-  if (id->id.qp) Qp::from(id->id.qp)->on_disconnect = nullptr;
+  {
+    std::lock_guard reg(g_ids_mu);
+    g_ids.erase(std::remove(g_ids.begin(), g_ids.end(), id), g_ids.end());
+  }
   {
     // Events queued for this id but never retrieved die with it.
     for (auto* e : chan(id->id.channel)->events.take_if([i](CmEvent* e) { return e->ev.id == i; }))
