@@ -7,6 +7,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <deque>
 #include <mutex>
@@ -22,9 +23,11 @@ class EventQueue {
     return fd_;
   }
   int fd() const { return fd_; }
+  // An application may destroy a channel while another of its threads is blocked
+  // reading it (rping does); that thread stays blocked, as with the kernel's files.
   void close_fd() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
+    const int fd = fd_.exchange(-1);
+    if (fd >= 0) ::close(fd);
   }
 
   void push(const T& v) {
@@ -83,7 +86,7 @@ class EventQueue {
   }
 
  private:
-  int fd_ = -1;
+  std::atomic<int> fd_{-1};
   std::mutex mu_;
   std::deque<T> q_;
 };

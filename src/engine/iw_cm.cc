@@ -371,12 +371,12 @@ void on_request(Endpoint* ep) {
   Qp* qp = it->second;
   const auto st = qp->state.load();
   if ((st == IBV_QPS_RTR || st == IBV_QPS_RTS) && qp->attr.dest_qp_num == h.src_qpn &&
-      qp->conn.fd < 0) {
+      !qp->conn_up.load()) {
     lk.unlock();
     accept_parked(qp, ep);
     return;
   }
-  if (st == IBV_QPS_ERR || qp->conn.fd >= 0) {
+  if (st == IBV_QPS_ERR || qp->conn_up.load()) {
     lk.unlock();
     ep->reject({});
     return;
@@ -452,7 +452,7 @@ bool remote_of(Qp* qp, transport::SockAddr& to) {
 
 void connect_active(uint32_t qpn, int attempt) {
   Qp* qp = lookup(qpn);
-  if (!qp || qp->state.load() == IBV_QPS_ERR || qp->conn.fd >= 0) return;
+  if (!qp || qp->state.load() == IBV_QPS_ERR || qp->conn_up.load()) return;
   transport::SockAddr to;
   remote_of(qp, to);
   MpaOffer o;

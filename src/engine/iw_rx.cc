@@ -97,7 +97,7 @@ void conn_eof(Qp* qp) {
     complete_recv(qp, c.imm_recv, IBV_WC_WR_FLUSH_ERR, 0, IBV_WC_RECV, 0, 0, 0);
     c.imm_pending = false;
   }
-  c.stalled = true;  // stop reading
+  qp->rx_stalled = true;  // stop reading
   qp_conn_lost(qp, IBV_WC_RETRY_EXC_ERR);
 }
 
@@ -106,15 +106,15 @@ void conn_eof(Qp* qp) {
 bool rx_run_locked(Qp* qp) {
   Conn& c = qp->conn;
   if (c.fd < 0 || c.rxbuf.empty()) return false;
-  const bool was_stalled = c.stalled;
+  const bool was_stalled = qp->rx_stalled;
   for (;;) {
-    if (c.stalled) {
+    if (qp->rx_stalled) {
       // Retry the header that stalled (a receive may have been posted since).
       if (qp->state.load() == IBV_QPS_ERR) return false;
       if (c.phase != RxPhase::header || c.ulpdu_len == 0) break;
       RxAction a = rx_on_header(qp);
       if (a == RxAction::stall) break;
-      c.stalled = false;
+      qp->rx_stalled = false;
       if (a == RxAction::dead) return false;
       c.data_left = c.seg.payload_len;
       c.phase = RxPhase::data;
@@ -189,7 +189,7 @@ bool rx_run_locked(Qp* qp) {
         const RxAction a = rx_on_header(qp);
         if (a == RxAction::dead) return false;
         if (a == RxAction::stall) {
-          c.stalled = true;
+          qp->rx_stalled = true;
           break;
         }
         c.data_left = c.seg.payload_len;
@@ -245,7 +245,7 @@ bool rx_run_locked(Qp* qp) {
     }
     break;
   }
-  if (c.stalled != was_stalled) qp_update_interest(qp);
+  if (qp->rx_stalled != was_stalled) qp_update_interest(qp);
   return true;
 }
 

@@ -178,6 +178,9 @@ Qp* qp_create(Context* ctx, Pd* pd, const ibv_qp_init_attr* init, int* err) {
 
 static void close_conn(Qp* qp) {
   Progress::get().run_sync([qp] {
+    std::lock_guard rx(qp->rx_mu);
+    std::lock_guard tx(qp->tx_mu);
+    qp->conn_up = false;
     if (qp->conn.fd >= 0) {
       if (qp->conn.registered) Progress::get().del(qp->conn.fd);
       qp->conn.registered = false;
@@ -285,6 +288,8 @@ int qp_modify(Qp* qp, ibv_qp_attr* a, int mask) {
     std::lock_guard tx(qp->tx_mu);
     Conn fresh;
     std::swap(qp->conn, fresh);
+    qp->rx_stalled = false;
+    qp->tx_blocked = false;
     return 0;
   }
   qp->state = next;
@@ -363,7 +368,7 @@ int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   const ibv_qp_state st = qp->state.load(std::memory_order_acquire);
   int err = 0;
   if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) err = EINVAL;
-  const bool not_sv = qp->conn.fd >= 0 && !qp->conn.peer_sv;
+  const bool not_sv = qp->conn_up.load(std::memory_order_acquire) && !qp->conn.peer_sv;
   const uint32_t cap = qp->cap.max_send_wr;
   for (; wr && !err; wr = wr->next) {
     if ((err = check_send_wr(qp, wr, not_sv))) break;
@@ -445,7 +450,7 @@ static int check_recv_wr(uint32_t max_sge, const ibv_recv_wr* wr) {
 
 static void restart_rx(Qp* qp) {
   // A receive was posted while RX waited for one: resume parsing.
-  if (!qp->conn.stalled) return;
+  if (!qp->rx_stalled) return;
   if (Progress::get().on_thread() || qp->rx_mu.try_lock()) {
     if (!Progress::get().on_thread()) {
       rx_run_locked(qp);
@@ -456,7 +461,8 @@ static void restart_rx(Qp* qp) {
     }
     qp_update_interest(qp);
   } else {
-    Progress::get().post([qp] {
+    Progress::get().post([qp, qpn = qp->qpn()] {
+      if (oob::lookup(qpn) != qp) return;  // destroyed meanwhile
       std::lock_guard lk(qp->rx_mu);
       rx_run_locked(qp);
       qp_update_interest(qp);
@@ -553,15 +559,15 @@ void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal) {
     qp->ctx->post_async(ev);
   }
   // Close the socket so the peer sees the connection end (siw tears down the same way).
-  Progress::get().post([qp] {
-    if (!oob::lookup(qp->qpn())) return;  // destroyed meanwhile
+  Progress::get().post([qp, qpn = qp->qpn()] {
+    if (oob::lookup(qpn) != qp) return;  // destroyed meanwhile
     if (qp->conn.fd >= 0) {
       if (qp->conn.registered) Progress::get().del(qp->conn.fd);
       qp->conn.registered = false;
       shutdown(qp->conn.fd, SHUT_RDWR);
     }
   });
-  if (qp->on_disconnect) qp->on_disconnect(qp->cm_id);
+  if (auto fn = qp->on_disconnect.load()) fn(qp->cm_id);
 }
 
 void qp_conn_lost(Qp* qp, ibv_wc_status status) {
@@ -583,6 +589,7 @@ void qp_conn_lost(Qp* qp, ibv_wc_status status) {
         std::lock_guard rx(qp->rx_mu);
         std::lock_guard tx(qp->tx_mu);
         if (qp->conn.fd < 0) return;
+        qp->conn_up = false;
         if (qp->conn.registered) Progress::get().del(qp->conn.fd);
         qp->conn.registered = false;
         close(qp->conn.fd);
@@ -598,8 +605,8 @@ void qp_update_interest(Qp* qp) {
   auto apply = [qp] {
     if (qp->conn.fd < 0) return;
     uint32_t ev = 0;
-    if (!qp->conn.stalled) ev |= EPOLLIN;
-    if (qp->conn.tx_blocked) ev |= EPOLLOUT;
+    if (!qp->rx_stalled) ev |= EPOLLIN;
+    if (qp->tx_blocked) ev |= EPOLLOUT;
     if (!qp->conn.registered) {
       Progress::get().add(qp->conn.fd, ev, qp->io.get());
       qp->conn.registered = true;
@@ -608,10 +615,15 @@ void qp_update_interest(Qp* qp) {
     }
     qp->conn.events = ev;
   };
-  if (Progress::get().on_thread())
+  if (Progress::get().on_thread()) {
     apply();
-  else
-    Progress::get().post(apply);
+  } else {
+    // Every lambda that outlives this call re-finds the QP by number: qp_destroy removes
+    // it from the registry (on the progress thread) before freeing it.
+    Progress::get().post([qp, qpn = qp->qpn(), apply] {
+      if (oob::lookup(qpn) == qp) apply();
+    });
+  }
 }
 
 void qp_take_endpoint(Qp* qp, Endpoint* ep) {
@@ -638,6 +650,7 @@ void qp_take_endpoint(Qp* qp, Endpoint* ep) {
   c.rxbuf.resize(256 * 1024);
   c.iov.resize(Conn::kMaxIov);
   c.arena.resize(Conn::kHdrArena);
+  qp->conn_up.store(true, std::memory_order_release);
   qp_attach_conn(qp);
 }
 
@@ -652,12 +665,12 @@ void qp_attach_conn(Qp* qp) {
 }
 
 void qp_progress(Qp* qp) {
-  if (qp->conn.fd < 0) return;
+  if (!qp->conn_up.load(std::memory_order_acquire)) return;
   if (qp->rx_mu.try_lock()) {
     rx_run_locked(qp);
     qp->rx_mu.unlock();
   }
-  if (qp->conn.tx_blocked && qp->tx_mu.try_lock()) {
+  if (qp->tx_blocked && qp->tx_mu.try_lock()) {
     tx_run_locked(qp);
     qp->tx_mu.unlock();
   }

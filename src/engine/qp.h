@@ -127,7 +127,6 @@ struct Conn {
   uint32_t crc_state = 0;
   std::array<std::byte, 8> trailer{};
   size_t trailer_have = 0;
-  bool stalled = false;        // no receive buffer: stop reading (TCP back-pressure = RNR wait)
   uint32_t recv_msn = 1;       // next expected MSN, QN 0 (RFC 5041 §5.3: starts at 1)
   uint32_t rreq_msn = 1;       // QN 1
   uint32_t aresp_msn = 1;      // QN 3
@@ -149,7 +148,6 @@ struct Conn {
   std::vector<std::byte> arena;  // headers and trailers of the current batch
   size_t arena_used = 0;
   uint64_t tx_queued = 0, tx_sent = 0;
-  bool tx_blocked = false;       // socket full: EPOLLOUT armed
   uint32_t send_msn = 0;         // last MSN used, QN 0
   uint32_t rreq_msn_tx = 0;      // QN 1
   uint32_t aresp_msn_tx = 0;     // QN 3
@@ -193,7 +191,11 @@ struct Qp {
   uint32_t rq_head = 0, rq_count = 0;
 
   std::mutex rx_mu;
-  Conn conn;
+  Conn conn;  // conn.fd is written only on the progress thread holding rx_mu and tx_mu
+  // Read without locks by pollers and the progress thread, hence atomics:
+  std::atomic<bool> conn_up{false};     // conn.fd is a live, set-up connection
+  std::atomic<bool> rx_stalled{false};  // no receive buffer: stop reading (RNR wait)
+  std::atomic<bool> tx_blocked{false};  // socket full: EPOLLOUT armed
 
   // connection set-up
   std::mutex cm_mu;
@@ -201,8 +203,10 @@ struct Qp {
   bool connecting = false;         // OOB handshake in flight
   bool error_reported = false;
   void* cm_id = nullptr;           // rdma_cm_id when cm_managed
-  // rdma_cm is told when the connection ends (peer closed or QP error).
-  void (*on_disconnect)(void* cm_id) = nullptr;
+  // rdma_cm is told when the connection ends (peer closed or QP error). Cleared by
+  // rdma_destroy_qp while the progress thread may be reading it.
+  using DisconnectFn = void (*)(void* cm_id);
+  std::atomic<DisconnectFn> on_disconnect{nullptr};
   std::unique_ptr<Progress::Handler> io;  // epoll handler for conn.fd
 
   ibv_qp* ibqp() { return &qpx.qp_base; }

@@ -349,14 +349,14 @@ void tx_run_locked(Qp* qp) {
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN) {
-          if (!c.tx_blocked) {
-            c.tx_blocked = true;
+          if (!qp->tx_blocked) {
+            qp->tx_blocked = true;
             qp_update_interest(qp);
           }
           return;
         }
         // The peer is gone; RX sees the same and errors the QP.
-        c.tx_blocked = false;
+        qp->tx_blocked = false;
         c.iov_n = c.iov_pos = 0;
         const uint32_t qpn = qp->qpn();
         Progress::get().post([qp, qpn] {
@@ -378,8 +378,8 @@ void tx_run_locked(Qp* qp) {
         }
       }
     }
-    if (c.tx_blocked) {
-      c.tx_blocked = false;
+    if (qp->tx_blocked) {
+      qp->tx_blocked = false;
       qp_update_interest(qp);
     }
     c.iov_n = c.iov_pos = 0;

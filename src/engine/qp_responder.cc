@@ -357,7 +357,7 @@ void rx_fail(Qp* qp, const Terminate& t, bool send_term, ibv_wc_status send_stat
     std::lock_guard lk(qp->tx_mu);
     tx_terminate_locked(qp, t);
   }
-  c.stalled = true;
+  qp->rx_stalled = true;
   // The requester side learns of the failure from our Terminate; locally, outstanding
   // requests complete with the status the caller chose.
   qp_set_error(qp, send_status == IBV_WC_REM_OP_ERR || send_status == IBV_WC_REM_ACCESS_ERR ||
@@ -397,7 +397,7 @@ RxAction rx_on_header(Qp* qp) {
         complete_recv(qp, c.cur_recv, IBV_WC_WR_FLUSH_ERR, 0, IBV_WC_RECV, 0, 0, 0);
         c.have_recv = false;
       }
-      c.stalled = true;
+      qp->rx_stalled = true;
       qp_set_error(qp, terminate_to_wc_status(t), true);
       return RxAction::dead;
     }

@@ -290,10 +290,11 @@ SV_EXPORT int rdma_ack_cm_event(rdma_cm_event* event) {
   auto* e = reinterpret_cast<CmEvent*>(event);
   CmId* id = cmid(event->id);
   {
+    // Notify under the lock: rdma_destroy_id may free the id as soon as it sees zero.
     std::lock_guard lk(id->mu);
     --id->outstanding;
+    id->cv.notify_all();
   }
-  id->cv.notify_all();
   delete e;
   return 0;
 }
@@ -585,6 +586,9 @@ SV_EXPORT int rdma_connect(rdma_cm_id* i, rdma_conn_param* param) {
   }
   SockAddr src = id_src(id);
   const SockAddr* from = (src.len && !is_any(src)) ? &src : nullptr;
+  // Held across the assignment: the completion may run on the progress thread before
+  // Endpoint::connect even returns, and it clears id->ep under this lock.
+  std::unique_lock hold(id->mu);
   id->ep = Endpoint::connect(dst, from, std::move(o), [id](Endpoint* ep, int err) {
     {
       std::lock_guard lk(id->mu);
@@ -614,6 +618,7 @@ SV_EXPORT int rdma_connect(rdma_cm_id* i, rdma_conn_param* param) {
       queue_event(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, &ep->outcome().peer_pdata);
     }
   });
+  hold.unlock();
   return id->sync ? sync_wait(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
 }
 

@@ -7,6 +7,10 @@ set -u
 LIBDIR=$(cd "$1" && pwd)
 FILTER=${2:-.}
 export LD_LIBRARY_PATH=$LIBDIR
+# SV_PRELOAD: a sanitizer runtime to load into the RDMA programs only (not into bash).
+PRE=""
+[ -n "${SV_PRELOAD:-}" ] && PRE="env LD_PRELOAD=$SV_PRELOAD"
+unset LD_PRELOAD
 pass=0
 fail=0
 failed=()
@@ -42,10 +46,10 @@ fi
 run_pair() {
   local name=$1 scmd=$2 ccmd=$3 want=${4:-}
   [[ $name =~ $FILTER ]] || return 0
-  "${SRV[@]}" timeout 60 bash -c "$scmd" >"$TMP/s.log" 2>&1 &
+  "${SRV[@]}" timeout 60 bash -c "$PRE $scmd" >"$TMP/s.log" 2>&1 &
   local spid=$!
   sleep 0.6
-  "${CLI[@]}" timeout 60 bash -c "$ccmd" >"$TMP/c.log" 2>&1
+  "${CLI[@]}" timeout 60 bash -c "$PRE $ccmd" >"$TMP/c.log" 2>&1
   local crc=$?
   wait $spid
   local src=$?
@@ -68,7 +72,7 @@ run_pair() {
 run_one() {
   local name=$1 cmd=$2 want=$3
   [[ $name =~ $FILTER ]] || return 0
-  if timeout 20 bash -c "$cmd" >"$TMP/o.log" 2>&1 && grep -Eq "$want" "$TMP/o.log"; then
+  if timeout 20 bash -c "$PRE $cmd" >"$TMP/o.log" 2>&1 && grep -Eq "$want" "$TMP/o.log"; then
     pass=$((pass + 1))
     echo "PASS $name"
   else
