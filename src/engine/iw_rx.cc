@@ -3,6 +3,7 @@
 // are copied from the read buffer into their target, or, for long tagged payloads, read
 // from the socket straight into the target memory region.
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -46,6 +47,45 @@ void place_bytes(Conn& c, const std::byte* src, uint32_t n) {
       break;
     }
   }
+}
+
+// The target of the next data_left payload bytes as iovecs. Returns how many.
+int target_iov(const Conn& c, iovec* iov) {
+  const Placement& p = c.place;
+  if (p.kind == Placement::Kind::contiguous) {
+    iov[0] = iovec{p.ptr, c.data_left};
+    return 1;
+  }
+  int k = 0;
+  uint32_t off = p.offset, left = c.data_left;
+  for (uint32_t i = 0; i < p.num_sge && left && k < static_cast<int>(kMaxSge); ++i) {
+    const ibv_sge& s = p.sge[i];
+    if (off >= s.length) {
+      off -= s.length;
+      continue;
+    }
+    const uint32_t take = std::min(left, s.length - off);
+    iov[k++] = iovec{reinterpret_cast<std::byte*>(s.addr) + off, take};
+    left -= take;
+    off = 0;
+  }
+  return k;
+}
+
+void crc_targets(Conn& c, const iovec* iov, int k, uint32_t n) {
+  for (int i = 0; i < k && n; ++i) {
+    const uint32_t take = static_cast<uint32_t>(std::min<size_t>(n, iov[i].iov_len));
+    c.crc_state = wire::crc32c_update(c.crc_state, iov[i].iov_base, take);
+    n -= take;
+  }
+}
+
+// Accounts for n payload bytes that were written to the target directly.
+void advance_place(Conn& c, uint32_t n) {
+  if (c.place.kind == Placement::Kind::contiguous)
+    c.place.ptr += n;
+  else
+    c.place.offset += n;
 }
 
 wire::Terminate llp_term(wire::LlpEcode e) {
@@ -123,15 +163,23 @@ bool rx_run_locked(Qp* qp) {
     if (avail == 0) {
       c.rx_begin = c.rx_end = 0;
       ssize_t n;
-      const bool direct = c.phase == RxPhase::data && c.data_left >= kDirectMin &&
-                          c.place.kind == Placement::Kind::contiguous;
-      if (direct) {
-        // Straight from the socket into the target MR: no bounce copy.
-        n = recv(c.fd, c.place.ptr, c.data_left, MSG_DONTWAIT);
+      if (c.phase == RxPhase::data && c.data_left >= kDirectMin &&
+          c.place.kind != Placement::Kind::discard) {
+        // Scatter read: the payload goes straight from the socket into its target (MR or
+        // receive buffers), whatever follows it into rxbuf. No second copy, no extra call.
+        iovec iov[kMaxSge + 1];
+        const int k = target_iov(c, iov);
+        iov[k] = iovec{c.rxbuf.data(), c.rxbuf.size()};
+        msghdr mh{};
+        mh.msg_iov = iov;
+        mh.msg_iovlen = static_cast<size_t>(k) + 1;
+        n = recvmsg(c.fd, &mh, MSG_DONTWAIT);
         if (n > 0) {
-          if (c.crc) c.crc_state = wire::crc32c_update(c.crc_state, c.place.ptr, n);
-          c.place.ptr += n;
-          c.data_left -= static_cast<uint32_t>(n);
+          const uint32_t direct = static_cast<uint32_t>(std::min<size_t>(n, c.data_left));
+          if (c.crc) crc_targets(c, iov, k, direct);
+          advance_place(c, direct);
+          c.data_left -= direct;
+          c.rx_end = static_cast<size_t>(n) - direct;
           if (c.data_left == 0) {
             c.phase = RxPhase::trailer;
             c.trailer_have = 0;

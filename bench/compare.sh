@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Benchmarks softverbs against anchors measured in the same run on this machine:
+# raw TCP (qperf tcp_bw/tcp_lat, sockperf busy-poll ping-pong) and UCX's tcp transport.
+# Prints each figure and its ratio to the anchor. Not a test: nothing here passes or fails.
+# Usage: bench/compare.sh [libdir]   (default build/lib). Loopback only.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+LIB=${1:-$ROOT/build/lib}
+for p in qperf sockperf ucx-utils; do
+  dpkg-query -W -f='${Status}' $p 2>/dev/null | grep -q "ok installed" ||
+    { apt-get install -y -qq --no-install-recommends qperf sockperf ucx-utils >/dev/null; break; }
+done
+A=127.0.0.1
+pids=()
+trap 'for p in "${pids[@]}"; do kill $p 2>/dev/null; done' EXIT
+num() { grep -Eo '[0-9]+(\.[0-9]+)?' | head -1; }
+
+# --- anchors -----------------------------------------------------------------------------
+qperf >/dev/null 2>&1 & pids+=($!); sleep 0.5
+TCP_BW=$(qperf -t 3 -m 1M $A tcp_bw | awk '/bw/{v=$3; u=$4; if (u=="GB/sec") v*=1000; print v}')
+TCP_LAT=$(qperf -t 3 -m 8 $A tcp_lat | awk '/latency/{v=$3; if ($4=="ms") v*=1000; print v}')
+kill ${pids[-1]} 2>/dev/null
+taskset -c 1 sockperf server --tcp -i $A -p 11111 --nonblocked >/dev/null 2>&1 & pids+=($!); sleep 0.5
+BP_LAT=$(taskset -c 0 sockperf ping-pong --tcp -i $A -p 11111 --nonblocked -m 14 -t 3 2>/dev/null |
+         awk '/avg-latency/{print $0}' | grep -Eo 'avg-latency=[0-9.]+' | cut -d= -f2)
+kill ${pids[-1]} 2>/dev/null
+UCX_TLS=tcp UCX_NET_DEVICES=lo ucx_perftest -t ucp_put_bw -s 1048576 -n 2000 >/dev/null 2>&1 & pids+=($!); sleep 1
+UCX_BW=$(UCX_TLS=tcp UCX_NET_DEVICES=lo ucx_perftest $A -t ucp_put_bw -s 1048576 -n 2000 2>/dev/null |
+         awk '/Final:/{print $(NF-2)}')
+UCX_BW_MB=$(awk -v m="${UCX_BW:-0}" 'BEGIN{printf "%.0f", m*1.048576}')   # MiB/s -> MB/s
+wait ${pids[-1]} 2>/dev/null
+
+# --- softverbs through unmodified perftest -------------------------------------------
+export LD_LIBRARY_PATH=$LIB SOFTVERBS_NETDEV=lo
+pt() {  # pt <tool> <args...> -> prints the perftest result line's column $COL
+  "$@" >/dev/null 2>&1 & local s=$!; pids+=($s); sleep 0.8
+  "$@" $A 2>/dev/null | grep -E "^ *[0-9]+ +[0-9]+" | tail -1
+  wait $s 2>/dev/null
+}
+WBW=$(pt ib_write_bw -s 1048576 -D 3 | awk '{print $4}')
+WBW_R=$(pt ib_write_bw -R -s 1048576 -D 3 | awk '{print $4}')
+RBW=$(pt ib_read_bw -s 1048576 -D 3 | awk '{print $4}')
+SLAT=$(pt ib_send_lat -s 8 -n 20000 | awk '{print $5}')
+WLAT=$(pt ib_write_lat -s 8 -n 20000 | awk '{print $5}')
+SBW8=$(pt ib_send_bw -s 8 -D 3 | awk '{print $5}')
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (b>0 && a>0) printf "%.2fx", a/b; else print "n/a" }'; }
+echo
+printf '%-46s %12s %12s %s\n' "measure" "softverbs" "anchor" "ratio (goal)"
+printf '%-46s %12s %12s %s\n' "RDMA WRITE 1 MiB MB/s vs qperf tcp_bw 1M" "$WBW" "$TCP_BW" "$(ratio "$WBW" "$TCP_BW") (>=0.9x)"
+printf '%-46s %12s %12s %s\n' "RDMA WRITE 1 MiB MB/s vs UCX tcp put_bw 1M" "$WBW" "$UCX_BW_MB" "$(ratio "$WBW" "$UCX_BW_MB") (>=1.2x)"
+printf '%-46s %12s %12s %s\n' "RDMA WRITE 1 MiB (-R) MB/s vs qperf" "$WBW_R" "$TCP_BW" "$(ratio "$WBW_R" "$TCP_BW")"
+printf '%-46s %12s %12s %s\n' "RDMA READ 1 MiB MB/s vs qperf tcp_bw 1M" "$RBW" "$TCP_BW" "$(ratio "$RBW" "$TCP_BW")"
+printf '%-46s %12s %12s %s\n' "SEND 8 B typical us vs sockperf busy-poll" "$SLAT" "$BP_LAT" "$(ratio "$SLAT" "$BP_LAT") (<=1.1x)"
+printf '%-46s %12s %12s %s\n' "WRITE 8 B typical us vs sockperf busy-poll" "$WLAT" "$BP_LAT" "$(ratio "$WLAT" "$BP_LAT")"
+printf '%-46s %12s %12s %s\n' "SEND 8 B typical us vs qperf tcp_lat (blocking)" "$SLAT" "$TCP_LAT" "$(ratio "$SLAT" "$TCP_LAT")"
+printf '%-46s %12s %12s %s\n' "SEND 8 B message rate Mpps (goal >= 1)" "$SBW8" "1" "$(ratio "$SBW8" 1)"
