@@ -1,0 +1,173 @@
+// Completion queues, completion channels and CQ events: the local process receives (its
+// receive CQ is on a completion channel) and the peer process sends.
+#include <fcntl.h>
+#include <poll.h>
+
+#include <cerrno>
+
+#include "harness.h"
+
+namespace mp {
+namespace {
+
+// Whether the fd is readable right now (poll with a zero timeout).
+bool readable_now(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+}
+
+// For negative checks, made only after the completion that could have raised the event has
+// been polled: the engine queues a CQ event in the same call that queues the completion,
+// just after it, so a short bounded look is enough. Staying unreadable is the expected
+// outcome, so this wait never decides a pass by timing out early; it only bounds how long
+// we give a wrong event to show up.
+bool readable_soon(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  int r;
+  do r = ::poll(&p, 1, 100);
+  while (r < 0 && errno == EINTR);
+  return r == 1 && (p.revents & POLLIN);
+}
+
+// Waits up to kWait for the fd to become readable.
+bool readable_within_deadline(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  int r;
+  do r = ::poll(&p, 1, static_cast<int>(kWait.count()));
+  while (r < 0 && errno == EINTR);
+  return r == 1 && (p.revents & POLLIN);
+}
+
+PeerConfig with_channel() {
+  PeerConfig c;
+  c.with_channel = true;
+  return c;
+}
+
+TEST_F(XProc, CompChannelDeliversEventForArmedCqOnly) {
+  ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
+  ASSERT_NE(local->channel, nullptr);
+  ASSERT_EQ(local->rcq->channel, local->channel);
+  const int fd = local->channel->fd;
+  for (uint64_t round = 0; round < 2; ++round) {
+    SCOPED_TRACE(testing::Message() << "round " << round);
+    ASSERT_EQ(local->post_recv(round, {sge(0, 4096)}), 0);
+    ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
+    ASSERT_EQ(remote->post_send(make_send(round, {sge(0, 64)})), 0);
+    ASSERT_TRUE(readable_within_deadline(fd)) << "no completion event within the deadline";
+    ibv_cq* cq = nullptr;
+    void* cq_ctx = nullptr;
+    ASSERT_EQ(ibv_get_cq_event(local->channel, &cq, &cq_ctx), 0);
+    EXPECT_EQ(cq, local->rcq);
+    EXPECT_EQ(cq_ctx, local.get());  // the cq_context given to ibv_create_cq
+    ibv_ack_cq_events(cq, 1);
+    auto r = local->poll(CqSel::recv, 1);
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_TRUE(wc_is(r[0], round, IBV_WC_SUCCESS, IBV_WC_RECV));
+    EXPECT_EQ(r[0].byte_len, 64u);
+    EXPECT_FALSE(readable_now(fd)) << "one arm, one event";
+  }
+  EXPECT_EQ(local->rcq->comp_events_completed, 2u);
+
+  // Not armed: the completion arrives, no event does.
+  ASSERT_EQ(local->post_recv(9, {sge(0, 4096)}), 0);
+  ASSERT_EQ(remote->post_send(make_send(9, {sge(0, 64)})), 0);
+  auto r = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 9, IBV_WC_SUCCESS, IBV_WC_RECV));
+  EXPECT_FALSE(readable_soon(fd)) << "event without ibv_req_notify_cq";
+  EXPECT_EQ(remote->poll(CqSel::send, 3).size(), 3u);
+}
+
+TEST_F(XProc, CompChannelNonBlockingGivesEagain) {
+  ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
+  const int fd = local->channel->fd;
+  const int fl = fcntl(fd, F_GETFL);
+  ASSERT_GE(fl, 0);
+  ASSERT_EQ(fcntl(fd, F_SETFL, fl | O_NONBLOCK), 0);
+  ibv_cq* cq = nullptr;
+  void* cq_ctx = nullptr;
+  errno = 0;
+  EXPECT_EQ(ibv_get_cq_event(local->channel, &cq, &cq_ctx), -1);
+  EXPECT_EQ(errno, EAGAIN);
+
+  ASSERT_EQ(local->post_recv(1, {sge(0, 4096)}), 0);
+  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
+  ASSERT_EQ(remote->post_send(make_send(1, {sge(0, 100)})), 0);
+  ASSERT_TRUE(readable_within_deadline(fd));
+  ASSERT_EQ(ibv_get_cq_event(local->channel, &cq, &cq_ctx), 0);
+  EXPECT_EQ(cq, local->rcq);
+  ibv_ack_cq_events(cq, 1);
+
+  errno = 0;
+  EXPECT_EQ(ibv_get_cq_event(local->channel, &cq, &cq_ctx), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  auto r = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 1, IBV_WC_SUCCESS, IBV_WC_RECV));
+}
+
+TEST_F(XProc, SolicitedOnlyArmWakesOnlyForSolicitedSends) {
+  ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
+  const int fd = local->channel->fd;
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_EQ(local->post_recv(i, {sge(i * 4096, 4096)}), 0);
+  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 1), 0);
+
+  // Unsolicited SEND: its successful completion must not fire a solicited-only arm. We wait
+  // for the completion itself (not for time to pass), then look at the fd.
+  ASSERT_EQ(remote->post_send(make_send(0, {sge(0, 32)})), 0);
+  auto r = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 0, IBV_WC_SUCCESS, IBV_WC_RECV));
+  EXPECT_FALSE(readable_soon(fd)) << "solicited-only CQ fired for an unsolicited SEND";
+
+  // Solicited SEND: fires the arm still in place.
+  ASSERT_EQ(remote->post_send(make_send(1, {sge(0, 32)}, IBV_SEND_SIGNALED | IBV_SEND_SOLICITED)),
+            0);
+  ASSERT_TRUE(readable_within_deadline(fd)) << "no event for a solicited SEND";
+  ibv_cq* cq = nullptr;
+  void* cq_ctx = nullptr;
+  ASSERT_EQ(ibv_get_cq_event(local->channel, &cq, &cq_ctx), 0);
+  EXPECT_EQ(cq, local->rcq);
+  ibv_ack_cq_events(cq, 1);
+  r = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 1, IBV_WC_SUCCESS, IBV_WC_RECV));
+
+  // Solicited SEND_WITH_IMM: the solicited bit travels with the immediate data too.
+  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 1), 0);
+  SendSpec s = make_send(2, {sge(0, 32)}, IBV_SEND_SIGNALED | IBV_SEND_SOLICITED);
+  s.opcode = IBV_WR_SEND_WITH_IMM;
+  s.imm_or_inv = 0x01020304;
+  ASSERT_EQ(remote->post_send(s), 0);
+  ASSERT_TRUE(readable_within_deadline(fd)) << "no event for a solicited SEND_WITH_IMM";
+  ASSERT_EQ(ibv_get_cq_event(local->channel, &cq, &cq_ctx), 0);
+  ibv_ack_cq_events(cq, 1);
+  r = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 2, IBV_WC_SUCCESS, IBV_WC_RECV));
+  EXPECT_TRUE(r[0].wc_flags & IBV_WC_WITH_IMM);
+  EXPECT_EQ(remote->poll(CqSel::send, 3).size(), 3u);
+}
+
+// The receiver never polls its 4-entry receive CQ while more completions arrive than fit.
+TEST_F(InProc, CqOverflowRaisesCqErrAsyncEvent) {
+  PeerConfig bc;
+  bc.recv_cqe = 4;
+  ASSERT_NO_FATAL_FAILURE(Connect(PeerConfig{}, bc));
+  const int cqe = b->rcq->cqe;
+  ASSERT_GE(cqe, 4);
+  ASSERT_LE(cqe, 64);
+  const int n = cqe + 8;
+  for (int i = 0; i < n; ++i) ASSERT_EQ(b->post_recv(i, {sge(i * 64, 64)}), 0);
+  for (int i = 0; i < n; ++i) ASSERT_EQ(a->post_send(make_send(i, {sge(0, 8)})), 0);
+  auto s = a->poll(CqSel::send, n);
+  ASSERT_EQ(s.size(), static_cast<size_t>(n));
+  ibv_async_event ev{};
+  const int type = b->wait_async(kWait, &ev);
+  ASSERT_EQ(type, IBV_EVENT_CQ_ERR) << "no CQ error event within the deadline";
+  EXPECT_EQ(ev.element.cq, b->rcq);
+}
+
+}  // namespace
+}  // namespace mp

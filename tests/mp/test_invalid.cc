@@ -1,0 +1,453 @@
+// Invalid arguments and resource limits: the errno values rdma-core documents (create_*
+// return NULL with errno; modify/destroy/post return the errno; post_* set *bad_wr).
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+#include <set>
+#include <vector>
+
+#include "harness.h"
+
+namespace mp {
+namespace {
+
+constexpr int kInitMask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+constexpr int kRtrMask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                         IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+constexpr int kRtsMask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                         IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+
+// One device context, PD and CQ; no peer.
+class Local : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    ibv_device** list = ibv_get_device_list(&n);
+    ASSERT_TRUE(list != nullptr && n >= 1);
+    ctx = ibv_open_device(list[0]);
+    ibv_free_device_list(list);
+    ASSERT_NE(ctx, nullptr);
+    ASSERT_EQ(ibv_query_device(ctx, &dev), 0);
+    ASSERT_EQ(ibv_query_gid(ctx, 1, 0, &gid), 0);
+    pd = ibv_alloc_pd(ctx);
+    ASSERT_NE(pd, nullptr);
+    cq = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
+    ASSERT_NE(cq, nullptr);
+    buf = mmap(nullptr, kBuf, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(buf, MAP_FAILED);
+  }
+  void TearDown() override {
+    for (auto it = qps.rbegin(); it != qps.rend(); ++it) ibv_destroy_qp(*it);
+    for (ibv_mr* m : mrs) ibv_dereg_mr(m);
+    if (cq) ibv_destroy_cq(cq);
+    if (pd) ibv_dealloc_pd(pd);
+    if (ctx) ibv_close_device(ctx);
+    if (buf != MAP_FAILED) munmap(buf, kBuf);
+  }
+
+  ibv_qp_init_attr rc_attr() {
+    ibv_qp_init_attr ia{};
+    ia.send_cq = cq;
+    ia.recv_cq = cq;
+    ia.cap.max_send_wr = 16;
+    ia.cap.max_recv_wr = 16;
+    ia.cap.max_send_sge = 1;
+    ia.cap.max_recv_sge = 1;
+    ia.qp_type = IBV_QPT_RC;
+    return ia;
+  }
+  ibv_qp* make_qp() {
+    ibv_qp_init_attr ia = rc_attr();
+    ibv_qp* q = ibv_create_qp(pd, &ia);
+    if (q) qps.push_back(q);
+    return q;
+  }
+  ibv_qp_state state(ibv_qp* q) {
+    ibv_qp_attr a{};
+    ibv_qp_init_attr ia{};
+    EXPECT_EQ(ibv_query_qp(q, &a, IBV_QP_STATE, &ia), 0);
+    return a.qp_state;
+  }
+  static ibv_qp_attr init_attr() {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags = kAllQpAccess;
+    return a;
+  }
+  ibv_qp_attr rtr_attr(uint32_t dest_qpn) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_1024;
+    a.dest_qp_num = dest_qpn;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 12;
+    a.ah_attr.is_global = 1;
+    a.ah_attr.grh.dgid = gid;
+    a.ah_attr.grh.hop_limit = 1;
+    a.ah_attr.port_num = 1;
+    return a;
+  }
+  static ibv_qp_attr rts_attr() {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 1;
+    return a;
+  }
+
+  static constexpr size_t kBuf = 1 << 16;
+  ibv_context* ctx = nullptr;
+  ibv_device_attr dev{};
+  ibv_gid gid{};
+  ibv_pd* pd = nullptr;
+  ibv_cq* cq = nullptr;
+  void* buf = MAP_FAILED;
+  std::vector<ibv_qp*> qps;
+  std::vector<ibv_mr*> mrs;
+};
+
+TEST_F(Local, CreateCqRejectsBadSizesAndVectors) {
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq(ctx, 0, nullptr, nullptr, 0), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq(ctx, -1, nullptr, nullptr, 0), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq(ctx, dev.max_cqe + 1, nullptr, nullptr, 0), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq(ctx, 16, nullptr, nullptr, ctx->num_comp_vectors), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_cq* one = ibv_create_cq(ctx, 1, nullptr, nullptr, 0);
+  ASSERT_NE(one, nullptr);
+  EXPECT_GE(one->cqe, 1);
+  EXPECT_EQ(ibv_destroy_cq(one), 0);
+}
+
+TEST_F(Local, CreateQpRejectsOversizedCapsAndOtherTypes) {
+  struct Case {
+    const char* what;
+    void (*mutate)(ibv_qp_init_attr&, const ibv_device_attr&);
+    int err;
+  };
+  const Case cases[] = {
+      {"max_send_wr > max_qp_wr",
+       [](ibv_qp_init_attr& a, const ibv_device_attr& d) { a.cap.max_send_wr = d.max_qp_wr + 1; },
+       EINVAL},
+      {"max_recv_wr > max_qp_wr",
+       [](ibv_qp_init_attr& a, const ibv_device_attr& d) { a.cap.max_recv_wr = d.max_qp_wr + 1; },
+       EINVAL},
+      {"max_send_sge > max_sge",
+       [](ibv_qp_init_attr& a, const ibv_device_attr& d) { a.cap.max_send_sge = d.max_sge + 1; },
+       EINVAL},
+      {"max_recv_sge > max_sge",
+       [](ibv_qp_init_attr& a, const ibv_device_attr& d) { a.cap.max_recv_sge = d.max_sge + 1; },
+       EINVAL},
+      {"max_inline_data 64 KiB",
+       [](ibv_qp_init_attr& a, const ibv_device_attr&) { a.cap.max_inline_data = 65536; }, EINVAL},
+      // RC only: like siw (the kernel's iWARP soft device), other types are EOPNOTSUPP.
+      {"UD", [](ibv_qp_init_attr& a, const ibv_device_attr&) { a.qp_type = IBV_QPT_UD; },
+       EOPNOTSUPP},
+      {"UC", [](ibv_qp_init_attr& a, const ibv_device_attr&) { a.qp_type = IBV_QPT_UC; },
+       EOPNOTSUPP},
+  };
+  for (const Case& c : cases) {
+    ibv_qp_init_attr ia = rc_attr();
+    c.mutate(ia, dev);
+    errno = 0;
+    ibv_qp* q = ibv_create_qp(pd, &ia);
+    EXPECT_EQ(q, nullptr) << c.what;
+    if (q) qps.push_back(q);
+    EXPECT_EQ(errno, c.err) << c.what;
+  }
+  // The limits themselves are accepted, and the caps returned cover what was asked for.
+  ibv_qp_init_attr ia = rc_attr();
+  ia.cap.max_send_wr = 100;
+  ia.cap.max_send_sge = dev.max_sge;
+  ia.cap.max_recv_sge = dev.max_sge;
+  ia.cap.max_inline_data = 64;
+  ibv_qp* q = ibv_create_qp(pd, &ia);
+  ASSERT_NE(q, nullptr) << std::strerror(errno);
+  qps.push_back(q);
+  EXPECT_GE(ia.cap.max_send_wr, 100u);
+  EXPECT_GE(ia.cap.max_send_sge, static_cast<uint32_t>(dev.max_sge));
+  EXPECT_GE(ia.cap.max_inline_data, 64u);
+}
+
+TEST_F(Local, RegMrAccessAndLength) {
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_REMOTE_WRITE), nullptr);
+  EXPECT_EQ(errno, EINVAL) << "REMOTE_WRITE needs LOCAL_WRITE";
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_REMOTE_READ), nullptr);
+  EXPECT_EQ(errno, EINVAL) << "REMOTE_ATOMIC needs LOCAL_WRITE";
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd, buf, 0, IBV_ACCESS_LOCAL_WRITE), nullptr);
+  EXPECT_EQ(errno, EINVAL) << "length 0";
+
+  const int ok[] = {0, IBV_ACCESS_REMOTE_READ, IBV_ACCESS_LOCAL_WRITE,
+                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_RELAXED_ORDERING,
+                    kAllMrAccess | IBV_ACCESS_RELAXED_ORDERING};
+  for (int access : ok) {
+    ibv_mr* mr = ibv_reg_mr(pd, buf, 4096, access);
+    EXPECT_NE(mr, nullptr) << "access " << std::hex << access << ": " << std::strerror(errno);
+    if (!mr) continue;
+    EXPECT_EQ(mr->addr, buf);
+    EXPECT_EQ(mr->length, 4096u);
+    EXPECT_EQ(mr->pd, pd);
+    mrs.push_back(mr);
+  }
+}
+
+TEST_F(Local, MrKeysAreDistinctAndNotSoonReissued) {
+  std::vector<ibv_mr*> first;
+  std::set<uint32_t> lkeys, rkeys;
+  for (int i = 0; i < 10; ++i) {
+    ibv_mr* mr = ibv_reg_mr(pd, static_cast<char*>(buf) + i * 64, 64, kAllMrAccess);
+    ASSERT_NE(mr, nullptr);
+    first.push_back(mr);
+    lkeys.insert(mr->lkey);
+    rkeys.insert(mr->rkey);
+  }
+  EXPECT_EQ(lkeys.size(), 10u);
+  EXPECT_EQ(rkeys.size(), 10u);
+  const uint32_t gone_l = first[3]->lkey, gone_r = first[3]->rkey;
+  ASSERT_EQ(ibv_dereg_mr(first[3]), 0);
+  first[3] = nullptr;
+  for (int i = 0; i < 100; ++i) {
+    ibv_mr* mr = ibv_reg_mr(pd, buf, 64, kAllMrAccess);
+    ASSERT_NE(mr, nullptr);
+    mrs.push_back(mr);
+    EXPECT_NE(mr->lkey, gone_l) << "deregistered lkey reissued after " << i << " registrations";
+    EXPECT_NE(mr->rkey, gone_r) << "deregistered rkey reissued after " << i << " registrations";
+    EXPECT_EQ(lkeys.count(mr->lkey), 0u);
+    EXPECT_EQ(rkeys.count(mr->rkey), 0u);
+  }
+  for (ibv_mr* m : first)
+    if (m) mrs.push_back(m);
+}
+
+TEST_F(Local, ModifyQpRejectsInvalidTransitionsAndMasks) {
+  ibv_qp* qp = make_qp();
+  ASSERT_NE(qp, nullptr);
+  // RTR needs a destination; a second QP of this process that stays in RESET serves (the
+  // connection attempt waits for it and never fails the QP under test).
+  ibv_qp* peer = make_qp();
+  ASSERT_NE(peer, nullptr);
+  ibv_qp_attr init = init_attr(), rtr = rtr_attr(peer->qp_num), rts = rts_attr();
+
+  EXPECT_EQ(ibv_modify_qp(qp, &rtr, kRtrMask), EINVAL) << "RESET -> RTR";
+  EXPECT_EQ(state(qp), IBV_QPS_RESET);
+  EXPECT_EQ(ibv_modify_qp(qp, &rts, kRtsMask), EINVAL) << "RESET -> RTS";
+  EXPECT_EQ(state(qp), IBV_QPS_RESET);
+  for (int bit : {IBV_QP_PKEY_INDEX, IBV_QP_PORT, IBV_QP_ACCESS_FLAGS}) {
+    EXPECT_EQ(ibv_modify_qp(qp, &init, kInitMask & ~bit), EINVAL) << "INIT without " << bit;
+    EXPECT_EQ(state(qp), IBV_QPS_RESET);
+  }
+  for (int bit : {IBV_QP_SQ_PSN, IBV_QP_DEST_QPN, IBV_QP_AV, IBV_QP_TIMEOUT, IBV_QP_RQ_PSN}) {
+    EXPECT_EQ(ibv_modify_qp(qp, &init, kInitMask | bit), EINVAL) << "INIT with " << bit;
+    EXPECT_EQ(state(qp), IBV_QPS_RESET);
+  }
+  init.port_num = 2;
+  EXPECT_EQ(ibv_modify_qp(qp, &init, kInitMask), EINVAL) << "port 2";
+  EXPECT_EQ(state(qp), IBV_QPS_RESET);
+  init.port_num = 1;
+  ASSERT_EQ(ibv_modify_qp(qp, &init, kInitMask), 0);
+  EXPECT_EQ(state(qp), IBV_QPS_INIT);
+
+  EXPECT_EQ(ibv_modify_qp(qp, &rts, kRtsMask), EINVAL) << "INIT -> RTS";
+  EXPECT_EQ(state(qp), IBV_QPS_INIT);
+  for (int bit : {IBV_QP_AV, IBV_QP_PATH_MTU, IBV_QP_DEST_QPN, IBV_QP_RQ_PSN,
+                  IBV_QP_MAX_DEST_RD_ATOMIC, IBV_QP_MIN_RNR_TIMER}) {
+    EXPECT_EQ(ibv_modify_qp(qp, &rtr, kRtrMask & ~bit), EINVAL) << "RTR without " << bit;
+    EXPECT_EQ(state(qp), IBV_QPS_INIT);
+  }
+  for (int bit : {IBV_QP_SQ_PSN, IBV_QP_TIMEOUT, IBV_QP_RETRY_CNT, IBV_QP_RNR_RETRY,
+                  IBV_QP_MAX_QP_RD_ATOMIC}) {
+    EXPECT_EQ(ibv_modify_qp(qp, &rtr, kRtrMask | bit), EINVAL) << "RTR with " << bit;
+    EXPECT_EQ(state(qp), IBV_QPS_INIT);
+  }
+  ASSERT_EQ(ibv_modify_qp(qp, &rtr, kRtrMask), 0);
+  EXPECT_EQ(state(qp), IBV_QPS_RTR);
+
+  for (int bit : {IBV_QP_SQ_PSN, IBV_QP_TIMEOUT, IBV_QP_RETRY_CNT, IBV_QP_RNR_RETRY,
+                  IBV_QP_MAX_QP_RD_ATOMIC}) {
+    EXPECT_EQ(ibv_modify_qp(qp, &rts, kRtsMask & ~bit), EINVAL) << "RTS without " << bit;
+    EXPECT_EQ(state(qp), IBV_QPS_RTR);
+  }
+  for (int bit : {IBV_QP_DEST_QPN, IBV_QP_RQ_PSN, IBV_QP_PATH_MTU, IBV_QP_MAX_DEST_RD_ATOMIC,
+                  IBV_QP_AV, IBV_QP_PORT}) {
+    EXPECT_EQ(ibv_modify_qp(qp, &rts, kRtsMask | bit), EINVAL) << "RTS with " << bit;
+    EXPECT_EQ(state(qp), IBV_QPS_RTR);
+  }
+  ASSERT_EQ(ibv_modify_qp(qp, &rts, kRtsMask), 0);
+  EXPECT_EQ(state(qp), IBV_QPS_RTS);
+}
+
+TEST_F(Local, PostInWrongStateIsEinvalWithBadWr) {
+  ibv_qp* qp = make_qp();
+  ASSERT_NE(qp, nullptr);
+  ibv_qp* peer = make_qp();
+  ASSERT_NE(peer, nullptr);
+  ibv_mr* mr = ibv_reg_mr(pd, buf, 4096, kAllMrAccess);
+  ASSERT_NE(mr, nullptr);
+  mrs.push_back(mr);
+  ibv_sge sg{reinterpret_cast<uint64_t>(buf), 8, mr->lkey};
+  ibv_send_wr wr[2]{};
+  for (int i = 0; i < 2; ++i) {
+    wr[i].wr_id = i + 1;
+    wr[i].sg_list = &sg;
+    wr[i].num_sge = 1;
+    wr[i].opcode = IBV_WR_SEND;
+    wr[i].send_flags = IBV_SEND_SIGNALED;
+  }
+  wr[0].next = &wr[1];
+  ibv_recv_wr rwr{};
+  rwr.wr_id = 7;
+  rwr.sg_list = &sg;
+  rwr.num_sge = 1;
+
+  auto expect_send_refused = [&](const char* st) {
+    ibv_send_wr* bad = nullptr;
+    EXPECT_EQ(ibv_post_send(qp, wr, &bad), EINVAL) << st;
+    EXPECT_EQ(bad, &wr[0]) << st;
+  };
+  expect_send_refused("RESET");
+  ibv_recv_wr* rbad = nullptr;
+  EXPECT_EQ(ibv_post_recv(qp, &rwr, &rbad), EINVAL) << "post_recv in RESET";
+  EXPECT_EQ(rbad, &rwr);
+
+  ibv_qp_attr init = init_attr();
+  ASSERT_EQ(ibv_modify_qp(qp, &init, kInitMask), 0);
+  expect_send_refused("INIT");
+  rbad = nullptr;
+  EXPECT_EQ(ibv_post_recv(qp, &rwr, &rbad), 0) << "post_recv is allowed from INIT on";
+
+  ibv_qp_attr rtr = rtr_attr(peer->qp_num);
+  ASSERT_EQ(ibv_modify_qp(qp, &rtr, kRtrMask), 0);
+  expect_send_refused("RTR");
+  EXPECT_EQ(state(qp), IBV_QPS_RTR);
+
+  ibv_wc wc;
+  EXPECT_EQ(ibv_poll_cq(cq, 1, &wc), 0) << "a refused WR completed: " << wc_str(wc);
+}
+
+TEST_F(Local, DestroyCqWithQpIsEbusy) {
+  ibv_cq* c = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
+  ASSERT_NE(c, nullptr);
+  ibv_qp_init_attr ia = rc_attr();
+  ia.send_cq = cq;
+  ia.recv_cq = c;  // attached as receive CQ only
+  ibv_qp* q = ibv_create_qp(pd, &ia);
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(ibv_destroy_cq(c), EBUSY);
+  EXPECT_EQ(ibv_destroy_cq(cq), EBUSY);
+  ASSERT_EQ(ibv_destroy_qp(q), 0);
+  EXPECT_EQ(ibv_destroy_cq(c), 0);
+}
+
+TEST_F(Local, DestroyCompChannelWithCqIsEbusy) {
+  ibv_comp_channel* ch = ibv_create_comp_channel(ctx);
+  ASSERT_NE(ch, nullptr);
+  ibv_cq* c = ibv_create_cq(ctx, 16, nullptr, ch, 0);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(ibv_destroy_comp_channel(ch), EBUSY);
+  ASSERT_EQ(ibv_destroy_cq(c), 0);
+  EXPECT_EQ(ibv_destroy_comp_channel(ch), 0);
+}
+
+// ibv_dealloc_pd(3): "may fail if any other resource is still associated with the PD";
+// the kernel (uverbs_free_pd -> ib_destroy_usecnt) returns EBUSY.
+// KNOWN ENGINE BUG (reported): softverbs frees the PD anyway and returns 0, leaving the MR
+// and QP pointing at freed memory.
+TEST_F(Local, DeallocPdInUseIsEbusy) {
+  ibv_pd* p = ibv_alloc_pd(ctx);
+  ASSERT_NE(p, nullptr);
+  ibv_mr* mr = ibv_reg_mr(p, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr);
+  const int rc = ibv_dealloc_pd(p);
+  EXPECT_EQ(rc, EBUSY) << "PD with a registered MR was deallocated";
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  if (rc != 0) {
+    EXPECT_EQ(ibv_dealloc_pd(p), 0);  // else it is already gone
+  }
+}
+
+// ---- limits that need a connected QP --------------------------------------------------------
+
+TEST_F(XProc, PostSendTooManySgeStopsAtTheOffendingWr) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  const uint32_t max = local->cap.max_send_sge;
+  for (uint64_t i = 1; i <= 3; ++i) ASSERT_EQ(remote->post_recv(i, {sge(i * 4096, 4096)}), 0);
+  local->fill(0, 0, 4096, 5);
+  std::vector<ibv_sge> many(max + 1, local->to_sge(sge(0, 8)));
+  ibv_sge one = local->to_sge(sge(0, 8)), two = local->to_sge(sge(0, 16));
+  ibv_send_wr wr[3]{};
+  wr[0].sg_list = &one;
+  wr[0].num_sge = 1;
+  wr[1].sg_list = &two;
+  wr[1].num_sge = 1;
+  wr[2].sg_list = many.data();
+  wr[2].num_sge = static_cast<int>(max + 1);
+  for (int i = 0; i < 3; ++i) {
+    wr[i].wr_id = i + 1;
+    wr[i].opcode = IBV_WR_SEND;
+    wr[i].send_flags = IBV_SEND_SIGNALED;
+    wr[i].next = i < 2 ? &wr[i + 1] : nullptr;
+  }
+  ibv_send_wr* bad = nullptr;
+  EXPECT_EQ(ibv_post_send(local->qp, wr, &bad), EINVAL);
+  EXPECT_EQ(bad, &wr[2]);
+  // WR 4 shows WR 3 never went out: the peer's third receive gets WR 4's 24 bytes.
+  ASSERT_EQ(local->post_send(make_send(4, {sge(0, 24)})), 0);
+  auto s = local->poll(CqSel::send, 3);
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND));
+  EXPECT_TRUE(wc_is(s[1], 2, IBV_WC_SUCCESS, IBV_WC_SEND));
+  EXPECT_TRUE(wc_is(s[2], 4, IBV_WC_SUCCESS, IBV_WC_SEND));
+  auto r = remote->poll(CqSel::recv, 3);
+  ASSERT_EQ(r.size(), 3u);
+  const uint32_t lens[] = {8, 16, 24};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(wc_is(r[i], i + 1, IBV_WC_SUCCESS, IBV_WC_RECV));
+    EXPECT_EQ(r[i].byte_len, lens[i]);
+  }
+}
+
+TEST_F(XProc, SqOverflowIsEnomemAtTheFirstWrThatDoesNotFit) {
+  PeerConfig lc;
+  lc.max_send_wr = 16;
+  ASSERT_NO_FATAL_FAILURE(Connect(lc));
+  const uint32_t cap = local->cap.max_send_wr;
+  ASSERT_GE(cap, 16u);
+  ASSERT_LE(cap, 256u);
+  local->fill(0, 0, 8 * (cap + 1), 6);
+  std::vector<SendSpec> chain;
+  for (uint32_t i = 0; i <= cap; ++i)
+    chain.push_back(make_rdma(IBV_WR_RDMA_WRITE, i, {sge(i * 8, 8)}, ri.addr + i * 8, ri.rkey));
+  // One ibv_post_send: nothing can complete while it runs, so WR `cap` is one too many.
+  ptrdiff_t bad = -2;
+  EXPECT_EQ(local->post_send_chain(chain, &bad), ENOMEM);
+  EXPECT_EQ(bad, static_cast<ptrdiff_t>(cap));
+  auto s = local->poll(CqSel::send, cap);
+  ASSERT_EQ(s.size(), cap);
+  for (uint32_t i = 0; i < cap; ++i) EXPECT_TRUE(wc_is(s[i], i, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE));
+  // Room again: the refused WR goes now.
+  ASSERT_EQ(local->post_send(chain[cap]), 0);
+  s = local->poll(CqSel::send, 1);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_TRUE(wc_is(s[0], cap, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE));
+  // Placement check after a SEND that orders behind the WRITEs.
+  ASSERT_EQ(remote->post_recv(99, {sge(2u << 20, 64)}), 0);
+  ASSERT_EQ(local->post_send(make_send(99, {})), 0);
+  ASSERT_EQ(remote->poll(CqSel::recv, 1).size(), 1u);
+  EXPECT_EQ(remote->check(0, 0, 8 * (cap + 1), 6), -1);
+}
+
+}  // namespace
+}  // namespace mp
