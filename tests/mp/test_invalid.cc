@@ -337,6 +337,42 @@ TEST_F(Local, PostInWrongStateIsEinvalWithBadWr) {
   EXPECT_EQ(ibv_poll_cq(cq, 1, &wc), 0) << "a refused WR completed: " << wc_str(wc);
 }
 
+TEST_F(Local, RqOverflowIsEnomemAtTheFirstWrThatDoesNotFit) {
+  ibv_qp* qp = make_qp();
+  ASSERT_NE(qp, nullptr);
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(ibv_query_qp(qp, &attr, IBV_QP_CAP, &init), 0);
+  const uint32_t cap = init.cap.max_recv_wr;
+  ASSERT_GE(cap, 16u);
+  ASSERT_LE(cap, 1024u);
+  ibv_qp_attr in = init_attr();
+  ASSERT_EQ(ibv_modify_qp(qp, &in, kInitMask), 0);
+  ibv_mr* mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr);
+  mrs.push_back(mr);
+  ibv_sge sg{reinterpret_cast<uint64_t>(buf), 64, mr->lkey};
+  std::vector<ibv_recv_wr> wr(cap + 1);
+  for (uint32_t i = 0; i <= cap; ++i) {
+    wr[i].wr_id = i;
+    wr[i].sg_list = &sg;
+    wr[i].num_sge = 1;
+    wr[i].next = i < cap ? &wr[i + 1] : nullptr;
+  }
+  ibv_recv_wr* bad = nullptr;
+  EXPECT_EQ(ibv_post_recv(qp, wr.data(), &bad), ENOMEM);
+  EXPECT_EQ(bad, &wr[cap]);
+  // Exactly cap were queued: moving to ERR flushes them, in order.
+  ibv_qp_attr e{};
+  e.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(ibv_modify_qp(qp, &e, IBV_QP_STATE), 0);
+  auto wcs = poll_cq(cq, cap, kWait);
+  ASSERT_EQ(wcs.size(), cap);
+  for (uint32_t i = 0; i < cap; ++i) EXPECT_TRUE(wc_is(wcs[i], i, IBV_WC_WR_FLUSH_ERR));
+  ibv_wc extra;
+  EXPECT_EQ(ibv_poll_cq(cq, 1, &extra), 0) << "the refused WR was queued: " << wc_str(extra);
+}
+
 TEST_F(Local, DestroyCqWithQpIsEbusy) {
   ibv_cq* c = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
   ASSERT_NE(c, nullptr);
