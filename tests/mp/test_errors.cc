@@ -8,6 +8,10 @@
 // completed on transmit, then exactly one completion with the expected error, then
 // IBV_WC_WR_FLUSH_ERR for everything after it.
 //
+// Async events: softverbs raises IBV_EVENT_QP_FATAL for a QP that a fatal error moved to
+// ERR, on the requester and (for errors it detects itself) on the responder; that is what
+// these tests assert.
+//
 // Not covered: IBV_WC_LOC_QP_OP_ERR is only produced toward a peer that is not softverbs
 // (RFC 7306 opcodes refused); between two softverbs peers it cannot be reached.
 #include <arpa/inet.h>
@@ -335,6 +339,34 @@ TEST_F(XProc, PeerKilledMidTransferFailsEveryOutstandingWrWithin2s) {
   EXPECT_LT(ok, kReads) << "every READ succeeded although the peer was frozen and killed";
   expect_error_then_flush(wcs, 0, kReads - 1, IBV_WC_RETRY_EXC_ERR);
   EXPECT_EQ(wait_state(*local, IBV_QPS_ERR), IBV_QPS_ERR);
+  ibv_async_event ev{};
+  EXPECT_EQ(local->wait_async(kWait, &ev), IBV_EVENT_QP_FATAL);
+  EXPECT_EQ(ev.element.qp, local->qp);
+}
+
+// The peer process dies while nothing is outstanding. Like an IB requester, the QP finds
+// out when it next needs the peer: a READ posted afterwards fails with RETRY_EXC_ERR (at
+// once if the connection loss was already seen, else when it is), and the QP goes to ERR,
+// flushing the receive that was posted all along.
+TEST_F(XProc, PeerKilledWhileIdleNextReadFailsWithRetryExc) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  // One exchange so the connection is known to be up.
+  ASSERT_EQ(remote->post_recv(1, {sge(0, 64)}), 0);
+  ASSERT_EQ(local->post_send(make_send(1, {sge(0, 8)})), 0);
+  ASSERT_EQ(local->poll(CqSel::send, 1).size(), 1u);
+  ASSERT_EQ(remote->poll(CqSel::recv, 1).size(), 1u);
+  ASSERT_EQ(local->post_recv(2, {sge(0, 64)}), 0);
+
+  ASSERT_EQ(kill(remote->pid(), SIGKILL), 0);
+  remote->mark_dead();
+  ASSERT_EQ(local->post_send(make_rdma(IBV_WR_RDMA_READ, 3, {sge(4096, 64)}, ri.addr, ri.rkey)), 0);
+  auto s = local->poll(CqSel::send, 1);
+  ASSERT_EQ(s.size(), 1u) << "READ to a dead peer did not complete";
+  EXPECT_TRUE(wc_is(s[0], 3, IBV_WC_RETRY_EXC_ERR));
+  EXPECT_EQ(wait_state(*local, IBV_QPS_ERR), IBV_QPS_ERR);
+  auto r = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 2, IBV_WC_WR_FLUSH_ERR));
   ibv_async_event ev{};
   EXPECT_EQ(local->wait_async(kWait, &ev), IBV_EVENT_QP_FATAL);
   EXPECT_EQ(ev.element.qp, local->qp);

@@ -19,7 +19,7 @@ constexpr int kRtsMask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_
                          IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
 
 // One device context, PD and CQ; no peer.
-class Local : public ::testing::Test {
+class LocalVerbs : public ::testing::Test {
  protected:
   void SetUp() override {
     int n = 0;
@@ -110,7 +110,7 @@ class Local : public ::testing::Test {
   std::vector<ibv_mr*> mrs;
 };
 
-TEST_F(Local, CreateCqRejectsBadSizesAndVectors) {
+TEST_F(LocalVerbs, CreateCqRejectsBadSizesAndVectors) {
   errno = 0;
   EXPECT_EQ(ibv_create_cq(ctx, 0, nullptr, nullptr, 0), nullptr);
   EXPECT_EQ(errno, EINVAL);
@@ -129,7 +129,7 @@ TEST_F(Local, CreateCqRejectsBadSizesAndVectors) {
   EXPECT_EQ(ibv_destroy_cq(one), 0);
 }
 
-TEST_F(Local, CreateQpRejectsOversizedCapsAndOtherTypes) {
+TEST_F(LocalVerbs, CreateQpRejectsOversizedCapsAndOtherTypes) {
   struct Case {
     const char* what;
     void (*mutate)(ibv_qp_init_attr&, const ibv_device_attr&);
@@ -179,7 +179,7 @@ TEST_F(Local, CreateQpRejectsOversizedCapsAndOtherTypes) {
   EXPECT_GE(ia.cap.max_inline_data, 64u);
 }
 
-TEST_F(Local, RegMrAccessAndLength) {
+TEST_F(LocalVerbs, RegMrAccessAndLength) {
   errno = 0;
   EXPECT_EQ(ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_REMOTE_WRITE), nullptr);
   EXPECT_EQ(errno, EINVAL) << "REMOTE_WRITE needs LOCAL_WRITE";
@@ -204,7 +204,7 @@ TEST_F(Local, RegMrAccessAndLength) {
   }
 }
 
-TEST_F(Local, MrKeysAreDistinctAndNotSoonReissued) {
+TEST_F(LocalVerbs, MrKeysAreDistinctAndNotSoonReissued) {
   std::vector<ibv_mr*> first;
   std::set<uint32_t> lkeys, rkeys;
   for (int i = 0; i < 10; ++i) {
@@ -232,7 +232,7 @@ TEST_F(Local, MrKeysAreDistinctAndNotSoonReissued) {
     if (m) mrs.push_back(m);
 }
 
-TEST_F(Local, ModifyQpRejectsInvalidTransitionsAndMasks) {
+TEST_F(LocalVerbs, ModifyQpRejectsInvalidTransitionsAndMasks) {
   ibv_qp* qp = make_qp();
   ASSERT_NE(qp, nullptr);
   // RTR needs a destination; a second QP of this process that stays in RESET serves (the
@@ -289,7 +289,7 @@ TEST_F(Local, ModifyQpRejectsInvalidTransitionsAndMasks) {
   EXPECT_EQ(state(qp), IBV_QPS_RTS);
 }
 
-TEST_F(Local, PostInWrongStateIsEinvalWithBadWr) {
+TEST_F(LocalVerbs, PostInWrongStateIsEinvalWithBadWr) {
   ibv_qp* qp = make_qp();
   ASSERT_NE(qp, nullptr);
   ibv_qp* peer = make_qp();
@@ -337,7 +337,7 @@ TEST_F(Local, PostInWrongStateIsEinvalWithBadWr) {
   EXPECT_EQ(ibv_poll_cq(cq, 1, &wc), 0) << "a refused WR completed: " << wc_str(wc);
 }
 
-TEST_F(Local, RqOverflowIsEnomemAtTheFirstWrThatDoesNotFit) {
+TEST_F(LocalVerbs, RqOverflowIsEnomemAtTheFirstWrThatDoesNotFit) {
   ibv_qp* qp = make_qp();
   ASSERT_NE(qp, nullptr);
   ibv_qp_attr attr{};
@@ -373,7 +373,7 @@ TEST_F(Local, RqOverflowIsEnomemAtTheFirstWrThatDoesNotFit) {
   EXPECT_EQ(ibv_poll_cq(cq, 1, &extra), 0) << "the refused WR was queued: " << wc_str(extra);
 }
 
-TEST_F(Local, DestroyCqWithQpIsEbusy) {
+TEST_F(LocalVerbs, DestroyCqWithQpIsEbusy) {
   ibv_cq* c = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
   ASSERT_NE(c, nullptr);
   ibv_qp_init_attr ia = rc_attr();
@@ -387,7 +387,7 @@ TEST_F(Local, DestroyCqWithQpIsEbusy) {
   EXPECT_EQ(ibv_destroy_cq(c), 0);
 }
 
-TEST_F(Local, DestroyCompChannelWithCqIsEbusy) {
+TEST_F(LocalVerbs, DestroyCompChannelWithCqIsEbusy) {
   ibv_comp_channel* ch = ibv_create_comp_channel(ctx);
   ASSERT_NE(ch, nullptr);
   ibv_cq* c = ibv_create_cq(ctx, 16, nullptr, ch, 0);
@@ -401,7 +401,7 @@ TEST_F(Local, DestroyCompChannelWithCqIsEbusy) {
 // the kernel (uverbs_free_pd -> ib_destroy_usecnt) returns EBUSY.
 // KNOWN ENGINE BUG (reported): softverbs frees the PD anyway and returns 0, leaving the MR
 // and QP pointing at freed memory.
-TEST_F(Local, DeallocPdInUseIsEbusy) {
+TEST_F(LocalVerbs, DeallocPdInUseIsEbusy) {
   ibv_pd* p = ibv_alloc_pd(ctx);
   ASSERT_NE(p, nullptr);
   ibv_mr* mr = ibv_reg_mr(p, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
