@@ -66,6 +66,15 @@ struct CmId {
   std::condition_variable cv;
 };
 
+// Live ids. A QP may outlive its id (rdma_destroy_id before ibv_destroy_qp) and an id
+// may outlive its QP (ibv_destroy_qp instead of rdma_destroy_qp), so the QP's disconnect
+// hook and the endpoint callbacks (progress thread) find their id through this set and
+// hold g_ids_mu while they use it; rdma_destroy_id removes the id first.
+std::mutex g_ids_mu;
+std::vector<CmId*> g_ids;
+
+bool alive(CmId* id) { return std::find(g_ids.begin(), g_ids.end(), id) != g_ids.end(); }
+
 Channel* chan(rdma_event_channel* c) { return reinterpret_cast<Channel*>(c); }
 CmId* cmid(rdma_cm_id* i) { return reinterpret_cast<CmId*>(i); }
 
@@ -150,17 +159,12 @@ void qp_connect(CmId* id, Endpoint* ep) {
   qp_take_endpoint(qp, ep);
 }
 
-// Live ids. A QP may outlive its id (rdma_destroy_id before ibv_destroy_qp) and an id
-// may outlive its QP (ibv_destroy_qp instead of rdma_destroy_qp), so the QP's disconnect
-// hook finds its id through this set rather than holding a raw pointer.
-std::mutex g_ids_mu;
-std::vector<CmId*> g_ids;
 
 void on_qp_disconnect(void* p) {
   auto* id = static_cast<CmId*>(p);
   bool fire = false;
   std::lock_guard reg(g_ids_mu);
-  if (std::find(g_ids.begin(), g_ids.end(), id) == g_ids.end()) return;
+  if (!alive(id)) return;
   {
     std::lock_guard lk(id->mu);
     if (id->connected && !id->disconnected) {
@@ -173,6 +177,11 @@ void on_qp_disconnect(void* p) {
 
 void on_passive_done(Endpoint* ep, int err) {
   auto* child = static_cast<CmId*>(ep->user);
+  std::lock_guard reg(g_ids_mu);
+  if (!alive(child)) {
+    ep->dispose();
+    return;
+  }
   if (err) {
     {
       std::lock_guard lk(child->mu);
@@ -193,6 +202,11 @@ void on_passive_done(Endpoint* ep, int err) {
 
 void on_passive_request(Endpoint* ep) {
   auto* lid = static_cast<CmId*>(ep->user);
+  std::lock_guard reg(g_ids_mu);
+  if (!alive(lid) || !lid->listener) {
+    ep->reject({});
+    return;
+  }
   auto* child = new CmId();
   child->id.verbs = g_verbs();
   child->id.channel = lid->id.channel;
@@ -202,10 +216,7 @@ void on_passive_request(Endpoint* ep) {
   child->id.qp_type = IBV_QPT_RC;
   child->id.pd = lid->id.pd;
   child->ep = ep;
-  {
-    std::lock_guard reg(g_ids_mu);
-    g_ids.push_back(child);
-  }
+  g_ids.push_back(child);
   set_src(child, sv::transport::local_addr(ep->fd()));
   set_dst(child, sv::transport::peer_addr(ep->fd()));
   const auto& o = ep->outcome();
@@ -376,7 +387,9 @@ SV_EXPORT int rdma_destroy_id(rdma_cm_id* i) {
     }
   });
   if (id->bound_fd >= 0) close(id->bound_fd);
-  if (id->ep) id->ep->reject({});
+  // An active handshake still running finds the id gone and disposes of itself; a
+  // passive one waiting for accept/reject is refused.
+  if (id->ep && id->ep->role() == Endpoint::Role::passive) id->ep->reject({});
   if (id->own_channel) rdma_destroy_event_channel(&id->own_channel->ch);
   delete id;
   return 0;
@@ -590,6 +603,11 @@ SV_EXPORT int rdma_connect(rdma_cm_id* i, rdma_conn_param* param) {
   // Endpoint::connect even returns, and it clears id->ep under this lock.
   std::unique_lock hold(id->mu);
   id->ep = Endpoint::connect(dst, from, std::move(o), [id](Endpoint* ep, int err) {
+    std::lock_guard reg(g_ids_mu);
+    if (!alive(id)) {  // destroyed while connecting
+      ep->dispose();
+      return;
+    }
     {
       std::lock_guard lk(id->mu);
       id->ep = nullptr;

@@ -1,0 +1,38 @@
+/* softverbs RDS: Reliable Datagram Sockets with RDMA, in user space, over the verbs API.
+ *
+ * The calls mirror the BSD socket calls an AF_RDS program makes; semantics, structs,
+ * options and cmsgs are those of <linux/rds.h> (upstream numbering). The descriptor is a
+ * real fd: poll/epoll/select on it report POLLIN (data, RDMA notifications, congestion
+ * updates) and POLLOUT (send space) as Linux RDS does. Unmodified programs get these
+ * calls through the LD_PRELOAD shim instead. */
+#ifndef SOFTVERBS_RDS_H
+#define SOFTVERBS_RDS_H
+
+#include <linux/rds.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+int svrds_socket(int domain, int type, int protocol);
+int svrds_is_rds(int fd);
+int svrds_bind(int fd, const struct sockaddr* addr, socklen_t len);
+int svrds_connect(int fd, const struct sockaddr* addr, socklen_t len);
+ssize_t svrds_sendmsg(int fd, const struct msghdr* msg, int flags);
+ssize_t svrds_recvmsg(int fd, struct msghdr* msg, int flags);
+ssize_t svrds_sendto(int fd, const void* buf, size_t len, int flags,
+                     const struct sockaddr* to, socklen_t tolen);
+ssize_t svrds_recvfrom(int fd, void* buf, size_t len, int flags, struct sockaddr* from,
+                       socklen_t* fromlen);
+int svrds_setsockopt(int fd, int level, int optname, const void* optval, socklen_t optlen);
+int svrds_getsockopt(int fd, int level, int optname, void* optval, socklen_t* optlen);
+int svrds_getsockname(int fd, struct sockaddr* addr, socklen_t* len);
+int svrds_getpeername(int fd, struct sockaddr* addr, socklen_t* len);
+int svrds_close(int fd);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,377 @@
+// Socket layer (net/rds af_rds.c, bind.c): AF_RDS socket calls on a pollable descriptor.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "rds/rds_impl.h"
+#include "softverbs/rds.h"
+
+#define SV_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace sv::rds {
+
+Sock* sock_of(int fd) {
+  auto it = g().socks.find(fd);
+  return it == g().socks.end() || it->second->closing ? nullptr : it->second;
+}
+
+void sock_wake(Sock* s) { s->cv.notify_all(); }
+
+void sock_update_poll(Sock* s) {
+  if (s->lib_fd < 0) return;
+  // POLLIN: readable while data, notifications or congestion updates are queued.
+  const bool readable = !s->rq.empty() || !s->notify.empty() || s->cong_notify;
+  if (readable && !s->token) {
+    const char b = 1;
+    if (send(s->lib_fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1) s->token = true;
+  } else if (!readable && s->token) {
+    char b;
+    if (recv(s->app_fd, &b, 1, MSG_DONTWAIT) == 1) s->token = false;
+  }
+  // POLLOUT: writable while send space remains (snd_bytes < sndbuf); otherwise the
+  // application end's send direction is kept full.
+  const bool writable = s->snd_bytes < s->sndbuf;
+  if (!writable && !s->blocked) {
+    char junk[4096] = {};
+    while (send(s->app_fd, junk, sizeof junk, MSG_DONTWAIT | MSG_NOSIGNAL) > 0) {
+    }
+    s->blocked = true;
+  } else if (writable && s->blocked) {
+    char junk[4096];
+    while (recv(s->lib_fd, junk, sizeof junk, MSG_DONTWAIT) > 0) {
+    }
+    s->blocked = false;
+  }
+}
+
+}  // namespace sv::rds
+
+using namespace sv::rds;
+
+namespace {
+
+int fail(int e) {
+  errno = e;
+  return -1;
+}
+
+std::vector<Sock*> g_closed;  // never freed: a thread may still be waking on its cv
+
+bool bad_addr(const sockaddr_in& a) {
+  const uint32_t h = ntohl(a.sin_addr.s_addr);
+  return h == INADDR_ANY || h == INADDR_BROADCAST || IN_MULTICAST(h);
+}
+
+bool is_local(const sockaddr_in& a) {
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in b = a;
+  b.sin_port = 0;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&b), sizeof b) == 0;
+  close(fd);
+  return ok;
+}
+
+void free_mr(Sock* s, uint32_t rkey) {
+  auto it = s->mrs.find(rkey);
+  if (it == s->mrs.end()) return;
+  ibv_dereg_mr(it->second);
+  s->mrs.erase(it);
+  s->mr_flags.erase(rkey);
+  count("rdma_mr_free");
+}
+
+// Drops this socket's messages to dest (all if dest is null): queued ones vanish, sent
+// but unacked ones are cancelled; RDMA notifiers report CANCELED (net/rds send.c).
+void drop_to(Sock* s, const sockaddr_in* dest, bool notify) {
+  for (auto& [k, c] : g().conns) {
+    for (auto* q : {&c->send_q, &c->retrans}) {
+      for (auto it = q->begin(); it != q->end();) {
+        Message* m = *it;
+        const bool match = m->sock == s && (!dest || (m->dest.sin_addr.s_addr == dest->sin_addr.s_addr &&
+                                                      m->dest.sin_port == dest->sin_port));
+        if (!match || (q == &c->send_q && m->frags_posted && it == q->begin())) {
+          ++it;
+          continue;
+        }
+        it = q->erase(it);
+        if (notify && m->op && !m->op->notified &&
+            (m->op->notify || s->recverr)) {
+          queue_notify(s, m->op->user_token, RDS_RDMA_CANCELED);
+          m->op->notified = true;
+        }
+        release_message(m);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+SV_EXPORT int svrds_socket(int domain, int type, int protocol) {
+  if (domain != AF_RDS) return fail(EAFNOSUPPORT);
+  if ((type & ~(SOCK_NONBLOCK | SOCK_CLOEXEC)) != SOCK_SEQPACKET || protocol != 0)
+    return fail(ESOCKTNOSUPPORT);
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) return -1;
+  if (!(type & SOCK_CLOEXEC)) fcntl(sv[0], F_SETFD, 0);
+  if (type & SOCK_NONBLOCK) fcntl(sv[0], F_SETFL, O_NONBLOCK);
+  fcntl(sv[1], F_SETFL, O_NONBLOCK);
+  int small = 4096;  // keeps "no send space" cheap to signal
+  setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+  auto* s = new Sock();
+  s->app_fd = sv[0];
+  s->lib_fd = sv[1];
+  std::lock_guard lk(g().mu);
+  g().socks[s->app_fd] = s;
+  return s->app_fd;
+}
+
+SV_EXPORT int svrds_is_rds(int fd) {
+  std::lock_guard lk(g().mu);
+  return sock_of(fd) != nullptr;
+}
+
+SV_EXPORT int svrds_bind(int fd, const sockaddr* addr, socklen_t len) {
+  std::lock_guard lk(g().mu);
+  Sock* s = sock_of(fd);
+  if (!s) return fail(EBADF);
+  if (!addr || len < sizeof(sockaddr_in)) return fail(EINVAL);
+  if (addr->sa_family == AF_INET6) return fail(EAFNOSUPPORT);  // IPv4 only so far
+  if (addr->sa_family != AF_INET) return fail(EINVAL);
+  sockaddr_in a;
+  std::memcpy(&a, addr, sizeof a);
+  if (s->bound || bad_addr(a)) return fail(EINVAL);
+  if (ntohs(a.sin_port) == 1) return fail(EINVAL);  // RDS_FLAG_PROBE_PORT
+  if (!is_local(a)) return fail(EADDRNOTAVAIL);
+  if (int r = transport_start()) return fail(-r);
+  int lock = -1;
+  if (a.sin_port) {
+    lock = registry_claim(a, g().cm_port);
+  } else {
+    // Port 0: a random free port >= 2 (net/rds bind.c).
+    for (int tries = 0; tries < 4096; ++tries) {
+      uint16_t p;
+      if (getrandom(&p, sizeof p, 0) != sizeof p) p = static_cast<uint16_t>(tries + 1024);
+      if (p < 2) continue;
+      a.sin_port = htons(p);
+      lock = registry_claim(a, g().cm_port);
+      if (lock != -EADDRINUSE) break;
+    }
+  }
+  if (lock < 0) return fail(-lock);
+  s->lock_fd = lock;
+  s->bound = true;
+  s->bound_addr = a;
+  // Port 0 of this address answers pings; the first process there takes it.
+  sockaddr_in ping = a;
+  ping.sin_port = 0;
+  int pl = registry_claim(ping, g().cm_port);
+  (void)pl;  // held for the life of the process if we got it
+  return 0;
+}
+
+SV_EXPORT int svrds_connect(int fd, const sockaddr* addr, socklen_t len) {
+  std::lock_guard lk(g().mu);
+  Sock* s = sock_of(fd);
+  if (!s) return fail(EBADF);
+  if (!addr || len < sizeof(sockaddr_in)) return fail(EINVAL);
+  if (addr->sa_family != AF_INET) return fail(EAFNOSUPPORT);
+  sockaddr_in a;
+  std::memcpy(&a, addr, sizeof a);
+  if (ntohl(a.sin_addr.s_addr) == INADDR_ANY) return fail(EDESTADDRREQ);
+  if (bad_addr(a)) return fail(EINVAL);
+  s->connected = true;
+  s->conn_addr = a;
+  return 0;
+}
+
+SV_EXPORT ssize_t svrds_sendto(int fd, const void* buf, size_t len, int flags,
+                               const sockaddr* to, socklen_t tolen) {
+  iovec v{const_cast<void*>(buf), len};
+  msghdr m{};
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  m.msg_name = const_cast<sockaddr*>(to);
+  m.msg_namelen = to ? tolen : 0;
+  return svrds_sendmsg(fd, &m, flags);
+}
+
+SV_EXPORT int svrds_setsockopt(int fd, int level, int optname, const void* optval,
+                               socklen_t optlen) {
+  std::lock_guard lk(g().mu);
+  Sock* s = sock_of(fd);
+  if (!s) return fail(EBADF);
+  auto as_int = [&](int* out) {
+    if (!optval || optlen < sizeof(int)) return false;
+    std::memcpy(out, optval, sizeof(int));
+    return true;
+  };
+  if (level == SOL_SOCKET) {
+    int v;
+    if (optname == SO_SNDBUF || optname == SO_RCVBUF) {
+      if (!as_int(&v)) return fail(EINVAL);
+      // The kernel doubles the value and RDS uses half of it: the value as given.
+      const uint32_t val = static_cast<uint32_t>(std::max(v, 256));
+      (optname == SO_SNDBUF ? s->sndbuf : s->rcvbuf) = val;
+      sock_update_poll(s);
+      return 0;
+    }
+    return 0;  // other generic options have no effect on RDS here
+  }
+  if (level != SOL_RDS) return fail(ENOPROTOOPT);
+  switch (optname) {
+    case RDS_CANCEL_SENT_TO: {
+      if (!optval || optlen < sizeof(sockaddr_in)) return fail(EINVAL);
+      if (!s->bound) return fail(ENOTCONN);
+      sockaddr_in d;
+      std::memcpy(&d, optval, sizeof d);
+      drop_to(s, &d, true);
+      return 0;
+    }
+    case RDS_GET_MR:
+    case RDS_GET_MR_FOR_DEST: {
+      const bool dest = optname == RDS_GET_MR_FOR_DEST;
+      if (!optval ||
+          optlen != (dest ? sizeof(rds_get_mr_for_dest_args) : sizeof(rds_get_mr_args)))
+        return fail(EINVAL);
+      if (!s->bound) return fail(ENOTCONN);
+      rds_get_mr_args a;
+      if (dest) {
+        // The destination is ignored, as upstream does.
+        const auto* d = static_cast<const rds_get_mr_for_dest_args*>(optval);
+        a.vec = d->vec;
+        a.cookie_addr = d->cookie_addr;
+        a.flags = d->flags;
+      } else {
+        std::memcpy(&a, optval, sizeof a);
+      }
+      uint64_t cookie = 0;
+      if (int r = map_region_locked(s, a.vec, a.flags, &cookie)) return fail(-r);
+      if (a.cookie_addr) *reinterpret_cast<uint64_t*>(a.cookie_addr) = cookie;
+      return 0;
+    }
+    case RDS_FREE_MR: {
+      if (optlen != sizeof(rds_free_mr_args)) return fail(EINVAL);
+      rds_free_mr_args a;
+      std::memcpy(&a, optval, sizeof a);
+      if (a.cookie == 0) {
+        // Cookie 0 flushes every region this socket holds (RDS_FREE_MR, rds-rdma(7)).
+        std::vector<uint32_t> keys;
+        for (auto& [k, mr] : s->mrs) keys.push_back(k);
+        for (uint32_t k : keys) free_mr(s, k);
+        return 0;
+      }
+      const auto key = static_cast<uint32_t>(a.cookie);
+      if (!s->mrs.count(key)) return fail(EINVAL);
+      free_mr(s, key);
+      return 0;
+    }
+    case RDS_RECVERR: {
+      int v;
+      if (!as_int(&v)) return fail(EINVAL);
+      s->recverr = v != 0;
+      return 0;
+    }
+    case RDS_CONG_MONITOR: {
+      int v;
+      if (!as_int(&v)) return fail(EINVAL);
+      s->cong_monitor = v != 0;
+      if (!s->cong_monitor) s->cong_mask = s->cong_notify = 0;
+      return 0;
+    }
+    case SO_RDS_TRANSPORT: {
+      int v;
+      if (!optval || optlen != sizeof(int)) return fail(EINVAL);
+      std::memcpy(&v, optval, sizeof v);
+      if (s->bound) return fail(EOPNOTSUPP);  // a transport is attached at bind
+      if (v == RDS_TRANS_IB) return 0;        // ours is a verbs transport
+      if (v == RDS_TRANS_TCP) return fail(ENOPROTOOPT);
+      return fail(EINVAL);
+    }
+    default:
+      return fail(ENOPROTOOPT);
+  }
+}
+
+SV_EXPORT int svrds_getsockopt(int fd, int level, int optname, void* optval, socklen_t* optlen) {
+  std::lock_guard lk(g().mu);
+  Sock* s = sock_of(fd);
+  if (!s) return fail(EBADF);
+  if (!optval || !optlen) return fail(EFAULT);
+  auto put_int = [&](int v) {
+    if (*optlen < sizeof(int)) return fail(EINVAL);
+    std::memcpy(optval, &v, sizeof v);
+    *optlen = sizeof(int);
+    return 0;
+  };
+  if (level == SOL_SOCKET) {
+    if (optname == SO_SNDBUF) return put_int(static_cast<int>(s->sndbuf * 2));
+    if (optname == SO_RCVBUF) return put_int(static_cast<int>(s->rcvbuf * 2));
+    if (optname == SO_TYPE) return put_int(SOCK_SEQPACKET);
+    if (optname == SO_DOMAIN) return put_int(AF_RDS);
+    if (optname == SO_ERROR) return put_int(0);
+    return fail(ENOPROTOOPT);
+  }
+  if (level != SOL_RDS) return fail(ENOPROTOOPT);
+  if (optname == RDS_RECVERR) return put_int(s->recverr);
+  if (optname == SO_RDS_TRANSPORT) return put_int(s->bound ? RDS_TRANS_IB : RDS_TRANS_NONE);
+  if (optname >= RDS_INFO_FIRST && optname <= RDS_INFO_LAST) {
+    const int r = info_get(optname, optval, optlen);
+    return r < 0 ? fail(-r) : r;
+  }
+  return fail(ENOPROTOOPT);
+}
+
+SV_EXPORT int svrds_getsockname(int fd, sockaddr* addr, socklen_t* len) {
+  std::lock_guard lk(g().mu);
+  Sock* s = sock_of(fd);
+  if (!s) return fail(EBADF);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  if (s->bound) a = s->bound_addr;
+  std::memcpy(addr, &a, std::min<size_t>(*len, sizeof a));
+  *len = sizeof a;
+  return 0;
+}
+
+SV_EXPORT int svrds_getpeername(int fd, sockaddr* addr, socklen_t* len) {
+  std::lock_guard lk(g().mu);
+  Sock* s = sock_of(fd);
+  if (!s) return fail(EBADF);
+  if (!s->connected) return fail(ENOTCONN);
+  std::memcpy(addr, &s->conn_addr, std::min<size_t>(*len, sizeof s->conn_addr));
+  *len = sizeof s->conn_addr;
+  return 0;
+}
+
+SV_EXPORT int svrds_close(int fd) {
+  std::lock_guard lk(g().mu);
+  Sock* s = sock_of(fd);
+  if (!s) return fail(EBADF);
+  // Closing cancels what this socket still has queued (rds(7) "Reliability").
+  drop_to(s, nullptr, false);
+  for (auto& [k, c] : g().conns)
+    for (auto* q : {&c->send_q, &c->retrans})
+      for (Message* m : *q)
+        if (m->sock == s) m->sock = nullptr;
+  std::vector<uint32_t> keys;
+  for (auto& [k, mr] : s->mrs) keys.push_back(k);
+  for (uint32_t k : keys) free_mr(s, k);
+  if (s->bound) registry_release(s->lock_fd, s->bound_addr);
+  s->closing = true;
+  g().socks.erase(fd);
+  close(s->lib_fd);
+  close(s->app_fd);
+  s->lib_fd = s->app_fd = -1;
+  s->rq.clear();
+  sock_wake(s);
+  g_closed.push_back(s);
+  return 0;
+}

@@ -1,0 +1,437 @@
+// RDS over RC QPs set up with rdma_cm (net/rds ib_cm.c/ib_send.c/ib_recv.c in spirit):
+// one connection per peer process, receive buffers posted up front, every send copied
+// into a registered slot, and one engine thread for completions, CM events and reconnects.
+//
+// Connection life cycle (net/rds threads.c "Grand Unified Theory", reduced):
+//   down --(send queued / peer connects)--> connecting --ESTABLISHED--> up
+//   up/connecting --(error, DISCONNECTED, REJECTED)--> down, retransmit list back on
+//   the send queue; reconnect after a random exponential backoff if anything is queued.
+// Racing connects: the process with the smaller (ip, rdma_cm port) wins; the other
+// side's request is rejected and it waits for ours (net/rds "smaller address initiates").
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "rds/rds_impl.h"
+
+namespace sv::rds {
+namespace {
+
+constexpr uint32_t kPrivMagic = 0x53565244;  // "SVRD"
+constexpr int kMinBackoffMs = 1, kMaxBackoffMs = 1000;
+
+// rdma_cm private data exchanged at connect/accept.
+struct ConnPriv {
+  uint32_t magic;
+  uint32_t ip;       // sender's address for this connection (network order)
+  uint16_t cm_port;  // sender's rdma_cm listen port
+  uint16_t pad;
+  uint64_t ack_seq;  // last in-order sequence the sender received from us (like dp_ack_seq)
+  uint64_t gen;
+};
+
+enum WrKind : uint64_t { kRecv = 1, kSend = 2, kRdma = 3, kAck = 4 };
+constexpr uint64_t kSelfPassive = 1ull << 63;
+
+std::map<uint32_t, Conn*> g_conn_by_id;
+uint32_t g_next_conn_id = 1;
+std::map<Conn*, uint32_t> g_id_of;
+std::multimap<std::chrono::steady_clock::time_point, Conn*> g_timers;
+
+uint64_t now_ms() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+void conn_down(Conn* c, const char* why);
+
+int setup_qp(Conn* c, rdma_cm_id* id) {
+  Global& G = g();
+  ibv_qp_init_attr a{};
+  a.send_cq = G.cq;
+  a.recv_cq = G.cq;
+  a.qp_type = IBV_QPT_RC;
+  a.cap.max_send_wr = kSendSlots + 64;
+  a.cap.max_recv_wr = kRecvBufs + 1;
+  a.cap.max_send_sge = 16;
+  a.cap.max_recv_sge = 1;
+  if (rdma_create_qp(id, G.pd, &a)) return -errno;
+  if (c->rbuf.empty()) {
+    c->rbuf.resize(static_cast<size_t>(kRecvBufs) * kBufSize);
+    c->sbuf.resize(static_cast<size_t>(kSendSlots) * kBufSize);
+    c->rmr = ibv_reg_mr(G.pd, c->rbuf.data(), c->rbuf.size(), IBV_ACCESS_LOCAL_WRITE);
+    c->smr = ibv_reg_mr(G.pd, c->sbuf.data(), c->sbuf.size(), 0);
+    if (!c->rmr || !c->smr) return -ENOMEM;
+  }
+  c->free_slots.clear();
+  for (int i = 0; i < kSendSlots; ++i) c->free_slots.push_back(i);
+  c->slot_owner.clear();
+  const uint64_t cid = g_id_of[c];
+  for (int i = 0; i < kRecvBufs; ++i) {
+    ibv_sge s{reinterpret_cast<uint64_t>(&c->rbuf[static_cast<size_t>(i) * kBufSize]),
+              static_cast<uint32_t>(kBufSize), c->rmr->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = (cid << 32) | (kRecv << 24) | static_cast<uint64_t>(i);
+    wr.sg_list = &s;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad;
+    if (ibv_post_recv(id->qp, &wr, &bad)) return -errno;
+  }
+  return 0;
+}
+
+ConnPriv make_priv(Conn* c) {
+  ConnPriv p{};
+  p.magic = htonl(kPrivMagic);
+  p.ip = c->local.sin_addr.s_addr;
+  p.cm_port = htons(g().cm_port);
+  p.ack_seq = htobe64(c->next_rx_seq - 1);
+  p.gen = htobe64(g().gen);
+  return p;
+}
+
+void destroy_id(Conn* c) {
+  if (!c->id) return;
+  rdma_cm_id* id = c->id;
+  c->id = nullptr;
+  id->context = nullptr;
+  if (id->qp) rdma_destroy_qp(id);
+  rdma_destroy_id(id);
+}
+
+void schedule_reconnect(Conn* c) {
+  c->backoff_ms = c->backoff_ms ? std::min(c->backoff_ms * 2, kMaxBackoffMs) : kMinBackoffMs;
+  uint32_t r;
+  if (getrandom(&r, sizeof r, 0) != sizeof r) r = 7;
+  const int delay = c->reconnects == 0 ? 0 : static_cast<int>(r % static_cast<uint32_t>(c->backoff_ms)) + 1;
+  g_timers.emplace(std::chrono::steady_clock::now() + std::chrono::milliseconds(delay), c);
+  uint64_t one = 1;
+  ssize_t w = write(g().wake_fd, &one, sizeof one);
+  (void)w;
+}
+
+void start_connect(Conn* c) {
+  Global& G = g();
+  if (c->state != ConnState::down) return;
+  if (rdma_create_id(G.cm_ch, &c->id, c, RDMA_PS_TCP)) {
+    schedule_reconnect(c);
+    return;
+  }
+  c->state = ConnState::connecting;
+  c->active = true;
+  ++c->reconnects;
+  count("conn_connect_attempts");
+  if (rdma_resolve_addr(c->id, nullptr, reinterpret_cast<sockaddr*>(&c->peer), 2000)) {
+    conn_down(c, "resolve_addr");
+  }
+}
+
+void conn_up(Conn* c, const ConnPriv* peer) {
+  c->state = ConnState::up;
+  c->backoff_ms = 0;
+  count("conn_up");
+  if (peer && be64toh(peer->gen) != 0) on_ack(c, be64toh(peer->ack_seq));
+  xmit(c);
+}
+
+void conn_down(Conn* c, const char* why) {
+  (void)why;
+  if (c->state == ConnState::down && !c->id) return;
+  count("conn_reset");
+  c->state = ConnState::down;
+  destroy_id(c);
+  conn_reset_queues(c);
+  if (!c->send_q.empty()) schedule_reconnect(c);
+}
+
+void handle_cm(rdma_cm_event* ev) {
+  Global& G = g();
+  rdma_cm_id* id = ev->id;
+  auto* c = static_cast<Conn*>(id->context);
+  switch (ev->event) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED:
+      if (c && c->id == id) {
+        c->local = *reinterpret_cast<sockaddr_in*>(rdma_get_local_addr(id));
+        if (rdma_resolve_route(id, 2000)) conn_down(c, "resolve_route");
+      }
+      break;
+    case RDMA_CM_EVENT_ROUTE_RESOLVED:
+      if (c && c->id == id) {
+        if (setup_qp(c, id)) {
+          conn_down(c, "setup_qp");
+          break;
+        }
+        ConnPriv p = make_priv(c);
+        rdma_conn_param cp{};
+        cp.private_data = &p;
+        cp.private_data_len = sizeof p;
+        cp.responder_resources = 16;
+        cp.initiator_depth = 16;
+        cp.retry_count = 7;
+        cp.rnr_retry_count = 7;
+        if (rdma_connect(id, &cp)) conn_down(c, "connect");
+      }
+      break;
+    case RDMA_CM_EVENT_CONNECT_REQUEST: {
+      const auto* p = static_cast<const ConnPriv*>(ev->param.conn.private_data);
+      if (!p || ev->param.conn.private_data_len < sizeof(ConnPriv) ||
+          ntohl(p->magic) != kPrivMagic) {
+        rdma_reject(id, nullptr, 0);
+        break;
+      }
+      sockaddr_in peer{};
+      peer.sin_family = AF_INET;
+      peer.sin_addr.s_addr = p->ip;
+      peer.sin_port = p->cm_port;
+      const uint64_t mine = peer_key(reinterpret_cast<sockaddr_in*>(rdma_get_local_addr(id))->sin_addr.s_addr, G.cm_port);
+      const uint64_t theirs = peer_key(p->ip, ntohs(p->cm_port));
+      // A process sending to its own sockets connects to itself: the accepting half is a
+      // connection object of its own (Linux RDS would use its loop transport here).
+      Conn* pc = theirs == mine ? conn_get_keyed(theirs | kSelfPassive, peer, ntohs(p->cm_port))
+                                : conn_get(peer, ntohs(p->cm_port));
+      if (theirs != mine && pc->state == ConnState::connecting && pc->active && mine < theirs) {
+        rdma_reject(id, nullptr, 0);  // our own attempt wins the race
+        count("conn_connect_raced");
+        break;
+      }
+      if (pc->state == ConnState::up && be64toh(p->gen) == 0) {
+        rdma_reject(id, nullptr, 0);
+        break;
+      }
+      // A new connection from this peer replaces whatever we had (a rebooted or
+      // reconnecting peer, net/rds threads.c).
+      if (pc->id) conn_down(pc, "replaced");
+      id->context = pc;
+      pc->id = id;
+      pc->active = false;
+      pc->local = *reinterpret_cast<sockaddr_in*>(rdma_get_local_addr(id));
+      pc->state = ConnState::connecting;
+      if (setup_qp(pc, id)) {
+        pc->id = nullptr;
+        rdma_reject(id, nullptr, 0);
+        pc->state = ConnState::down;
+        break;
+      }
+      ConnPriv mine_p = make_priv(pc);
+      rdma_conn_param cp{};
+      cp.private_data = &mine_p;
+      cp.private_data_len = sizeof mine_p;
+      cp.responder_resources = 16;
+      cp.initiator_depth = 16;
+      if (rdma_accept(id, &cp)) conn_down(pc, "accept");
+      on_ack(pc, be64toh(p->ack_seq));
+      break;
+    }
+    case RDMA_CM_EVENT_ESTABLISHED:
+      if (c && c->id == id) {
+        const auto* p = static_cast<const ConnPriv*>(ev->param.conn.private_data);
+        conn_up(c, p && ev->param.conn.private_data_len >= sizeof(ConnPriv) ? p : nullptr);
+      }
+      break;
+    case RDMA_CM_EVENT_ADDR_ERROR:
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_REJECTED:
+    case RDMA_CM_EVENT_DISCONNECTED:
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+      if (c && c->id == id) conn_down(c, rdma_event_str(ev->event));
+      break;
+    default:
+      break;
+  }
+}
+
+void handle_wc(const ibv_wc& wc) {
+  const auto cid = static_cast<uint32_t>(wc.wr_id >> 32);
+  const auto kind = (wc.wr_id >> 24) & 0xFF;
+  const auto idx = static_cast<uint32_t>(wc.wr_id & 0xFFFFFF);
+  auto it = g_conn_by_id.find(cid);
+  if (it == g_conn_by_id.end()) return;
+  Conn* c = it->second;
+  if (kind == kRecv) {
+    if (wc.status != IBV_WC_SUCCESS) {
+      if (c->state == ConnState::up) conn_down(c, "recv error");
+      return;
+    }
+    on_frag(c, &c->rbuf[static_cast<size_t>(idx) * kBufSize], wc.byte_len);
+    if (c->id && c->id->qp) {
+      ibv_sge s{reinterpret_cast<uint64_t>(&c->rbuf[static_cast<size_t>(idx) * kBufSize]),
+                static_cast<uint32_t>(kBufSize), c->rmr->lkey};
+      ibv_recv_wr wr{};
+      wr.wr_id = wc.wr_id;
+      wr.sg_list = &s;
+      wr.num_sge = 1;
+      ibv_recv_wr* bad;
+      ibv_post_recv(c->id->qp, &wr, &bad);
+    }
+    return;
+  }
+  on_send_complete(c, wc.wr_id, wc.status);
+  if (wc.status != IBV_WC_SUCCESS && wc.status != IBV_WC_WR_FLUSH_ERR && c->state == ConnState::up)
+    conn_down(c, "send error");
+}
+
+void engine_loop() {
+  Global& G = g();
+  for (;;) {
+    int timeout = -1;
+    {
+      std::lock_guard lk(G.mu);
+      if (!g_timers.empty()) {
+        auto d = std::chrono::duration_cast<std::chrono::milliseconds>(
+            g_timers.begin()->first - std::chrono::steady_clock::now());
+        timeout = d.count() < 0 ? 0 : static_cast<int>(d.count()) + 1;
+      }
+    }
+    pollfd p[3] = {{G.cq_ch->fd, POLLIN, 0}, {G.cm_ch->fd, POLLIN, 0}, {G.wake_fd, POLLIN, 0}};
+    ::poll(p, 3, timeout);
+    std::lock_guard lk(G.mu);
+    if (p[2].revents) {
+      uint64_t v;
+      ssize_t r = read(G.wake_fd, &v, sizeof v);
+      (void)r;
+    }
+    if (p[0].revents) {
+      ibv_cq* cq;
+      void* ctx;
+      if (ibv_get_cq_event(G.cq_ch, &cq, &ctx) == 0) ibv_ack_cq_events(cq, 1);
+      ibv_req_notify_cq(G.cq, 0);
+    }
+    ibv_wc wc[32];
+    for (int n; (n = ibv_poll_cq(G.cq, 32, wc)) > 0;)
+      for (int i = 0; i < n; ++i) handle_wc(wc[i]);
+    for (rdma_cm_event* ev; rdma_get_cm_event(G.cm_ch, &ev) == 0;) {
+      rdma_cm_event copy = *ev;
+      // Ack first: destroying an id waits for its events to be acked.
+      std::vector<std::byte> pd;
+      if (copy.param.conn.private_data && copy.param.conn.private_data_len) {
+        const auto* b = static_cast<const std::byte*>(copy.param.conn.private_data);
+        pd.assign(b, b + copy.param.conn.private_data_len);
+        copy.param.conn.private_data = pd.data();
+      }
+      rdma_ack_cm_event(ev);
+      handle_cm(&copy);
+    }
+    const auto now = std::chrono::steady_clock::now();
+    while (!g_timers.empty() && g_timers.begin()->first <= now) {
+      Conn* c = g_timers.begin()->second;
+      g_timers.erase(g_timers.begin());
+      if (c->state == ConnState::down && !c->send_q.empty()) start_connect(c);
+    }
+    for (auto& [k, c] : G.conns)
+      if (c->ack_needed && c->state == ConnState::up) conn_send_ack(c);
+  }
+}
+
+}  // namespace
+
+Global& g() {
+  static Global* x = new Global();
+  return *x;
+}
+
+void count(const char* name, uint64_t n) { g().counters[name] += n; }
+
+uint64_t peer_key(uint32_t ip_be, uint16_t cm_port) {
+  return (static_cast<uint64_t>(ntohl(ip_be)) << 16) | cm_port;
+}
+
+int transport_start() {
+  Global& G = g();
+  if (G.started) return 0;
+  int n = 0;
+  ibv_context** devs = rdma_get_devices(&n);
+  if (!devs || n < 1) return -ENODEV;
+  G.verbs = devs[0];
+  rdma_free_devices(devs);
+  G.pd = ibv_alloc_pd(G.verbs);
+  G.cq_ch = ibv_create_comp_channel(G.verbs);
+  G.cq = G.pd && G.cq_ch ? ibv_create_cq(G.verbs, 16384, nullptr, G.cq_ch, 0) : nullptr;
+  G.cm_ch = rdma_create_event_channel();
+  if (!G.cq || !G.cm_ch) return -ENOMEM;
+  fcntl(G.cm_ch->fd, F_SETFL, fcntl(G.cm_ch->fd, F_GETFL) | O_NONBLOCK);
+  fcntl(G.cq_ch->fd, F_SETFL, fcntl(G.cq_ch->fd, F_GETFL) | O_NONBLOCK);
+  ibv_req_notify_cq(G.cq, 0);
+  if (rdma_create_id(G.cm_ch, &G.listen_id, nullptr, RDMA_PS_TCP)) return -errno;
+  sockaddr_in any{};
+  any.sin_family = AF_INET;
+  if (rdma_bind_addr(G.listen_id, reinterpret_cast<sockaddr*>(&any)) ||
+      rdma_listen(G.listen_id, 128))
+    return -errno;
+  G.cm_port = ntohs(rdma_get_src_port(G.listen_id));
+  if (getrandom(&G.gen, sizeof G.gen, 0) != sizeof G.gen) G.gen = now_ms();
+  G.gen |= 1;
+  G.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  std::thread(engine_loop).detach();
+  G.started = true;
+  return 0;
+}
+
+Conn* conn_get(const sockaddr_in& peer_ip, uint16_t cm_port) {
+  return conn_get_keyed(peer_key(peer_ip.sin_addr.s_addr, cm_port), peer_ip, cm_port);
+}
+
+Conn* conn_get_keyed(uint64_t key, const sockaddr_in& peer_ip, uint16_t cm_port) {
+  Global& G = g();
+  auto it = G.conns.find(key);
+  if (it != G.conns.end()) return it->second;
+  auto* c = new Conn();
+  c->peer.sin_family = AF_INET;
+  c->peer.sin_addr = peer_ip.sin_addr;
+  c->peer.sin_port = htons(cm_port);
+  const uint32_t id = g_next_conn_id++;
+  g_conn_by_id[id] = c;
+  g_id_of[c] = id;
+  G.conns[key] = c;
+  count("conn_created");
+  return c;
+}
+
+void conn_kick(Conn* c) {
+  if (c->state == ConnState::up) {
+    xmit(c);
+  } else if (c->state == ConnState::down && !c->send_q.empty()) {
+    start_connect(c);
+  }
+}
+
+void conn_send_ack(Conn* c) {
+  if (c->free_slots.empty() || !c->id || !c->id->qp) return;
+  const int slot = c->free_slots.back();
+  c->free_slots.pop_back();
+  std::byte* b = &c->sbuf[static_cast<size_t>(slot) * kBufSize];
+  wire::RdsHeader h;
+  h.ack = c->next_rx_seq - 1;
+  wire::rds_encode(h, b);
+  ibv_sge s{reinterpret_cast<uint64_t>(b), static_cast<uint32_t>(wire::kRdsHeaderLen), c->smr->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = (static_cast<uint64_t>(g_id_of[c]) << 32) | (kAck << 24) | static_cast<uint64_t>(slot);
+  wr.sg_list = &s;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad;
+  if (ibv_post_send(c->id->qp, &wr, &bad)) {
+    c->free_slots.push_back(slot);
+    return;
+  }
+  c->ack_needed = false;
+  c->unacked = 0;
+  c->last_ack_sent = h.ack;
+  count("ib_ack_sent");
+}
+
+uint32_t conn_id_of(Conn* c) { return g_id_of[c]; }
+
+}  // namespace sv::rds

@@ -1,0 +1,209 @@
+// softverbs RDS internals.
+//
+// Theory of operation
+// -------------------
+// A process is one RDS "host stack". Its sockets share one connection per peer process,
+// each an RC QP set up with rdma_cm (so the same code runs on real RDMA NICs through the
+// system rdma-core). Which process owns a destination (ip, port) is found in a host
+// registry of lock files (bind.cc); ports are unique per IP across processes because
+// bind holds an exclusive flock on the port's file.
+//
+// Reliability follows net/rds over IB, with the fixes rds-api.md §7 asks for: every
+// message gets a per-connection sequence number, stays on the retransmit list until the
+// peer's RDS ack (never TCP's), goes back on the send queue when the connection bounces,
+// and the receiver drops anything whose sequence it has already seen (dedupe purely by
+// sequence). Messages carrying RDMA are not retransmitted: they are reported DROPPED.
+//
+// Locking: one process-wide mutex (g.mu) guards every socket, connection and message, as
+// net/rds/cong.c argues for its map lock ("Yes, a global lock"); verbs calls are made
+// under it. The engine thread (ib_transport.cc) waits on the CQ completion channel, the
+// rdma_cm event channel and a timer, and takes g.mu to process them.
+//
+// Descriptors: an RDS socket is the application end of an AF_UNIX socketpair. We keep
+// one byte queued toward it while it is readable (POLLIN) and fill its send direction
+// while it has no send space (no POLLOUT), so poll/epoll/select need no interposition.
+#pragma once
+#include <infiniband/verbs.h>
+#include <linux/rds.h>
+#include <netinet/in.h>
+#include <rdma/rdma_cma.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "wire/rds_hdr.h"
+
+namespace sv::rds {
+
+inline constexpr size_t kMaxMsgSize = 1u << 20;           // RDS_MAX_MSG_SIZE
+inline constexpr size_t kFragSize = 64 * 1024;            // payload bytes per SEND
+inline constexpr size_t kBufSize = kFragSize + wire::kRdsHeaderLen;
+inline constexpr int kRecvBufs = 64;                      // per connection
+inline constexpr int kSendSlots = 64;                     // per connection
+inline constexpr uint32_t kDefaultSndBuf = 256 * 1024;
+inline constexpr uint32_t kDefaultRcvBuf = 256 * 1024;
+inline constexpr int kAckEvery = 8;                       // max_unacked_packets
+
+struct Sock;
+struct Conn;
+
+struct RdmaOp {
+  bool write = false;  // RDS_RDMA_READWRITE: we WRITE the peer's memory
+  uint32_t rkey = 0;
+  uint64_t remote_addr = 0;
+  uint64_t bytes = 0;
+  std::vector<ibv_sge> local;
+  std::vector<ibv_mr*> local_mrs;
+  uint64_t flags = 0;
+  uint64_t user_token = 0;
+  bool notify = false;
+  bool atomic = false;
+  int atomic_kind = 0;  // RDS_CMSG_ATOMIC_*
+  uint64_t compare = 0, swap_add = 0;
+  uint64_t atomic_local = 0;
+  ibv_mr* atomic_mr = nullptr;
+  int status = -1;  // RDS_RDMA_* once known
+  bool notified = false;
+};
+
+struct Message {
+  wire::RdsHeader h;
+  std::vector<std::byte> payload;
+  Sock* sock = nullptr;          // sending socket (null for acks/pongs)
+  sockaddr_in dest{};
+  std::unique_ptr<RdmaOp> op;
+  bool queued_to_sock = true;    // counted in sock->snd_bytes
+  bool op_posted = false;
+  uint32_t frags_posted = 0;
+};
+
+struct Incoming {
+  sockaddr_in from{};
+  std::vector<std::byte> data;
+  std::optional<uint64_t> rdma_dest;
+};
+
+struct Sock {
+  int app_fd = -1;   // handed to the application
+  int lib_fd = -1;   // our end of the socketpair
+  bool bound = false;
+  sockaddr_in bound_addr{};
+  int lock_fd = -1;  // registry flock
+  bool connected = false;
+  sockaddr_in conn_addr{};
+  uint32_t sndbuf = kDefaultSndBuf, rcvbuf = kDefaultRcvBuf;
+  uint64_t snd_bytes = 0, rcv_bytes = 0;
+  bool recverr = false;
+  bool cong_monitor = false;
+  uint64_t cong_mask = 0, cong_notify = 0;
+  std::deque<Incoming> rq;
+  std::deque<rds_rdma_notify> notify;
+  std::map<uint32_t, ibv_mr*> mrs;  // rkey -> MR (RDS_GET_MR)
+  std::map<uint32_t, uint64_t> mr_flags;
+  bool token = false;     // a byte is queued toward app_fd (POLLIN)
+  bool blocked = false;   // app_fd's send direction is filled (no POLLOUT)
+  int nonblock_hint = 0;
+  std::condition_variable cv;
+  bool closing = false;
+};
+
+enum class ConnState : uint8_t { down, connecting, up };
+
+struct Conn {
+  // Peer process: its address and rdma_cm port.
+  sockaddr_in peer{};
+  sockaddr_in local{};
+  ConnState state = ConnState::down;
+  rdma_cm_id* id = nullptr;
+  bool active = false;
+  uint64_t next_tx_seq = 1;
+  uint64_t next_rx_seq = 1;   // kept across reconnects so retransmits are recognised
+  uint64_t last_ack_sent = 0;
+  int unacked = 0;
+  bool ack_needed = false;
+  std::deque<Message*> send_q;
+  std::deque<Message*> retrans;
+  // receive buffers and send slots, registered once per connection
+  std::vector<std::byte> rbuf, sbuf;
+  ibv_mr* rmr = nullptr;
+  ibv_mr* smr = nullptr;
+  std::vector<int> free_slots;
+  std::map<uint64_t, Message*> slot_owner;  // wr_id -> message (sends and RDMA ops)
+  uint32_t next_rdma_wr = 0;
+  // reassembly
+  wire::RdsHeader cur{};
+  std::vector<std::byte> cur_data;
+  size_t cur_have = 0;
+  bool in_msg = false;
+  int backoff_ms = 0;
+  uint64_t reconnects = 0;
+};
+
+struct Global {
+  std::mutex mu;
+  std::map<int, Sock*> socks;  // app_fd -> socket
+  std::map<uint64_t, Conn*> conns;  // peer key -> connection
+  // verbs objects
+  ibv_context* verbs = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_comp_channel* cq_ch = nullptr;
+  ibv_cq* cq = nullptr;
+  rdma_event_channel* cm_ch = nullptr;
+  rdma_cm_id* listen_id = nullptr;
+  uint16_t cm_port = 0;  // our rdma_cm listen port (host byte order)
+  uint64_t gen = 0;      // random per process: a restarted peer is a new peer
+  int wake_fd = -1;
+  bool started = false;
+  // counters (rds-info -c)
+  std::map<std::string, uint64_t> counters;
+};
+
+Global& g();
+void count(const char* name, uint64_t n = 1);
+
+// af_rds.cc
+Sock* sock_of(int fd);
+void sock_update_poll(Sock* s);  // POLLIN/POLLOUT state of app_fd
+void sock_wake(Sock* s);
+
+// bind.cc: host registry of bound (ip, port) -> owning process' rdma_cm port
+int registry_claim(const sockaddr_in& a, uint16_t cm_port);  // fd or -errno
+void registry_release(int lock_fd, const sockaddr_in& a);
+// Finds the process owning (ip, port): its rdma_cm port, or 0 if nobody holds it.
+uint16_t registry_lookup(const sockaddr_in& a);
+bool registry_port_taken(const sockaddr_in& a);
+
+// ib_transport.cc
+int transport_start();  // lazily: device, PD, CQ, listener, engine thread
+Conn* conn_get(const sockaddr_in& peer_ip, uint16_t cm_port);
+Conn* conn_get_keyed(uint64_t key, const sockaddr_in& peer_ip, uint16_t cm_port);
+void conn_kick(Conn* c);  // xmit what can be sent
+void conn_send_ack(Conn* c);
+uint32_t conn_id_of(Conn* c);
+uint64_t peer_key(uint32_t ip_be, uint16_t cm_port);
+
+// send.cc
+void xmit(Conn* c);
+void on_ack(Conn* c, uint64_t ack);
+void on_send_complete(Conn* c, uint64_t wr_id, ibv_wc_status st);
+void conn_reset_queues(Conn* c);  // connection went down
+void queue_notify(Sock* s, uint64_t token, int status);
+void release_message(Message* m);
+
+int map_region_locked(Sock* s, const rds_iovec& v, uint64_t flags, uint64_t* cookie);
+
+// info.cc: RDS_INFO_* snapshots of this process' RDS stack. Returns the record size, or
+// -ENOSPC with *len set to the bytes needed (net/rds info.c protocol).
+int info_get(int optname, void* buf, socklen_t* len);
+
+// recv.cc
+void on_frag(Conn* c, const std::byte* buf, uint32_t len);
+
+}  // namespace sv::rds

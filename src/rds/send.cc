@@ -1,0 +1,430 @@
+// Send path (net/rds send.c): sendmsg validation in Linux RDS's error order, the send
+// queue -> transport -> retransmit list pipeline, RDS acks, and notifications.
+#include <arpa/inet.h>
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "rds/rds_impl.h"
+#include "softverbs/rds.h"
+
+namespace sv::rds {
+namespace {
+
+enum WrKind : uint64_t { kRecv = 1, kSend = 2, kRdma = 3, kAck = 4 };
+
+bool bad_dest(const sockaddr_in& d) {
+  const uint32_t a = ntohl(d.sin_addr.s_addr);
+  return a == INADDR_ANY || a == INADDR_BROADCAST || IN_MULTICAST(a);
+}
+
+int rdma_status(ibv_wc_status st) {
+  if (st == IBV_WC_SUCCESS) return RDS_RDMA_SUCCESS;
+  if (st == IBV_WC_REM_ACCESS_ERR) return RDS_RDMA_REMOTE_ERROR;
+  return RDS_RDMA_OTHER_ERROR;
+}
+
+void notify_op(Message* m, int status) {
+  RdmaOp* op = m->op.get();
+  if (!op || op->notified || !m->sock) return;
+  if (op->notify || (m->sock->recverr && status != RDS_RDMA_SUCCESS)) {
+    queue_notify(m->sock, op->user_token, status);
+    op->notified = true;
+  }
+}
+
+bool post_op(Conn* c, Message* m) {
+  RdmaOp* op = m->op.get();
+  ibv_send_wr wr{};
+  const uint64_t wid = (static_cast<uint64_t>(conn_id_of(c)) << 32) | (kRdma << 24) |
+                       (c->next_rdma_wr++ & 0xFFFFFF);
+  wr.wr_id = wid;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_sge sge{};
+  if (op->atomic) {
+    sge = ibv_sge{op->atomic_local, 8, op->atomic_mr->lkey};
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = op->atomic_kind == RDS_CMSG_ATOMIC_CSWP || op->atomic_kind == RDS_CMSG_MASKED_ATOMIC_CSWP
+                    ? IBV_WR_ATOMIC_CMP_AND_SWP
+                    : IBV_WR_ATOMIC_FETCH_AND_ADD;
+    wr.wr.atomic.remote_addr = op->remote_addr;
+    wr.wr.atomic.rkey = op->rkey;
+    wr.wr.atomic.compare_add = wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? op->compare : op->swap_add;
+    wr.wr.atomic.swap = op->swap_add;
+  } else {
+    wr.sg_list = op->local.data();
+    wr.num_sge = static_cast<int>(op->local.size());
+    wr.opcode = op->write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+    wr.wr.rdma.remote_addr = op->remote_addr;
+    wr.wr.rdma.rkey = op->rkey;
+  }
+  ibv_send_wr* bad;
+  if (ibv_post_send(c->id->qp, &wr, &bad)) return false;
+  c->slot_owner[wid] = m;
+  m->op_posted = true;
+  count(op->atomic ? "send_atomic" : "send_rdma");
+  if (!op->atomic) count("send_rdma_bytes", op->bytes);
+  return true;
+}
+
+}  // namespace
+
+void queue_notify(Sock* s, uint64_t token, int status) {
+  rds_rdma_notify n{};
+  n.user_token = token;
+  n.status = status;
+  s->notify.push_back(n);
+  sock_update_poll(s);
+  sock_wake(s);
+}
+
+void release_message(Message* m) {
+  for (auto& [k, c] : g().conns)
+    for (auto it = c->slot_owner.begin(); it != c->slot_owner.end();)
+      it = it->second == m ? c->slot_owner.erase(it) : std::next(it);
+  if (m->sock && m->queued_to_sock) {
+    m->sock->snd_bytes -= m->payload.size();
+    sock_update_poll(m->sock);
+    sock_wake(m->sock);
+  }
+  if (m->op) {
+    for (ibv_mr* mr : m->op->local_mrs) ibv_dereg_mr(mr);
+    if (m->op->atomic_mr) ibv_dereg_mr(m->op->atomic_mr);
+  }
+  delete m;
+}
+
+void xmit(Conn* c) {
+  while (c->state == ConnState::up && !c->send_q.empty() && c->id && c->id->qp) {
+    Message* m = c->send_q.front();
+    if (m->op && (m->h.flags & wire::kRdsFlagRetransmitted) && m->op_posted) {
+      // RDMA may have been processed partially: never retransmit, report DROPPED
+      // (net/rds send.c, rds-rdma(7)).
+      c->send_q.pop_front();
+      notify_op(m, RDS_RDMA_DROPPED);
+      count("send_rdma_dropped");
+      release_message(m);
+      continue;
+    }
+    if (m->op && !m->op_posted && !post_op(c, m)) return;
+    const size_t len = m->payload.size();
+    const uint32_t nfrags = len ? static_cast<uint32_t>((len + kFragSize - 1) / kFragSize) : 1;
+    while (m->frags_posted < nfrags) {
+      if (c->free_slots.empty()) return;
+      const int slot = c->free_slots.back();
+      c->free_slots.pop_back();
+      std::byte* b = &c->sbuf[static_cast<size_t>(slot) * kBufSize];
+      wire::RdsHeader h = m->h;
+      h.ack = c->next_rx_seq - 1;  // piggybacked ack
+      wire::rds_encode(h, b);
+      const size_t off = static_cast<size_t>(m->frags_posted) * kFragSize;
+      const size_t chunk = std::min(kFragSize, len - std::min(len, off));
+      if (chunk) std::memcpy(b + wire::kRdsHeaderLen, m->payload.data() + off, chunk);
+      ibv_sge s{reinterpret_cast<uint64_t>(b), static_cast<uint32_t>(wire::kRdsHeaderLen + chunk),
+                c->smr->lkey};
+      ibv_send_wr wr{};
+      wr.wr_id = (static_cast<uint64_t>(conn_id_of(c)) << 32) | (kSend << 24) |
+                 static_cast<uint64_t>(slot);
+      wr.sg_list = &s;
+      wr.num_sge = 1;
+      wr.opcode = IBV_WR_SEND;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      // A READ or atomic must finish before the message that reports it is executed
+      // (rds-rdma(7): the RDMA and its message are one unit); Writes are ordered by RC.
+      if (m->frags_posted == 0 && m->op && (!m->op->write || m->op->atomic))
+        wr.send_flags |= IBV_SEND_FENCE;
+      ibv_send_wr* bad;
+      if (ibv_post_send(c->id->qp, &wr, &bad)) {
+        c->free_slots.push_back(slot);
+        return;
+      }
+      c->slot_owner[wr.wr_id] = m;
+      ++m->frags_posted;
+    }
+    c->ack_needed = false;
+    c->unacked = 0;
+    c->send_q.pop_front();
+    c->retrans.push_back(m);
+    count("send_queued");
+  }
+}
+
+void on_ack(Conn* c, uint64_t ack) {
+  while (!c->retrans.empty() && c->retrans.front()->h.sequence <= ack) {
+    Message* m = c->retrans.front();
+    c->retrans.pop_front();
+    if (m->op) notify_op(m, m->op->status >= 0 ? m->op->status : RDS_RDMA_SUCCESS);
+    count("send_drop_acked");
+    release_message(m);
+  }
+}
+
+void on_send_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
+  const uint64_t kind = (wr_id >> 24) & 0xFF;
+  if (kind == kSend || kind == kAck) c->free_slots.push_back(static_cast<int>(wr_id & 0xFFFFFF));
+  auto it = c->slot_owner.find(wr_id);
+  if (it == c->slot_owner.end()) return;
+  Message* m = it->second;
+  c->slot_owner.erase(it);
+  if (kind == kRdma && m->op && st != IBV_WC_WR_FLUSH_ERR) {
+    m->op->status = rdma_status(st);
+    // Notify at completion, as net/rds ib_send.c does for NOTIFY_ME; failures too.
+    if (m->op->status != RDS_RDMA_SUCCESS || m->op->notify) notify_op(m, m->op->status);
+  }
+}
+
+void conn_reset_queues(Conn* c) {
+  // Unacked messages go back on the send queue, flagged (net/rds rds_send_path_reset).
+  for (auto it = c->retrans.rbegin(); it != c->retrans.rend(); ++it) {
+    Message* m = *it;
+    m->h.flags |= wire::kRdsFlagRetransmitted | wire::kRdsFlagAckRequired;
+    m->frags_posted = 0;
+    c->send_q.push_front(m);
+  }
+  c->retrans.clear();
+  for (Message* m : c->send_q) {
+    if (m->frags_posted || m->op_posted) m->h.flags |= wire::kRdsFlagRetransmitted;
+    m->frags_posted = 0;
+  }
+  c->slot_owner.clear();
+  c->in_msg = false;
+  c->cur_data.clear();
+  c->cur_have = 0;
+  c->ack_needed = false;
+}
+
+}  // namespace sv::rds
+
+using namespace sv::rds;
+
+namespace {
+
+int fail(int e) {
+  errno = e;
+  return -1;
+}
+
+bool nonblocking(Sock* s, int flags) {
+  return (flags & MSG_DONTWAIT) || (fcntl(s->app_fd, F_GETFL) & O_NONBLOCK);
+}
+
+}  // namespace
+
+namespace sv::rds {
+// Registers [addr, addr+len) for the peer as RDS does: whole pages, zero-based, so the
+// cookie is rkey | in-page offset << 32 and remote addresses are offsets into the region.
+int map_region_locked(Sock* s, const rds_iovec& v, uint64_t flags, uint64_t* cookie) {
+  if (int r = transport_start()) return r;
+  if (v.bytes == 0 || v.addr + v.bytes < v.addr) return -EINVAL;
+  const uint64_t base = v.addr & ~4095ull;
+  const uint64_t end = (v.addr + v.bytes + 4095) & ~4095ull;
+  if (end - base > kMaxMsgSize + 4096) return -EMSGSIZE;
+  ibv_mr* mr = ibv_reg_mr_iova2(g().pd, reinterpret_cast<void*>(base), end - base, 0,
+                                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                    IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+  if (!mr) return -errno;
+  s->mrs[mr->rkey] = mr;
+  s->mr_flags[mr->rkey] = flags;
+  *cookie = mr->rkey | ((v.addr - base) << 32);
+  count("rdma_mr_alloc");
+  return 0;
+}
+}  // namespace sv::rds
+
+extern "C" __attribute__((visibility("default"))) int svrds_map_region(int fd, const rds_iovec* v,
+                                                                       uint64_t flags,
+                                                                       uint64_t* cookie) {
+  std::lock_guard lk(g().mu);
+  Sock* s = sock_of(fd);
+  if (!s) return fail(EBADF);
+  if (!s->bound) return fail(ENOTCONN);
+  int r = map_region_locked(s, *v, flags, cookie);
+  return r ? fail(-r) : 0;
+}
+
+extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd,
+                                                                        const msghdr* msg,
+                                                                        int flags) {
+  Global& G = g();
+  std::unique_lock lk(G.mu);
+  Sock* s = sock_of(fd);
+  if (!s) return fail(EBADF);
+  // 1. flags
+  // MSG_CMSG_COMPAT (0x80000000) is kernel-internal; user space can't pass it.
+  if (flags & ~(MSG_DONTWAIT | MSG_NOSIGNAL)) return fail(EOPNOTSUPP);
+  // 2. destination
+  sockaddr_in dest{};
+  if (msg->msg_name && msg->msg_namelen) {
+    if (msg->msg_namelen < sizeof(sockaddr_in)) return fail(EINVAL);
+    std::memcpy(&dest, msg->msg_name, sizeof dest);
+    if (dest.sin_family != AF_INET) return fail(EINVAL);
+    if (bad_dest(dest)) return fail(EINVAL);
+  } else if (s->connected) {
+    dest = s->conn_addr;
+  } else {
+    return fail(ENOTCONN);
+  }
+  if (!s->bound) return fail(ENOTCONN);
+  // 3. size
+  size_t len = 0;
+  for (size_t i = 0; i < msg->msg_iovlen; ++i) len += msg->msg_iov[i].iov_len;
+  // 5. control messages
+  const rds_rdma_args* rdma = nullptr;
+  const rds_atomic_args* atomic = nullptr;
+  int atomic_kind = 0;
+  const uint64_t* dest_cookie = nullptr;
+  const rds_get_mr_args* map = nullptr;
+  for (cmsghdr* cm = CMSG_FIRSTHDR(const_cast<msghdr*>(msg)); cm;
+       cm = CMSG_NXTHDR(const_cast<msghdr*>(msg), cm)) {
+    if (cm->cmsg_level != SOL_RDS) continue;
+    const size_t dlen = cm->cmsg_len - CMSG_LEN(0);
+    switch (cm->cmsg_type) {
+      case RDS_CMSG_RDMA_ARGS:
+        if (rdma || dlen < sizeof(rds_rdma_args)) return fail(EINVAL);
+        rdma = reinterpret_cast<const rds_rdma_args*>(CMSG_DATA(cm));
+        break;
+      case RDS_CMSG_RDMA_DEST:
+        if (dest_cookie || dlen < sizeof(uint64_t)) return fail(EINVAL);
+        dest_cookie = reinterpret_cast<const uint64_t*>(CMSG_DATA(cm));
+        break;
+      case RDS_CMSG_RDMA_MAP:
+        if (map || dlen < sizeof(rds_get_mr_args)) return fail(EINVAL);
+        map = reinterpret_cast<const rds_get_mr_args*>(CMSG_DATA(cm));
+        break;
+      case RDS_CMSG_ATOMIC_FADD:
+      case RDS_CMSG_ATOMIC_CSWP:
+      case RDS_CMSG_MASKED_ATOMIC_FADD:
+      case RDS_CMSG_MASKED_ATOMIC_CSWP:
+        if (atomic || dlen < sizeof(rds_atomic_args)) return fail(EINVAL);
+        atomic = reinterpret_cast<const rds_atomic_args*>(CMSG_DATA(cm));
+        atomic_kind = cm->cmsg_type;
+        break;
+      default:
+        return fail(EINVAL);
+    }
+  }
+  // {RDMA_DEST, RDMA_MAP} and {RDMA_ARGS, ATOMIC} may not be mixed (net/rds send.c).
+  if ((dest_cookie || map) && (rdma || atomic)) return fail(EINVAL);
+  const uint64_t rdma_bytes = rdma ? rdma->remote_vec.bytes : 0;
+  if (std::max<uint64_t>(len, rdma_bytes) > kMaxMsgSize) return fail(EMSGSIZE);
+  if (len > s->sndbuf) return fail(EMSGSIZE);
+  if (rdma && rdma->nr_local > 1024) return fail(EMSGSIZE);
+  if (rdma && rdma->nr_local == 0) return fail(EINVAL);
+  if (atomic && (atomic->local_addr & 7)) return fail(EFAULT);
+
+  if (int r = transport_start()) return fail(-r);
+
+  auto m = std::make_unique<Message>();
+  m->sock = s;
+  m->dest = dest;
+  m->h.sport = ntohs(s->bound_addr.sin_port);
+  m->h.dport = ntohs(dest.sin_port);
+  m->h.len = static_cast<uint32_t>(len);
+  if (dest_cookie) {
+    if (!s->mrs.count(static_cast<uint32_t>(*dest_cookie))) return fail(EINVAL);
+    m->h.ext_rdma_dest = *dest_cookie;
+  }
+  uint64_t mapped_cookie = 0;
+  if (map) {
+    if (int r = map_region_locked(s, map->vec, map->flags, &mapped_cookie)) return fail(-r);
+    m->h.ext_rdma_dest = mapped_cookie;
+  }
+  auto undo_map = [&] {
+    if (map) {
+      const auto rk = static_cast<uint32_t>(mapped_cookie);
+      ibv_dereg_mr(s->mrs[rk]);
+      s->mrs.erase(rk);
+      s->mr_flags.erase(rk);
+    }
+  };
+  if (rdma || atomic) {
+    auto op = std::make_unique<RdmaOp>();
+    const uint64_t cookie = rdma ? rdma->cookie : atomic->cookie;
+    op->rkey = static_cast<uint32_t>(cookie);
+    const uint64_t off = cookie >> 32;
+    op->flags = rdma ? rdma->flags : atomic->flags;
+    op->user_token = rdma ? rdma->user_token : atomic->user_token;
+    op->notify = op->flags & RDS_RDMA_NOTIFY_ME;
+    if (rdma) {
+      op->write = rdma->flags & RDS_RDMA_READWRITE;
+      op->remote_addr = rdma->remote_vec.addr + off;
+      op->bytes = rdma->remote_vec.bytes;
+      const auto* iov = reinterpret_cast<const rds_iovec*>(rdma->local_vec_addr);
+      uint64_t total = 0;
+      for (uint64_t i = 0; i < rdma->nr_local; ++i) total += iov[i].bytes;
+      if (total > rdma->remote_vec.bytes) return fail(EINVAL);
+      if (rdma->nr_local > 16) return fail(EMSGSIZE);  // max_send_sge of our QPs
+      for (uint64_t i = 0; i < rdma->nr_local; ++i) {
+        ibv_mr* mr = ibv_reg_mr(G.pd, reinterpret_cast<void*>(iov[i].addr), iov[i].bytes,
+                                IBV_ACCESS_LOCAL_WRITE);
+        if (!mr) {
+          for (ibv_mr* x : op->local_mrs) ibv_dereg_mr(x);
+          return fail(errno == EINVAL ? EFAULT : errno);
+        }
+        op->local_mrs.push_back(mr);
+        op->local.push_back(ibv_sge{iov[i].addr, static_cast<uint32_t>(iov[i].bytes), mr->lkey});
+      }
+    } else {
+      op->atomic = true;
+      op->atomic_kind = atomic_kind;
+      op->remote_addr = atomic->remote_addr + off;
+      op->atomic_local = atomic->local_addr;
+      if (atomic_kind == RDS_CMSG_ATOMIC_CSWP) {
+        op->compare = atomic->cswp.compare;
+        op->swap_add = atomic->cswp.swap;
+      } else if (atomic_kind == RDS_CMSG_MASKED_ATOMIC_CSWP) {
+        op->compare = atomic->m_cswp.compare;
+        op->swap_add = atomic->m_cswp.swap;
+      } else if (atomic_kind == RDS_CMSG_ATOMIC_FADD) {
+        op->swap_add = atomic->fadd.add;
+      } else {
+        op->swap_add = atomic->m_fadd.add;
+      }
+      op->atomic_mr = ibv_reg_mr(G.pd, reinterpret_cast<void*>(atomic->local_addr), 8,
+                                 IBV_ACCESS_LOCAL_WRITE);
+      if (!op->atomic_mr) return fail(EFAULT);
+    }
+    m->h.ext_rdma_rkey = op->rkey;
+    m->op = std::move(op);
+  }
+  // 6. which process owns the destination?
+  const uint16_t cm_port = registry_lookup(dest);
+  if (!cm_port) {
+    // Nobody is bound there: Linux RDS sends it and the peer drops it silently.
+    count("send_drop_no_sock");
+    if (m->op) {
+      for (ibv_mr* x : m->op->local_mrs) ibv_dereg_mr(x);
+      if (m->op->atomic_mr) ibv_dereg_mr(m->op->atomic_mr);
+    }
+    return static_cast<ssize_t>(len);
+  }
+  // 9. send buffer: accepted while snd_bytes < sndbuf (the last one may overshoot).
+  while (s->snd_bytes >= s->sndbuf) {
+    if (nonblocking(s, flags)) {
+      count("send_queue_full");
+      undo_map();
+      return fail(EAGAIN);
+    }
+    s->cv.wait(lk);
+    if (s->closing) return fail(EBADF);
+  }
+  Conn* c = conn_get(dest, cm_port);
+  m->h.sequence = c->next_tx_seq++;
+  m->payload.resize(len);
+  size_t off = 0;
+  for (size_t i = 0; i < msg->msg_iovlen; ++i) {
+    std::memcpy(m->payload.data() + off, msg->msg_iov[i].iov_base, msg->msg_iov[i].iov_len);
+    off += msg->msg_iov[i].iov_len;
+  }
+  s->snd_bytes += len;
+  if (s->snd_bytes >= s->sndbuf / 2) m->h.flags |= sv::wire::kRdsFlagAckRequired;
+  if (map) *reinterpret_cast<uint64_t*>(map->cookie_addr) = mapped_cookie;
+  c->send_q.push_back(m.release());
+  count("send_queued_by_sock");
+  sock_update_poll(s);
+  conn_kick(c);
+  return static_cast<ssize_t>(len);
+}
