@@ -17,6 +17,7 @@ namespace sv::engine {
 
 struct Pd {
   ibv_pd pd;  // first
+  std::atomic<int> users{0};  // MRs, QPs, SRQs, AHs: ibv_dealloc_pd is EBUSY while > 0
 };
 
 struct Mr {

@@ -182,10 +182,9 @@ bool frame_sq(Qp* qp, Framer& f) {
   const uint32_t mask = qp->cap.max_send_wr - 1;
   while (qp->sq_tx != qp->sq_head + qp->sq_count) {
     SendWqe& w = qp->sq[qp->sq_tx & mask];
-    if (w.state == WqeState::done) {  // failed locally
-      ++qp->sq_tx;
-      continue;
-    }
+    // A WQE that failed locally stops the SQ: nothing behind it may reach the wire
+    // (the QP is going to ERR and everything after it is flushed).
+    if (w.state == WqeState::done) return false;
     const bool is_read = w.opcode == IBV_WR_RDMA_READ;
     const bool is_atomic =
         w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;

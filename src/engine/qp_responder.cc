@@ -150,6 +150,7 @@ RxAction on_write(Qp* qp, Conn& c) {
   }
   c.place.kind = Placement::Kind::contiguous;
   c.place.ptr = p;
+  c.write_len += s.payload_len;
   return RxAction::place;
 }
 
@@ -336,8 +337,10 @@ RxAction on_imm(Qp* qp, Conn& c) {
   } else {
     RecvWqe w;
     if (!take_recv(qp, w, c.tmp_sge)) return RxAction::stall;
-    complete_recv(qp, w, IBV_WC_SUCCESS, 0, IBV_WC_RECV_RDMA_WITH_IMM, IBV_WC_WITH_IMM | se, imm,
-                  0);
+    // byte_len is the Write's length, as rxe and mlx5 report (ibv_poll_cq(3)).
+    complete_recv(qp, w, IBV_WC_SUCCESS, c.last_write_len, IBV_WC_RECV_RDMA_WITH_IMM,
+                  IBV_WC_WITH_IMM | se, imm, 0);
+    c.last_write_len = 0;
   }
   ++c.recv_msn;
   c.place.kind = Placement::Kind::discard;
@@ -434,6 +437,12 @@ bool rx_on_segment_end(Qp* qp) {
                     (inv ? IBV_WC_WITH_INV : 0) | se, 0, inv ? s.rsvd_ulp : 0);
       return true;
     }
+    case RdmapOpcode::rdma_write:
+      if (s.last) {
+        c.last_write_len = c.write_len;
+        c.write_len = 0;
+      }
+      return true;
     case RdmapOpcode::read_response: {
       if (!s.last) return true;
       std::lock_guard lk(qp->tx_mu);

@@ -329,8 +329,11 @@ void engine_loop() {
       g_timers.erase(g_timers.begin());
       if (c->state == ConnState::down && !c->send_q.empty()) start_connect(c);
     }
-    for (auto& [k, c] : G.conns)
-      if (c->ack_needed && c->state == ConnState::up) conn_send_ack(c);
+    for (auto& [k, c] : G.conns) {
+      if (c->state != ConnState::up) continue;
+      if (!c->send_q.empty()) xmit(c);  // completions freed send slots
+      if (c->ack_needed) conn_send_ack(c);
+    }
   }
 }
 

@@ -61,6 +61,21 @@ bool post_op(Conn* c, Message* m) {
     wr.wr.rdma.remote_addr = op->remote_addr;
     wr.wr.rdma.rkey = op->rkey;
   }
+  ibv_send_wr confirm{};
+  if (op->write && !op->atomic) {
+    // Over iWARP a Write completes once TCP has it, and a bad cookie only comes back
+    // as a Terminate. A zero-length Read behind it completes only after the peer placed
+    // the Write, or fails with the Write's error (REM_ACCESS_ERR): its completion is the
+    // operation's status, and the message (fenced) follows only after it.
+    wr.send_flags = 0;
+    wr.wr_id = 0;
+    confirm.wr_id = wid;
+    confirm.opcode = IBV_WR_RDMA_READ;
+    confirm.send_flags = IBV_SEND_SIGNALED;
+    confirm.wr.rdma.remote_addr = op->remote_addr;
+    confirm.wr.rdma.rkey = op->rkey;
+    wr.next = &confirm;
+  }
   ibv_send_wr* bad;
   if (ibv_post_send(c->id->qp, &wr, &bad)) return false;
   c->slot_owner[wid] = m;
@@ -132,10 +147,10 @@ void xmit(Conn* c) {
       wr.num_sge = 1;
       wr.opcode = IBV_WR_SEND;
       wr.send_flags = IBV_SEND_SIGNALED;
-      // A READ or atomic must finish before the message that reports it is executed
-      // (rds-rdma(7): the RDMA and its message are one unit); Writes are ordered by RC.
-      if (m->frags_posted == 0 && m->op && (!m->op->write || m->op->atomic))
-        wr.send_flags |= IBV_SEND_FENCE;
+      // The RDMA must be complete before the message that reports it is executed
+      // (rds-rdma(7): the RDMA and its message are one unit): fence behind the Read,
+      // the atomic, or the Write's confirming Read.
+      if (m->frags_posted == 0 && m->op) wr.send_flags |= IBV_SEND_FENCE;
       ibv_send_wr* bad;
       if (ibv_post_send(c->id->qp, &wr, &bad)) {
         c->free_slots.push_back(slot);

@@ -236,7 +236,9 @@ SV_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
 }
 
 SV_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
-  delete reinterpret_cast<Pd*>(pd);
+  auto* p = reinterpret_cast<Pd*>(pd);
+  if (p->users.load()) return EBUSY;  // as the kernel: resources still use it
+  delete p;
   return 0;
 }
 
@@ -285,6 +287,7 @@ SV_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64
     return nullptr;
   }
   mr->mr.handle = mr->mr.lkey;
+  ++mr->pd->users;
   return &mr->mr;
 }
 
@@ -304,6 +307,7 @@ SV_EXPORT int ibv_dereg_mr(ibv_mr* ibmr) {
   if (!ibmr) return EINVAL;
   auto* mr = reinterpret_cast<Mr*>(ibmr);
   KeyTable::get().remove(mr);
+  --mr->pd->users;
   delete mr;
   return 0;
 }
@@ -321,7 +325,9 @@ SV_EXPORT int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size
   auto& kt = KeyTable::get();
   kt.remove(mr);
   if (flags & IBV_REREG_MR_CHANGE_PD) {
+    --mr->pd->users;
     mr->pd = reinterpret_cast<Pd*>(pd);
+    ++mr->pd->users;
     mr->mr.pd = pd;
   }
   if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
@@ -440,6 +446,7 @@ SV_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
     return nullptr;
   }
   init->cap = qp->cap;
+  ++qp->pd->users;
   return qp->ibqp();
 }
 
@@ -455,7 +462,10 @@ SV_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
 
 SV_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
   if (!qp) return EINVAL;
-  return qp_destroy(Qp::from(qp));
+  Pd* pd = Qp::from(qp)->pd;
+  const int r = qp_destroy(Qp::from(qp));
+  if (r == 0) --pd->users;
+  return r;
 }
 
 SV_EXPORT ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp*) {
@@ -499,6 +509,7 @@ SV_EXPORT ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
   pthread_mutex_init(&s->srq.mutex, nullptr);
   pthread_cond_init(&s->srq.cond, nullptr);
   init->attr.max_sge = s->max_sge;
+  ++s->pd->users;
   return &s->srq;
 }
 
@@ -550,6 +561,7 @@ SV_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
   }
   pthread_mutex_destroy(&srq->mutex);
   pthread_cond_destroy(&srq->cond);
+  --s->pd->users;
   delete s;
   return 0;
 }
@@ -568,10 +580,12 @@ SV_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
   }
   ah->context = pd->context;
   ah->pd = pd;
+  ++reinterpret_cast<Pd*>(pd)->users;
   return ah;
 }
 
 SV_EXPORT int ibv_destroy_ah(ibv_ah* ah) {
+  --reinterpret_cast<Pd*>(ah->pd)->users;
   free(ah);
   return 0;
 }

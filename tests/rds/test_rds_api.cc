@@ -1,0 +1,312 @@
+// RDS socket API conformance: errno values and semantics of Linux RDS (net/rds af_rds.c,
+// bind.c, send.c, recv.c; rds-api.md §1), exercised through libsvrds.
+#include <fcntl.h>
+#include <linux/rds.h>
+
+#include "rds_test_util.h"
+
+using namespace rdstest;
+
+TEST(RdsSocket, TypeAndProtocolChecked) {
+  EXPECT_EQ(svrds_socket(AF_RDS, SOCK_STREAM, 0), -1);
+  EXPECT_EQ(errno, ESOCKTNOSUPPORT);
+  EXPECT_EQ(svrds_socket(AF_RDS, SOCK_SEQPACKET, 6), -1);
+  EXPECT_EQ(errno, ESOCKTNOSUPPORT);
+  EXPECT_EQ(svrds_socket(AF_INET, SOCK_SEQPACKET, 0), -1);
+  EXPECT_EQ(errno, EAFNOSUPPORT);
+  int fd = svrds_socket(AF_RDS, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  EXPECT_TRUE(fcntl(fd, F_GETFL) & O_NONBLOCK);
+  EXPECT_EQ(svrds_close(fd), 0);
+  EXPECT_EQ(svrds_close(fd), -1);
+  EXPECT_EQ(errno, EBADF);
+}
+
+TEST(RdsBind, Errors) {
+  int fd = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
+  sockaddr_in any = addr(port(0), "0.0.0.0");
+  EXPECT_EQ(svrds_bind(fd, reinterpret_cast<sockaddr*>(&any), sizeof any), -1);
+  EXPECT_EQ(errno, EINVAL);
+  sockaddr_in mc = addr(port(0), "224.0.0.1");
+  EXPECT_EQ(svrds_bind(fd, reinterpret_cast<sockaddr*>(&mc), sizeof mc), -1);
+  EXPECT_EQ(errno, EINVAL);
+  sockaddr_in probe = addr(1);
+  EXPECT_EQ(svrds_bind(fd, reinterpret_cast<sockaddr*>(&probe), sizeof probe), -1);
+  EXPECT_EQ(errno, EINVAL) << "port 1 is RDS_FLAG_PROBE_PORT";
+  sockaddr_in remote = addr(port(0), "203.0.113.9");  // not an address of this host
+  EXPECT_EQ(svrds_bind(fd, reinterpret_cast<sockaddr*>(&remote), sizeof remote), -1);
+  EXPECT_EQ(errno, EADDRNOTAVAIL);
+  sockaddr_in ok = addr(port(0));
+  EXPECT_EQ(svrds_bind(fd, reinterpret_cast<sockaddr*>(&ok), sizeof ok - 1), -1);
+  EXPECT_EQ(errno, EINVAL);
+  ASSERT_EQ(svrds_bind(fd, reinterpret_cast<sockaddr*>(&ok), sizeof ok), 0);
+  EXPECT_EQ(svrds_bind(fd, reinterpret_cast<sockaddr*>(&ok), sizeof ok), -1);
+  EXPECT_EQ(errno, EINVAL) << "re-bind";
+  int fd2 = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
+  EXPECT_EQ(svrds_bind(fd2, reinterpret_cast<sockaddr*>(&ok), sizeof ok), -1);
+  EXPECT_EQ(errno, EADDRINUSE);
+  svrds_close(fd);
+  // The port is free again once its owner closed.
+  EXPECT_EQ(svrds_bind(fd2, reinterpret_cast<sockaddr*>(&ok), sizeof ok), 0);
+  sockaddr_in name{};
+  socklen_t nl = sizeof name;
+  ASSERT_EQ(svrds_getsockname(fd2, reinterpret_cast<sockaddr*>(&name), &nl), 0);
+  EXPECT_EQ(name.sin_port, ok.sin_port);
+  svrds_close(fd2);
+}
+
+TEST(RdsBind, PortZeroPicksAPort) {
+  int fd = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
+  sockaddr_in a = addr(0);
+  ASSERT_EQ(svrds_bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  sockaddr_in name{};
+  socklen_t nl = sizeof name;
+  ASSERT_EQ(svrds_getsockname(fd, reinterpret_cast<sockaddr*>(&name), &nl), 0);
+  EXPECT_GE(ntohs(name.sin_port), 2);
+  svrds_close(fd);
+}
+
+TEST(RdsConnect, Errors) {
+  int fd = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
+  sockaddr_in any = addr(5, "0.0.0.0");
+  EXPECT_EQ(svrds_connect(fd, reinterpret_cast<sockaddr*>(&any), sizeof any), -1);
+  EXPECT_EQ(errno, EDESTADDRREQ);
+  sockaddr_in6 v6{};
+  v6.sin6_family = AF_INET6;
+  EXPECT_EQ(svrds_connect(fd, reinterpret_cast<sockaddr*>(&v6), sizeof v6), -1);
+  EXPECT_EQ(errno, EAFNOSUPPORT);
+  sockaddr_in peer{};
+  socklen_t pl = sizeof peer;
+  EXPECT_EQ(svrds_getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl), -1);
+  EXPECT_EQ(errno, ENOTCONN);
+  svrds_close(fd);
+}
+
+TEST(RdsSend, ErrorPrecedence) {
+  int fd = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
+  char b[8] = {};
+  // unbound: ENOTCONN
+  EXPECT_EQ(send_to(fd, port(1), b, sizeof b), -1);
+  EXPECT_EQ(errno, ENOTCONN);
+  sockaddr_in me = addr(port(2));
+  ASSERT_EQ(svrds_bind(fd, reinterpret_cast<sockaddr*>(&me), sizeof me), 0);
+  // bad flags first
+  EXPECT_EQ(send_to(fd, port(1), b, sizeof b, MSG_OOB), -1);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  // no destination
+  iovec v{b, sizeof b};
+  msghdr m{};
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  EXPECT_EQ(svrds_sendmsg(fd, &m, 0), -1);
+  EXPECT_EQ(errno, ENOTCONN);
+  // bad destinations
+  sockaddr_in bc = addr(port(1), "255.255.255.255");
+  EXPECT_EQ(svrds_sendto(fd, b, sizeof b, 0, reinterpret_cast<sockaddr*>(&bc), sizeof bc), -1);
+  EXPECT_EQ(errno, EINVAL);
+  sockaddr_in d = addr(port(1));
+  EXPECT_EQ(svrds_sendto(fd, b, sizeof b, 0, reinterpret_cast<sockaddr*>(&d), 4), -1);
+  EXPECT_EQ(errno, EINVAL);
+  // too large
+  std::vector<char> big((1 << 20) + 1);
+  EXPECT_EQ(send_to(fd, port(1), big.data(), big.size()), -1);
+  EXPECT_EQ(errno, EMSGSIZE);
+  int small = 1024;
+  ASSERT_EQ(svrds_setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+  EXPECT_EQ(send_to(fd, port(1), big.data(), 2048), -1);
+  EXPECT_EQ(errno, EMSGSIZE) << "payload larger than sndbuf";
+  // unknown SOL_RDS cmsg
+  char ctl[CMSG_SPACE(8)] = {};
+  m.msg_name = &d;
+  m.msg_namelen = sizeof d;
+  m.msg_control = ctl;
+  m.msg_controllen = sizeof ctl;
+  cmsghdr* cm = CMSG_FIRSTHDR(&m);
+  cm->cmsg_level = SOL_RDS;
+  cm->cmsg_type = 99;
+  cm->cmsg_len = CMSG_LEN(8);
+  EXPECT_EQ(svrds_sendmsg(fd, &m, 0), -1);
+  EXPECT_EQ(errno, EINVAL);
+  svrds_close(fd);
+}
+
+TEST(RdsSend, MixingRdmaGroupsIsEinval) {
+  int fd = bound_socket(port(3));
+  char b[4] = {};
+  rds_rdma_args ra{};
+  rds_iovec lv{reinterpret_cast<uint64_t>(b), sizeof b};
+  ra.local_vec_addr = reinterpret_cast<uint64_t>(&lv);
+  ra.nr_local = 1;
+  uint64_t cookie = 0;
+  char ctl[CMSG_SPACE(sizeof ra) + CMSG_SPACE(8)] = {};
+  iovec v{b, sizeof b};
+  sockaddr_in d = addr(port(4));
+  msghdr m{};
+  m.msg_name = &d;
+  m.msg_namelen = sizeof d;
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl;
+  m.msg_controllen = sizeof ctl;
+  cmsghdr* cm = CMSG_FIRSTHDR(&m);
+  cm->cmsg_level = SOL_RDS;
+  cm->cmsg_type = RDS_CMSG_RDMA_ARGS;
+  cm->cmsg_len = CMSG_LEN(sizeof ra);
+  std::memcpy(CMSG_DATA(cm), &ra, sizeof ra);
+  cm = CMSG_NXTHDR(&m, cm);
+  cm->cmsg_level = SOL_RDS;
+  cm->cmsg_type = RDS_CMSG_RDMA_DEST;
+  cm->cmsg_len = CMSG_LEN(8);
+  std::memcpy(CMSG_DATA(cm), &cookie, 8);
+  EXPECT_EQ(svrds_sendmsg(fd, &m, 0), -1);
+  EXPECT_EQ(errno, EINVAL);
+  svrds_close(fd);
+}
+
+TEST(RdsSockopt, Errors) {
+  int fd = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
+  int one = 1;
+  EXPECT_EQ(svrds_setsockopt(fd, SOL_RDS, 12345, &one, sizeof one), -1);
+  EXPECT_EQ(errno, ENOPROTOOPT);
+  EXPECT_EQ(svrds_setsockopt(fd, SOL_IP, 1, &one, sizeof one), -1);
+  EXPECT_EQ(errno, ENOPROTOOPT);
+  rds_get_mr_args g{};
+  EXPECT_EQ(svrds_setsockopt(fd, SOL_RDS, RDS_GET_MR, &g, sizeof g - 1), -1);
+  EXPECT_EQ(errno, EINVAL) << "optlen must be exact";
+  EXPECT_EQ(svrds_setsockopt(fd, SOL_RDS, RDS_GET_MR, &g, sizeof g), -1);
+  EXPECT_EQ(errno, ENOTCONN) << "unbound";
+  sockaddr_in d = addr(port(5));
+  EXPECT_EQ(svrds_setsockopt(fd, SOL_RDS, RDS_CANCEL_SENT_TO, &d, sizeof d), -1);
+  EXPECT_EQ(errno, ENOTCONN);
+  int t = RDS_TRANS_IB, got = 0;
+  socklen_t gl = sizeof got;
+  ASSERT_EQ(svrds_getsockopt(fd, SOL_RDS, SO_RDS_TRANSPORT, &got, &gl), 0);
+  EXPECT_EQ(got, static_cast<int>(RDS_TRANS_NONE)) << "unbound socket has no transport";
+  EXPECT_EQ(svrds_setsockopt(fd, SOL_RDS, SO_RDS_TRANSPORT, &t, sizeof t), 0);
+  int bad = 7;
+  EXPECT_EQ(svrds_setsockopt(fd, SOL_RDS, SO_RDS_TRANSPORT, &bad, sizeof bad), -1);
+  EXPECT_EQ(errno, EINVAL);
+  sockaddr_in me = addr(port(6));
+  ASSERT_EQ(svrds_bind(fd, reinterpret_cast<sockaddr*>(&me), sizeof me), 0);
+  EXPECT_EQ(svrds_setsockopt(fd, SOL_RDS, SO_RDS_TRANSPORT, &t, sizeof t), -1);
+  EXPECT_EQ(errno, EOPNOTSUPP) << "transport fixed at bind";
+  gl = sizeof got;
+  ASSERT_EQ(svrds_getsockopt(fd, SOL_RDS, SO_RDS_TRANSPORT, &got, &gl), 0);
+  EXPECT_EQ(got, RDS_TRANS_IB);
+  rds_free_mr_args f{0x1234, 0};
+  EXPECT_EQ(svrds_setsockopt(fd, SOL_RDS, RDS_FREE_MR, &f, sizeof f), -1);
+  EXPECT_EQ(errno, EINVAL) << "unknown key";
+  f.cookie = 0;
+  EXPECT_EQ(svrds_setsockopt(fd, SOL_RDS, RDS_FREE_MR, &f, sizeof f), 0) << "cookie 0 flushes";
+  ASSERT_EQ(svrds_setsockopt(fd, SOL_RDS, RDS_RECVERR, &one, sizeof one), 0);
+  got = 0;
+  gl = sizeof got;
+  ASSERT_EQ(svrds_getsockopt(fd, SOL_RDS, RDS_RECVERR, &got, &gl), 0);
+  EXPECT_EQ(got, 1);
+  svrds_close(fd);
+}
+
+TEST(RdsInfo, ProbeThenFetch) {
+  int fd = bound_socket(port(7));
+  socklen_t len = 0;
+  EXPECT_EQ(svrds_getsockopt(fd, SOL_RDS, RDS_INFO_SOCKETS, nullptr, &len), -1);
+  EXPECT_EQ(errno, EFAULT);
+  char tiny[1];
+  len = 0;
+  EXPECT_EQ(svrds_getsockopt(fd, SOL_RDS, RDS_INFO_SOCKETS, tiny, &len), -1);
+  EXPECT_EQ(errno, ENOSPC);
+  ASSERT_GE(len, sizeof(rds_info_socket));
+  std::vector<char> buf(len);
+  const int each = svrds_getsockopt(fd, SOL_RDS, RDS_INFO_SOCKETS, buf.data(), &len);
+  ASSERT_EQ(each, static_cast<int>(sizeof(rds_info_socket)));
+  bool found = false;
+  for (size_t off = 0; off + each <= len; off += each) {
+    rds_info_socket s;
+    std::memcpy(&s, buf.data() + off, sizeof s);
+    if (s.bound_port == htons(port(7))) found = true;
+  }
+  EXPECT_TRUE(found);
+  svrds_close(fd);
+}
+
+TEST(RdsData, SendRecvPeekTruncZeroLengthAndPoll) {
+  int a = bound_socket(port(8)), b = bound_socket(port(9));
+  // nothing yet: EAGAIN, no POLLIN, POLLOUT present
+  std::vector<char> buf(64);
+  EXPECT_EQ(svrds_recvfrom(b, buf.data(), buf.size(), MSG_DONTWAIT, nullptr, nullptr), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  EXPECT_EQ(wait_for(b, POLLIN, 0) & POLLIN, 0);
+  EXPECT_TRUE(wait_for(a, POLLOUT, 0) & POLLOUT);
+  const char msg[] = "0123456789abcdef";
+  ASSERT_EQ(send_to(a, port(9), msg, 16), 16);
+  ASSERT_EQ(send_to(a, port(9), msg, 0), 0) << "zero-length datagrams are legal";
+  sockaddr_in from{};
+  // MSG_PEEK leaves it queued; MSG_TRUNC reports the full length.
+  std::vector<char> small(4);
+  ASSERT_TRUE(wait_for(b, POLLIN) & POLLIN);
+  socklen_t fl = sizeof from;
+  EXPECT_EQ(svrds_recvfrom(b, small.data(), small.size(), MSG_PEEK | MSG_TRUNC,
+                           reinterpret_cast<sockaddr*>(&from), &fl),
+            16);
+  EXPECT_EQ(ntohs(from.sin_port), port(8));
+  iovec v{buf.data(), 8};
+  msghdr m{};
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  EXPECT_EQ(svrds_recvmsg(b, &m, 0), 8);
+  EXPECT_TRUE(m.msg_flags & MSG_TRUNC);
+  EXPECT_EQ(std::memcmp(buf.data(), msg, 8), 0);
+  EXPECT_EQ(recv_one(b, buf), 0) << "the zero-length one, in order";
+  EXPECT_EQ(wait_for(b, POLLIN, 0) & POLLIN, 0) << "drained";
+  svrds_close(a);
+  svrds_close(b);
+}
+
+TEST(RdsData, OneMebibyteAndManyInOrderFromOneSocket) {
+  int a = bound_socket(port(10)), b = bound_socket(port(11));
+  std::vector<char> big(1 << 20);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7 + 3);
+  int sz = 4 << 20;
+  svrds_setsockopt(a, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
+  svrds_setsockopt(b, SOL_SOCKET, SO_RCVBUF, &sz, sizeof sz);
+  ASSERT_EQ(send_to(a, port(11), big.data(), big.size()), static_cast<ssize_t>(big.size()));
+  std::vector<char> got(1 << 20);
+  ASSERT_EQ(recv_one(b, got), static_cast<ssize_t>(big.size()));
+  EXPECT_EQ(got, big);
+  for (uint32_t i = 0; i < 500; ++i) {
+    while (send_to(a, port(11), &i, sizeof i, MSG_DONTWAIT) < 0) {
+      ASSERT_EQ(errno, EAGAIN);
+      ASSERT_TRUE(wait_for(a, POLLOUT) & POLLOUT);
+    }
+  }
+  std::vector<char> buf(16);
+  for (uint32_t i = 0; i < 500; ++i) {
+    ASSERT_EQ(recv_one(b, buf), 4);
+    uint32_t v;
+    std::memcpy(&v, buf.data(), 4);
+    ASSERT_EQ(v, i) << "in order, exactly once";
+  }
+  svrds_close(a);
+  svrds_close(b);
+}
+
+TEST(RdsData, SendBufferFullIsEagainAndPollOutReturns) {
+  int a = bound_socket(port(12));
+  int b = bound_socket(port(13));
+  int small = 4096;
+  ASSERT_EQ(svrds_setsockopt(a, SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+  std::vector<char> m(3000);
+  // Accepted while snd_bytes < sndbuf; once at/over it, EAGAIN until the peer acks.
+  int sent = 0, eagain = 0;
+  for (int i = 0; i < 50 && !eagain; ++i) {
+    if (send_to(a, port(13), m.data(), m.size(), MSG_DONTWAIT) == 3000)
+      ++sent;
+    else if (errno == EAGAIN)
+      ++eagain;
+  }
+  EXPECT_GE(sent, 1);
+  // Acks free the buffer: POLLOUT comes back without the receiver reading.
+  EXPECT_TRUE(wait_for(a, POLLOUT) & POLLOUT);
+  svrds_close(a);
+  svrds_close(b);
+}

@@ -1,0 +1,246 @@
+// RDS RDMA as rds-rdma(7) and the seeds describe it: the client registers memory and
+// gets a cookie; the server's message with RDS_CMSG_RDMA_ARGS performs the RDMA and is
+// delivered only after the data landed; notifications report success and failures.
+#include <linux/rds.h>
+
+#include <numeric>
+
+#include "rds_test_util.h"
+
+using namespace rdstest;
+
+namespace {
+
+uint64_t get_mr(int fd, void* addr, size_t len, uint64_t flags = 0) {
+  uint64_t cookie = 0;
+  rds_get_mr_args g{{reinterpret_cast<uint64_t>(addr), len},
+                    reinterpret_cast<uint64_t>(&cookie), flags};
+  EXPECT_EQ(svrds_setsockopt(fd, SOL_RDS, RDS_GET_MR, &g, sizeof g), 0) << strerror(errno);
+  return cookie;
+}
+
+// Sends `msg` with an RDMA op on `cookie` from the server socket.
+ssize_t send_rdma(int fd, uint16_t dport, uint64_t cookie, bool write, std::vector<rds_iovec>& local,
+                  uint64_t remote_off, uint64_t bytes, uint64_t token, const char* msg,
+                  uint64_t extra_flags = RDS_RDMA_NOTIFY_ME) {
+  rds_rdma_args ra{};
+  ra.cookie = cookie;
+  ra.remote_vec = {remote_off, bytes};
+  ra.local_vec_addr = reinterpret_cast<uint64_t>(local.data());
+  ra.nr_local = local.size();
+  ra.flags = (write ? RDS_RDMA_READWRITE : 0) | extra_flags;
+  ra.user_token = token;
+  char ctl[CMSG_SPACE(sizeof ra)] = {};
+  iovec v{const_cast<char*>(msg), std::strlen(msg)};
+  sockaddr_in d = addr(dport);
+  msghdr m{};
+  m.msg_name = &d;
+  m.msg_namelen = sizeof d;
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl;
+  m.msg_controllen = sizeof ctl;
+  cmsghdr* cm = CMSG_FIRSTHDR(&m);
+  cm->cmsg_level = SOL_RDS;
+  cm->cmsg_type = RDS_CMSG_RDMA_ARGS;
+  cm->cmsg_len = CMSG_LEN(sizeof ra);
+  std::memcpy(CMSG_DATA(cm), &ra, sizeof ra);
+  return svrds_sendmsg(fd, &m, 0);
+}
+
+// Reads one RDS_CMSG_RDMA_STATUS notification (bounded wait).
+bool get_notify(int fd, rds_rdma_notify& n) {
+  if (!(wait_for(fd, POLLIN) & POLLIN)) return false;
+  char ctl[CMSG_SPACE(sizeof(rds_rdma_notify))];
+  char d;
+  iovec v{&d, 1};
+  msghdr m{};
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl;
+  m.msg_controllen = sizeof ctl;
+  if (svrds_recvmsg(fd, &m, MSG_DONTWAIT) != 0) return false;
+  cmsghdr* cm = CMSG_FIRSTHDR(&m);
+  if (!cm || cm->cmsg_level != SOL_RDS || cm->cmsg_type != RDS_CMSG_RDMA_STATUS) return false;
+  std::memcpy(&n, CMSG_DATA(cm), sizeof n);
+  return true;
+}
+
+struct Pair {
+  int client, server;
+  uint16_t cport, sport;
+  explicit Pair(int base) : cport(port(base)), sport(port(base + 1)) {
+    client = bound_socket(cport);
+    server = bound_socket(sport);
+  }
+  ~Pair() {
+    svrds_close(client);
+    svrds_close(server);
+  }
+};
+
+}  // namespace
+
+class RdsRdma : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(RdsRdma, WriteLandsBeforeItsMessageAndNotifies) {
+  const size_t n = GetParam();
+  Pair p(20);
+  std::vector<char> target(n + 64, 'T'), src(n + 1);
+  for (size_t i = 0; i < n; ++i) src[i] = static_cast<char>('a' + i % 23);
+  // Client maps its buffer at an odd offset: the cookie carries the in-page offset.
+  const uint64_t cookie = get_mr(p.client, target.data() + 5, n ? n : 1);
+  // Local side split over 3 iovecs.
+  std::vector<rds_iovec> local;
+  size_t off = 0;
+  for (size_t part : {n / 3, n / 3, n - 2 * (n / 3)}) {
+    if (part) local.push_back({reinterpret_cast<uint64_t>(src.data() + off), part});
+    off += part;
+  }
+  if (local.empty()) local.push_back({reinterpret_cast<uint64_t>(src.data()), 0});
+  ASSERT_EQ(send_rdma(p.server, p.cport, cookie, true, local, 0, n, 42, "written"), 7);
+  std::vector<char> buf(64);
+  ASSERT_EQ(recv_one(p.client, buf), 7);
+  // The immediate message never precedes its data (rds-rdma(7), seed 001).
+  EXPECT_EQ(std::memcmp(target.data() + 5, src.data(), n), 0);
+  EXPECT_EQ(target[4], 'T');
+  EXPECT_EQ(target[5 + n], 'T');
+  rds_rdma_notify note{};
+  ASSERT_TRUE(get_notify(p.server, note));
+  EXPECT_EQ(note.user_token, 42u);
+  EXPECT_EQ(note.status, RDS_RDMA_SUCCESS);
+}
+
+TEST_P(RdsRdma, ReadBringsClientDataBeforeTheMessage) {
+  const size_t n = GetParam();
+  Pair p(22);
+  std::vector<char> client_buf(n + 1), sink(n + 16, 'S');
+  for (size_t i = 0; i < n; ++i) client_buf[i] = static_cast<char>(i * 13 + 1);
+  const uint64_t cookie = get_mr(p.client, client_buf.data(), n ? n : 1);
+  std::vector<rds_iovec> local{{reinterpret_cast<uint64_t>(sink.data()), n}};
+  ASSERT_EQ(send_rdma(p.server, p.cport, cookie, false, local, 0, n, 7, "read"), 4);
+  std::vector<char> buf(64);
+  ASSERT_EQ(recv_one(p.client, buf), 4) << "the client learns the server pulled its data";
+  rds_rdma_notify note{};
+  ASSERT_TRUE(get_notify(p.server, note));
+  EXPECT_EQ(note.status, RDS_RDMA_SUCCESS);
+  EXPECT_EQ(std::memcmp(sink.data(), client_buf.data(), n), 0);
+  EXPECT_EQ(sink[n], 'S');
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, RdsRdma,
+                         ::testing::Values(size_t{1}, size_t{4096}, size_t{100000},
+                                           size_t{1} << 20));
+
+TEST(RdsRdmaCookie, TravelsInBandWithRdmaMapAndDest) {
+  Pair p(24);
+  std::vector<char> region(4096);
+  // RDMA_MAP on the request: the kernel registers, writes the cookie back, and the
+  // server gets it as RDS_CMSG_RDMA_DEST.
+  uint64_t cookie = 0;
+  rds_get_mr_args map{{reinterpret_cast<uint64_t>(region.data() + 100), 1000},
+                      reinterpret_cast<uint64_t>(&cookie), 0};
+  char ctl[CMSG_SPACE(sizeof map)] = {};
+  iovec v{const_cast<char*>("req"), 3};
+  sockaddr_in d = addr(p.sport);
+  msghdr m{};
+  m.msg_name = &d;
+  m.msg_namelen = sizeof d;
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl;
+  m.msg_controllen = sizeof ctl;
+  cmsghdr* cm = CMSG_FIRSTHDR(&m);
+  cm->cmsg_level = SOL_RDS;
+  cm->cmsg_type = RDS_CMSG_RDMA_MAP;
+  cm->cmsg_len = CMSG_LEN(sizeof map);
+  std::memcpy(CMSG_DATA(cm), &map, sizeof map);
+  ASSERT_EQ(svrds_sendmsg(p.client, &m, 0), 3);
+  ASSERT_NE(cookie, 0u);
+  EXPECT_EQ(cookie >> 32, reinterpret_cast<uintptr_t>(region.data() + 100) & 4095)
+      << "offset within the page travels in the high half";
+  ASSERT_TRUE(wait_for(p.server, POLLIN) & POLLIN);
+  char data[8];
+  char rctl[CMSG_SPACE(8)];
+  iovec rv{data, sizeof data};
+  msghdr rm{};
+  rm.msg_iov = &rv;
+  rm.msg_iovlen = 1;
+  rm.msg_control = rctl;
+  rm.msg_controllen = sizeof rctl;
+  ASSERT_EQ(svrds_recvmsg(p.server, &rm, 0), 3);
+  cmsghdr* rc = CMSG_FIRSTHDR(&rm);
+  ASSERT_NE(rc, nullptr);
+  EXPECT_EQ(rc->cmsg_type, RDS_CMSG_RDMA_DEST);
+  uint64_t got;
+  std::memcpy(&got, CMSG_DATA(rc), 8);
+  EXPECT_EQ(got, cookie);
+  // The server writes with it.
+  std::vector<char> src(1000, 'w');
+  std::vector<rds_iovec> local{{reinterpret_cast<uint64_t>(src.data()), src.size()}};
+  ASSERT_EQ(send_rdma(p.server, p.cport, got, true, local, 0, 1000, 1, "ok"), 2);
+  std::vector<char> buf(8);
+  ASSERT_EQ(recv_one(p.client, buf), 2);
+  EXPECT_EQ(region[100], 'w');
+  EXPECT_EQ(region[1099], 'w');
+  EXPECT_EQ(region[99], 0);
+  EXPECT_EQ(region[1100], 0);
+  // An unknown cookie in RDMA_DEST is refused.
+  uint64_t bogus = 0xdeadbeef;
+  char ctl2[CMSG_SPACE(8)] = {};
+  m.msg_control = ctl2;
+  m.msg_controllen = sizeof ctl2;
+  cm = CMSG_FIRSTHDR(&m);
+  cm->cmsg_level = SOL_RDS;
+  cm->cmsg_type = RDS_CMSG_RDMA_DEST;
+  cm->cmsg_len = CMSG_LEN(8);
+  std::memcpy(CMSG_DATA(cm), &bogus, 8);
+  EXPECT_EQ(svrds_sendmsg(p.client, &m, 0), -1);
+  EXPECT_EQ(errno, EINVAL);
+}
+
+TEST(RdsRdmaCookie, RdmaArgsValidation) {
+  Pair p(26);
+  std::vector<char> b(64);
+  std::vector<rds_iovec> none;
+  EXPECT_EQ(send_rdma(p.server, p.cport, 1, true, none, 0, 8, 0, "x"), -1);
+  EXPECT_EQ(errno, EINVAL) << "nr_local 0";
+  std::vector<rds_iovec> too_much{{reinterpret_cast<uint64_t>(b.data()), 64}};
+  EXPECT_EQ(send_rdma(p.server, p.cport, 1, true, too_much, 0, 32, 0, "x"), -1);
+  EXPECT_EQ(errno, EINVAL) << "local bytes exceed remote_vec.bytes";
+  EXPECT_EQ(send_rdma(p.server, p.cport, 1, true, too_much, 0, (1 << 20) + 1, 0, "x"), -1);
+  EXPECT_EQ(errno, EMSGSIZE);
+}
+
+TEST(RdsRdmaCookie, BadCookieFailsTheOpWithRemoteError) {
+  Pair p(28);
+  std::vector<char> src(512, 'z');
+  std::vector<rds_iovec> local{{reinterpret_cast<uint64_t>(src.data()), src.size()}};
+  const uint64_t bogus = 0x0badc0deull;
+  ASSERT_EQ(send_rdma(p.server, p.cport, bogus, true, local, 0, 512, 99, "bad"), 3);
+  rds_rdma_notify note{};
+  ASSERT_TRUE(get_notify(p.server, note));
+  EXPECT_EQ(note.user_token, 99u);
+  EXPECT_EQ(note.status, RDS_RDMA_REMOTE_ERROR);
+  // Plain messages between the same sockets keep flowing afterwards.
+  ASSERT_EQ(send_to(p.server, p.cport, "after", 5), 5);
+  std::vector<char> buf(16);
+  EXPECT_EQ(recv_one(p.client, buf), 5);
+}
+
+TEST(RdsRdmaCookie, FreeMrInvalidatesTheCookie) {
+  Pair p(30);
+  std::vector<char> region(4096);
+  const uint64_t cookie = get_mr(p.client, region.data(), region.size());
+  rds_free_mr_args f{cookie, 0};
+  ASSERT_EQ(svrds_setsockopt(p.client, SOL_RDS, RDS_FREE_MR, &f, sizeof f), 0);
+  EXPECT_EQ(svrds_setsockopt(p.client, SOL_RDS, RDS_FREE_MR, &f, sizeof f), -1);
+  EXPECT_EQ(errno, EINVAL) << "already freed";
+  std::vector<char> src(16, 'q');
+  std::vector<rds_iovec> local{{reinterpret_cast<uint64_t>(src.data()), src.size()}};
+  ASSERT_EQ(send_rdma(p.server, p.cport, cookie, true, local, 0, 16, 5, "x"), 1);
+  rds_rdma_notify note{};
+  ASSERT_TRUE(get_notify(p.server, note));
+  EXPECT_EQ(note.status, RDS_RDMA_REMOTE_ERROR);
+  EXPECT_EQ(region[0], 0) << "nothing written through a freed cookie";
+}
