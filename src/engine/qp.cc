@@ -539,6 +539,8 @@ int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
 }
 
 void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal) {
+  SV_DBG("qp %u: error, cause %s, %u WQEs outstanding", qp->qpn(), ibv_wc_status_str(status),
+         qp->sq_count);
   bool first = false;
   {
     std::lock_guard lk(qp->tx_mu);

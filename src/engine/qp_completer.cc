@@ -69,15 +69,29 @@ void complete_sq_locked(Qp* qp) {
 void flush_qp_locked(Qp* qp, ibv_wc_status first_status) {
   complete_sq_locked(qp);
   const uint32_t mask = qp->cap.max_send_wr - 1;
-  bool first = true;
+  // The cause goes to the WQE it belongs to: a remote access error can only come from
+  // an RDMA Read/Write or atomic (a Send cannot provoke one), so it skips Sends; any
+  // other cause goes to the oldest outstanding WQE.
+  auto is_rdma = [](const SendWqe& w) {
+    return w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
+           w.opcode == IBV_WR_RDMA_READ || w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+           w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+  };
+  uint32_t culprit = qp->sq_head;
+  if (first_status == IBV_WC_REM_ACCESS_ERR) {
+    for (uint32_t i = qp->sq_head; i != qp->sq_head + qp->sq_count; ++i)
+      if (is_rdma(qp->sq[i & mask])) {
+        culprit = i;
+        break;
+      }
+  }
   while (qp->sq_count) {
     SendWqe& w = qp->sq[qp->sq_head & mask];
     ibv_wc_status st = IBV_WC_WR_FLUSH_ERR;
     if (w.status != IBV_WC_SUCCESS)
       st = w.status;
-    else if (first && first_status != IBV_WC_WR_FLUSH_ERR)
-      st = first_status;  // the oldest outstanding WQE carries the cause
-    first = false;
+    else if (qp->sq_head == culprit && first_status != IBV_WC_WR_FLUSH_ERR)
+      st = first_status;
     // Error completions are always generated, signaled or not.
     complete_send(qp, w, st);
     ++qp->sq_head;

@@ -144,9 +144,18 @@ void conn_up(Conn* c, const ConnPriv* peer) {
   xmit(c);
 }
 
+void handle_wc(const ibv_wc& wc);
+
 void conn_down(Conn* c, const char* why) {
   (void)why;
-  if (c->state == ConnState::down && !c->id) return;
+  if (c->tearing_down || (c->state == ConnState::down && !c->id)) return;
+  // Completions generated before the disconnect event (the error that caused it, with
+  // the failing op's status) must be seen before the queues are reset.
+  c->tearing_down = true;
+  ibv_wc wc[32];
+  for (int n; (n = ibv_poll_cq(g().cq, 32, wc)) > 0;)
+    for (int i = 0; i < n; ++i) handle_wc(wc[i]);
+  c->tearing_down = false;
   count("conn_reset");
   c->state = ConnState::down;
   destroy_id(c);

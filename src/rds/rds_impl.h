@@ -144,6 +144,7 @@ struct Conn {
   bool in_msg = false;
   int backoff_ms = 0;
   uint64_t reconnects = 0;
+  bool tearing_down = false;
 };
 
 struct Global {

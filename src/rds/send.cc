@@ -67,8 +67,9 @@ bool post_op(Conn* c, Message* m) {
     // as a Terminate. A zero-length Read behind it completes only after the peer placed
     // the Write, or fails with the Write's error (REM_ACCESS_ERR): its completion is the
     // operation's status, and the message (fenced) follows only after it.
+    // Unsignaled, but with the op's wr_id: an error completes it anyway (IB spec
+    // 10.8.3.2), and whichever of the two carries the error reports the op.
     wr.send_flags = 0;
-    wr.wr_id = 0;
     confirm.wr_id = wid;
     confirm.opcode = IBV_WR_RDMA_READ;
     confirm.send_flags = IBV_SEND_SIGNALED;
