@@ -3,7 +3,10 @@
 #include <fcntl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,6 +18,22 @@
 #define SV_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace sv::rds {
+
+// Which descriptors are RDS sockets, readable without the global lock: the LD_PRELOAD
+// shim asks on every socket call, including calls the library itself makes while
+// holding g.mu (close of an internal fd, for one).
+constexpr int kMaxFd = 1 << 16;
+std::atomic<uint8_t> g_is_rds[kMaxFd];
+
+// Our own I/O on the socketpair goes straight to the kernel: under the shim, send/recv on
+// app_fd would be taken for RDS calls.
+ssize_t raw_send(int fd, const void* b, size_t n, int flags) {
+  return syscall(SYS_sendto, fd, b, n, flags, nullptr, 0);
+}
+ssize_t raw_recv(int fd, void* b, size_t n, int flags) {
+  return syscall(SYS_recvfrom, fd, b, n, flags, nullptr, nullptr);
+}
+int raw_close(int fd) { return static_cast<int>(syscall(SYS_close, fd)); }
 
 Sock* sock_of(int fd) {
   auto it = g().socks.find(fd);
@@ -29,22 +48,22 @@ void sock_update_poll(Sock* s) {
   const bool readable = !s->rq.empty() || !s->notify.empty() || s->cong_notify;
   if (readable && !s->token) {
     const char b = 1;
-    if (send(s->lib_fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1) s->token = true;
+    if (raw_send(s->lib_fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1) s->token = true;
   } else if (!readable && s->token) {
     char b;
-    if (recv(s->app_fd, &b, 1, MSG_DONTWAIT) == 1) s->token = false;
+    if (raw_recv(s->app_fd, &b, 1, MSG_DONTWAIT) == 1) s->token = false;
   }
   // POLLOUT: writable while send space remains (snd_bytes < sndbuf); otherwise the
   // application end's send direction is kept full.
   const bool writable = s->snd_bytes < s->sndbuf;
   if (!writable && !s->blocked) {
     char junk[4096] = {};
-    while (send(s->app_fd, junk, sizeof junk, MSG_DONTWAIT | MSG_NOSIGNAL) > 0) {
+    while (raw_send(s->app_fd, junk, sizeof junk, MSG_DONTWAIT | MSG_NOSIGNAL) > 0) {
     }
     s->blocked = true;
   } else if (writable && s->blocked) {
     char junk[4096];
-    while (recv(s->lib_fd, junk, sizeof junk, MSG_DONTWAIT) > 0) {
+    while (raw_recv(s->lib_fd, junk, sizeof junk, MSG_DONTWAIT) > 0) {
     }
     s->blocked = false;
   }
@@ -130,13 +149,11 @@ SV_EXPORT int svrds_socket(int domain, int type, int protocol) {
   s->lib_fd = sv[1];
   std::lock_guard lk(g().mu);
   g().socks[s->app_fd] = s;
+  if (s->app_fd < kMaxFd) g_is_rds[s->app_fd] = 1;
   return s->app_fd;
 }
 
-SV_EXPORT int svrds_is_rds(int fd) {
-  std::lock_guard lk(g().mu);
-  return sock_of(fd) != nullptr;
-}
+SV_EXPORT int svrds_is_rds(int fd) { return fd >= 0 && fd < kMaxFd && g_is_rds[fd].load(); }
 
 SV_EXPORT int svrds_bind(int fd, const sockaddr* addr, socklen_t len) {
   std::lock_guard lk(g().mu);
@@ -367,8 +384,9 @@ SV_EXPORT int svrds_close(int fd) {
   if (s->bound) registry_release(s->lock_fd, s->bound_addr);
   s->closing = true;
   g().socks.erase(fd);
-  close(s->lib_fd);
-  close(s->app_fd);
+  if (fd < kMaxFd) g_is_rds[fd] = 0;
+  raw_close(s->lib_fd);
+  raw_close(s->app_fd);
   s->lib_fd = s->app_fd = -1;
   s->rq.clear();
   sock_wake(s);
