@@ -50,8 +50,15 @@ done
 BW_ARGS="-s 65536 -D 3 -F --report_gbits"
 LAT_ARGS="-s 64 -n 1000 -F"
 RPING_ARGS="-v -V -C 10"
-T_TOOL=120   # every guest tool runs under timeout (rping: 60), as on the host
-tool_timeout() { [ "$1" = rping ] && echo 60 || echo $T_TOOL; }
+# Every guest tool runs under timeout. Clients: as long as the host's tool (rping 30 s, perftest
+# 120 s). Servers: 30 s longer, so that when the host's client gives up, its "abort" reaches us
+# first and we can dump siw's state before killing the server.
+tool_timeout() {  # tool_timeout srv|cli TOOL
+  t=120
+  [ "$2" = rping ] && t=30
+  [ "$1" = srv ] && t=$((t + 30))
+  echo $t
+}
 PH=0         # phase counter, for svskip
 skip_phase() { PH=$((PH + 1)); [ $PH -le "$SKIP" ]; }
 
@@ -127,7 +134,7 @@ srv_phase() {
   skip_phase && return
   dmesg -c > /dev/null 2>&1
   say "BEGIN $name role=siw-server port=$port t=$(up)"
-  timeout "$(tool_timeout "$1")" "$@" > /tmp/out 2>&1 &
+  timeout "$(tool_timeout srv "$1")" "$@" > /tmp/out 2>&1 &
   pid=$!
   i=0
   while ! listening "$port" && kill -0 $pid 2>/dev/null && [ $i -lt 300 ]; do
@@ -170,7 +177,7 @@ cli_phase() {
     return
   fi
   say "BEGIN $name role=siw-client t=$(up)"
-  timeout "$(tool_timeout "$1")" "$@" > /tmp/out 2>&1
+  timeout "$(tool_timeout cli "$1")" "$@" > /tmp/out 2>&1
   finish "$name" $?
 }
 

@@ -327,7 +327,7 @@ host_env() {  # host_env CRC [delay]: the environment of every softverbs process
   # shellcheck disable=SC2086
   [ -n "${SIW_HOST_WRAP:-}" ] && printf '%s\n' $SIW_HOST_WRAP
 }
-tool_timeout() { [ "$1" = rping ] && echo 60 || echo $T_TOOL; }
+tool_timeout() { [ "$1" = rping ] && echo 30 || echo $T_TOOL; }   # guest_init.sh: same for clients
 
 # boot_guest SKIP: boots a guest whose sequence starts at phase SKIP (0-based).
 BOOTS=0

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# rds-stress (with and without -D RDMA, verified) and rds-ping between two processes on
+# loopback addresses 127.0.0.1 (active) and 127.0.0.2 (passive).
+# Usage: rds_tools.sh <bindir>
+set -u
+BIN=$(cd "$1" && pwd)
+export SOFTVERBS_NETDEV=lo
+pass=0
+fail=0
+TMP=$(mktemp -d)
+pids=()
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$TMP"' EXIT
+PORT=$((5000 + $$ % 2000 * 10))
+
+stress() {  # stress NAME ARGS...
+  local name=$1
+  shift
+  timeout 60 "$BIN/rds-stress" -r 127.0.0.2 -p $PORT >"$TMP/p.log" 2>&1 &
+  local pp=$!
+  pids+=($pp)
+  sleep 0.5
+  timeout 60 "$BIN/rds-stress" -s 127.0.0.2 -r 127.0.0.1 -p $PORT -T 3 "$@" >"$TMP/a.log" 2>&1
+  local arc=$?
+  wait $pp
+  local prc=$?
+  PORT=$((PORT + 100))
+  if [ $arc -eq 0 ] && [ $prc -eq 0 ] && grep -q "(average)" "$TMP/a.log"; then
+    pass=$((pass + 1))
+    echo "PASS rds-stress $name: $(grep '(average)' "$TMP/a.log")"
+  else
+    fail=$((fail + 1))
+    echo "FAIL rds-stress $name (active rc=$arc passive rc=$prc)"
+    tail -n 5 "$TMP/a.log"; tail -n 5 "$TMP/p.log"
+  fi
+}
+
+stress "-d 4 -t 2 -v" -d 4 -t 2 -v
+stress "-D 64K (alternate read/write) -v" -D 64K -d 2 -v
+stress "-D 1M -M 1 (read) -v" -D 1M -M 1 -v
+stress "-D 256K -M 2 (write) -I 3 -t 2 -v" -D 256K -M 2 -I 3 -t 2 -v
+stress "-D 64K --rdma-use-get-mr 1 --rdma-use-once 1 -v" -D 64K --rdma-use-get-mr 1 --rdma-use-once 1 -v
+
+# rds-ping: a passive rds-stress holds 127.0.0.2, so its process answers port 0 there.
+timeout 30 "$BIN/rds-stress" -r 127.0.0.2 -p $PORT >"$TMP/p.log" 2>&1 &
+pp=$!
+pids+=($pp)
+timeout 30 "$BIN/rds-stress" -s 127.0.0.2 -r 127.0.0.1 -p $PORT -T 4 >"$TMP/a.log" 2>&1 &
+pids+=($!)
+sleep 2.5
+if timeout 20 "$BIN/rds-ping" -c 5 -i 0.2 127.0.0.2 >"$TMP/ping.log" 2>&1 &&
+   [ "$(grep -c 'usec' "$TMP/ping.log")" -eq 5 ]; then
+  pass=$((pass + 1))
+  echo "PASS rds-ping: $(tail -1 "$TMP/ping.log")"
+else
+  fail=$((fail + 1))
+  echo "FAIL rds-ping"
+  cat "$TMP/ping.log"
+fi
+wait
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
