@@ -119,9 +119,22 @@ void run_task(const Options& o, uint32_t index, uint32_t local_addr, uint32_t re
   Stats st;
   uint64_t last_report = now_ns();
   sleep(2);  // give every task on both sides time to bind (rds-tools: "Starting up")
-  while (!g_stop) {
+  // At the deadline a task stops issuing requests but keeps answering for up to a second,
+  // so neither side leaves while the other's RDMA into its memory is in flight.
+  bool stopping = false;
+  uint64_t stop_at = 0;
+  for (;;) {
+    if (g_stop && !stopping) {
+      stopping = true;
+      stop_at = now_ns();
+    }
+    if (stopping) {
+      uint32_t out = 0;
+      for (const Peer& p : peers) out += p.outstanding;
+      if ((out == 0 && reads.empty()) || now_ns() - stop_at > 1000000000ull) break;
+    }
     // Send requests, keeping `depth` outstanding per peer.
-    for (uint32_t pi = 0; pi < o.tasks; ++pi) {
+    for (uint32_t pi = 0; pi < o.tasks && !stopping; ++pi) {
       Peer& p = peers[pi];
       while (p.outstanding < o.depth && !g_stop) {
         Header h{};

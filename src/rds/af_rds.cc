@@ -170,7 +170,7 @@ SV_EXPORT int svrds_bind(int fd, const sockaddr* addr, socklen_t len) {
   if (int r = transport_start()) return fail(-r);
   int lock = -1;
   if (a.sin_port) {
-    lock = registry_claim(a, g().cm_port);
+    lock = registry_claim(a, g().cm_port, g().gen);
   } else {
     // Port 0: a random free port >= 2 (net/rds bind.c).
     for (int tries = 0; tries < 4096; ++tries) {
@@ -178,7 +178,7 @@ SV_EXPORT int svrds_bind(int fd, const sockaddr* addr, socklen_t len) {
       if (getrandom(&p, sizeof p, 0) != sizeof p) p = static_cast<uint16_t>(tries + 1024);
       if (p < 2) continue;
       a.sin_port = htons(p);
-      lock = registry_claim(a, g().cm_port);
+      lock = registry_claim(a, g().cm_port, g().gen);
       if (lock != -EADDRINUSE) break;
     }
   }
@@ -189,7 +189,7 @@ SV_EXPORT int svrds_bind(int fd, const sockaddr* addr, socklen_t len) {
   // Port 0 of this address answers pings; the first process there takes it.
   sockaddr_in ping = a;
   ping.sin_port = 0;
-  int pl = registry_claim(ping, g().cm_port);
+  int pl = registry_claim(ping, g().cm_port, g().gen);
   (void)pl;  // held for the life of the process if we got it
   return 0;
 }

@@ -32,7 +32,7 @@ std::string path(const sockaddr_in& a) {
 
 }  // namespace
 
-int registry_claim(const sockaddr_in& a, uint16_t cm_port) {
+int registry_claim(const sockaddr_in& a, uint16_t cm_port, uint64_t gen) {
   mkdir(dir().c_str(), 01777);
   const std::string p = path(a);
   int fd = open(p.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0666);
@@ -41,8 +41,9 @@ int registry_claim(const sockaddr_in& a, uint16_t cm_port) {
     close(fd);
     return -EADDRINUSE;
   }
-  char buf[16];
-  const int n = std::snprintf(buf, sizeof buf, "%u\n", cm_port);
+  char buf[48];
+  const int n = std::snprintf(buf, sizeof buf, "%u %llu\n", cm_port,
+                              static_cast<unsigned long long>(gen));
   if (ftruncate(fd, 0) < 0 || pwrite(fd, buf, static_cast<size_t>(n), 0) != n) {
     close(fd);
     return -EIO;
@@ -58,7 +59,7 @@ void registry_release(int lock_fd, const sockaddr_in&) {
   }
 }
 
-uint16_t registry_lookup(const sockaddr_in& a) {
+uint16_t registry_lookup(const sockaddr_in& a, uint64_t* gen) {
   int fd = open(path(a).c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;
   // If we can take a shared lock nobody owns the port: the file is stale.
@@ -66,11 +67,14 @@ uint16_t registry_lookup(const sockaddr_in& a) {
     close(fd);
     return 0;
   }
-  char buf[16] = {};
+  char buf[48] = {};
   const ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
   close(fd);
   if (n <= 0) return 0;
-  return static_cast<uint16_t>(std::strtoul(buf, nullptr, 10));
+  char* end = nullptr;
+  const auto port = static_cast<uint16_t>(std::strtoul(buf, &end, 10));
+  if (gen) *gen = std::strtoull(end, nullptr, 10);
+  return port;
 }
 
 bool registry_port_taken(const sockaddr_in& a) { return registry_lookup(a) != 0; }

@@ -40,7 +40,6 @@ struct ConnPriv {
 };
 
 enum WrKind : uint64_t { kRecv = 1, kSend = 2, kRdma = 3, kAck = 4 };
-constexpr uint64_t kSelfPassive = 1ull << 63;
 
 std::map<uint32_t, Conn*> g_conn_by_id;
 uint32_t g_next_conn_id = 1;
@@ -202,19 +201,14 @@ void handle_cm(rdma_cm_event* ev) {
       peer.sin_family = AF_INET;
       peer.sin_addr.s_addr = p->ip;
       peer.sin_port = p->cm_port;
-      const uint64_t mine = peer_key(reinterpret_cast<sockaddr_in*>(rdma_get_local_addr(id))->sin_addr.s_addr, G.cm_port);
-      const uint64_t theirs = peer_key(p->ip, ntohs(p->cm_port));
+      const uint64_t mine = G.gen;
+      const uint64_t theirs = be64toh(p->gen);
       // A process sending to its own sockets connects to itself: the accepting half is a
       // connection object of its own (Linux RDS would use its loop transport here).
-      Conn* pc = theirs == mine ? conn_get_keyed(theirs | kSelfPassive, peer, ntohs(p->cm_port))
-                                : conn_get(peer, ntohs(p->cm_port));
+      Conn* pc = conn_get(theirs == mine ? (theirs & ~1ull) : theirs, peer, ntohs(p->cm_port));
       if (theirs != mine && pc->state == ConnState::connecting && pc->active && mine < theirs) {
         rdma_reject(id, nullptr, 0);  // our own attempt wins the race
         count("conn_connect_raced");
-        break;
-      }
-      if (pc->state == ConnState::up && be64toh(p->gen) == 0) {
-        rdma_reject(id, nullptr, 0);
         break;
       }
       // A new connection from this peer replaces whatever we had (a rebooted or
@@ -355,10 +349,6 @@ Global& g() {
 
 void count(const char* name, uint64_t n) { g().counters[name] += n; }
 
-uint64_t peer_key(uint32_t ip_be, uint16_t cm_port) {
-  return (static_cast<uint64_t>(ntohl(ip_be)) << 16) | cm_port;
-}
-
 int transport_start() {
   Global& G = g();
   if (G.started) return 0;
@@ -390,11 +380,7 @@ int transport_start() {
   return 0;
 }
 
-Conn* conn_get(const sockaddr_in& peer_ip, uint16_t cm_port) {
-  return conn_get_keyed(peer_key(peer_ip.sin_addr.s_addr, cm_port), peer_ip, cm_port);
-}
-
-Conn* conn_get_keyed(uint64_t key, const sockaddr_in& peer_ip, uint16_t cm_port) {
+Conn* conn_get(uint64_t key, const sockaddr_in& peer_ip, uint16_t cm_port) {
   Global& G = g();
   auto it = G.conns.find(key);
   if (it != G.conns.end()) return it->second;

@@ -175,20 +175,21 @@ void sock_update_poll(Sock* s);  // POLLIN/POLLOUT state of app_fd
 void sock_wake(Sock* s);
 
 // bind.cc: host registry of bound (ip, port) -> owning process' rdma_cm port
-int registry_claim(const sockaddr_in& a, uint16_t cm_port);  // fd or -errno
+int registry_claim(const sockaddr_in& a, uint16_t cm_port, uint64_t gen);  // fd or -errno
 void registry_release(int lock_fd, const sockaddr_in& a);
-// Finds the process owning (ip, port): its rdma_cm port, or 0 if nobody holds it.
-uint16_t registry_lookup(const sockaddr_in& a);
+// Finds the process owning (ip, port): its rdma_cm port (0 if nobody holds it) and its
+// generation number, which names the process whatever address reaches it.
+uint16_t registry_lookup(const sockaddr_in& a, uint64_t* gen = nullptr);
 bool registry_port_taken(const sockaddr_in& a);
 
 // ib_transport.cc
 int transport_start();  // lazily: device, PD, CQ, listener, engine thread
-Conn* conn_get(const sockaddr_in& peer_ip, uint16_t cm_port);
-Conn* conn_get_keyed(uint64_t key, const sockaddr_in& peer_ip, uint16_t cm_port);
+// Connections are keyed by the peer process' generation number: one process may reach
+// us from several addresses, and must still be one connection with one sequence space.
+Conn* conn_get(uint64_t peer_gen, const sockaddr_in& peer_ip, uint16_t cm_port);
 void conn_kick(Conn* c);  // xmit what can be sent
 void conn_send_ack(Conn* c);
 uint32_t conn_id_of(Conn* c);
-uint64_t peer_key(uint32_t ip_be, uint16_t cm_port);
 
 // send.cc
 void xmit(Conn* c);

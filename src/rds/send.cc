@@ -407,7 +407,8 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd,
     m->op = std::move(op);
   }
   // 6. which process owns the destination?
-  const uint16_t cm_port = registry_lookup(dest);
+  uint64_t peer_gen = 0;
+  const uint16_t cm_port = registry_lookup(dest, &peer_gen);
   if (!cm_port) {
     // Nobody is bound there: Linux RDS sends it and the peer drops it silently.
     count("send_drop_no_sock");
@@ -427,7 +428,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd,
     s->cv.wait(lk);
     if (s->closing) return fail(EBADF);
   }
-  Conn* c = conn_get(dest, cm_port);
+  Conn* c = conn_get(peer_gen, dest, cm_port);
   m->h.sequence = c->next_tx_seq++;
   m->payload.resize(len);
   size_t off = 0;
