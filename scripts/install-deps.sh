@@ -8,6 +8,7 @@ PKGS=(
   libibverbs-dev librdmacm-dev                                 # the verbs/rdma_cm headers = the ABI
   ibverbs-utils rdmacm-utils perftest                          # unmodified binaries we must run
   iproute2 tshark                                              # netns hosts, frame captures
+  nftables                                                     # packet loss where netem is absent
 )
 missing=()
 for p in "${PKGS[@]}"; do

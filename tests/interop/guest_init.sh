@@ -127,7 +127,20 @@ finish() {
   say "END $1 rc=$2 t=$(up)"
 }
 
-# srv_phase NAME PORT CMD...: siw listens, the host's softverbs client connects.
+# The Linux siw responder race (siw_cm.c, siw_accept): siw sends its MPA Reply while the socket
+# still has the CM upcall, which ignores data in SIW_EPSTATE_RDMA_MODE (7), and installs the RTR
+# upcall only afterwards. If the initiator's first FPDUs land in between, siw never looks at them
+# (no ESTABLISHED, reason=3) until the next socket event. Needs svdbg=1 (the siw_cm.c lines).
+race_seen() {
+  dmesg | awk '/send mpa reply/ {r = 1; f = 0; next}
+               r && /reason=3/ {r = 0; f = 0}
+               r && /siw_cm_llp_data_ready: cep state: 7/ {f = 1}
+               END {exit !f}'
+}
+
+# srv_phase NAME PORT CMD...: siw listens, the host's softverbs client connects. If the siw
+# accept race shows for 2 s, we say "RACE <phase>"; the host then stops its client, whose close
+# makes siw process the stuck data and end the connection cleanly.
 srv_phase() {
   name=$1 port=$2
   shift 2
@@ -142,7 +155,18 @@ srv_phase() {
     i=$((i + 1))
   done
   if listening "$port"; then say "READY $name t=$(up)"; else say "NOTREADY $name"; fi
+  n=0
+  raced=
   while kill -0 $pid 2>/dev/null; do
+    if [ -z "$raced" ] && race_seen; then
+      n=$((n + 1))
+      if [ $n -ge 2 ]; then
+        raced=1
+        say "RACE $name"
+      fi
+    else
+      n=0
+    fi
     if read -t 1 -r cmd <&3; then
       if [ "$cmd" = "abort $name" ]; then
         # Diagnostics first (killing a server stuck mid-handshake can oops iw_cm):

@@ -13,28 +13,41 @@
 #    for each, with LD_LIBRARY_PATH pointing at a snapshot of the softverbs libraries.
 #      siw server: guest listens on 10.0.2.15:P, hostfwd 127.0.0.1:P -> guest; softverbs
 #                  connects to 127.0.0.1:P.
-#      siw client: softverbs listens on the host (127.0.0.1:P for rping; perftest binds
-#                  0.0.0.0:P), the guest connects to 10.0.2.2:P = host 127.0.0.1:P.
+#      siw client: softverbs listens on the host (127.0.0.1:P for rping; perftest 4.5-0.17
+#                  servers always bind 0.0.0.0:P), the guest connects to 10.0.2.2:P, which
+#                  slirp turns into host 127.0.0.1:P.
 #    Sync: the guest announces phases on ttyS0 (console log), the host answers "go/skip/abort
 #    <phase>" on ttyS1 (a pipe chardev).
 # 3. Cases, each with MPA CRC off and on (SOFTVERBS_MPA_CRC=1 makes softverbs ask for CRC as
-#    initiator and turn it on in its Reply as responder; siw accepts it either way):
+#    initiator and set C in its Reply as responder; siw accepts it either way):
 #      rping -v -V -C 10, ib_write_bw -R, ib_send_lat -R, each softverbs->siw and siw->softverbs.
 #    A case passes when both sides exit 0, rping validated all 10 pings on both sides, perftest
 #    printed its result line, and softverbs' connection log shows the expected CRC setting.
 # 4. Captures lo for the rping and ib_send_lat cases (tcpdump) and checks with tshark that the
-#    streams decode as iwarp_mpa + iwarp_ddp_rdmap, that the MPA Reply's C flag is as expected,
-#    and that with CRC on every FPDU's CRC checks out.
+#    streams decode as iwarp_mpa + iwarp_ddp_rdmap, with no Terminate and nothing malformed,
+#    that every MPA Reply's C flag is as expected, and that with CRC on every FPDU's CRC is good.
 # 5. Prints a summary table and "N passed, M failed"; exits non-zero on any failure.
 #
-# Environment: SIW_WORK (cache + run logs), SIW_PORT_BASE (default 17300; uses base+1..base+16),
-# SIW_ONLY=<regex> (run only matching cases, e.g. 'write_bw.sv2siw.off'; the guest still boots
-# once), SIW_HOST_WRAP=<cmd> (prefix for every softverbs process, e.g. "gdb -q -batch -ex run
-# -ex bt --args"),
-# SIW_KPKG (kernel image package, default: what linux-image-amd64 depends on), SIW_DBG=0 to turn
-# off siw dynamic debug in the guest, SIW_WARM=0 to skip the guest's siw<->siw warm-up rping,
-# SIW_PERFTEST_DELAY_MS (default 1000, 0 = off; see
-# perftest_connect_delay.c). Must run as root (apt, hostfwd on lo, tcpdump).
+# Robustness. Every wait is bounded; every process we start is killed by PID. A phase that hangs
+# or crashes the guest kernel gets the guest replaced by a fresh one resuming at the next phase.
+# Two known non-softverbs problems are handled and reported, not hidden:
+#  - Linux siw accept race (siw_cm.c siw_accept, see guest_init.sh race_seen): the guest reports
+#    it, we stop our client, and the case is retried once on a fresh guest; the note says so.
+#  - Debian perftest 4.5-0.17 crashes in its connect-retry path when the server listens late:
+#    perftest clients talking to the guest get perftest_connect_delay.so preloaded.
+# Host crashes leave a core and a gdb backtrace in the run directory.
+#
+# Environment:
+#   SIW_WORK               cache and run logs (default /var/tmp/softverbs-siw; runs/<time>/)
+#   SIW_PORT_BASE          default 17300; uses base+1..base+6 (and +11..+16 for the 2nd pass)
+#   SIW_ONLY=<regex>       run only matching cases, e.g. 'write_bw.sv2siw.off' (one guest still)
+#   SIW_HOST_WRAP=<cmd>    prefix for every softverbs process, e.g.
+#                          "gdb -q -batch -ex run -ex bt --args"
+#   SIW_KPKG               kernel image package (default: what linux-image-amd64 depends on)
+#   SIW_DBG=0              no siw dynamic debug in the guest (also disables race detection)
+#   SIW_WARM=0             skip the guest's siw<->siw warm-up rping
+#   SIW_PERFTEST_DELAY_MS  default 1000, 0 = no preload (see perftest_connect_delay.c)
+# Must run as root (apt-get, hostfwd on lo, tcpdump).
 set -u
 set -o pipefail
 
@@ -378,8 +391,10 @@ record() {  # name dir crc result numbers note port
   log "$res $1 ${5:+[$5]} ${note:+($note)}"
 }
 
-# perf_numbers TOOL FILE: the result line of a perftest report.
+# perf_numbers TOOL FILE: the result line of a perftest report. perftest derives its clock from
+# a TSC-vs-gettimeofday fit; when that fails (r^2 < 0.9, a loaded TCG guest) it reports 0.
 perf_numbers() {
+  grep -q 'Correlation coefficient r^2' "$2" && printf 'TSC fit failed, rates n/a: '
   case "$1" in
     ib_write_bw) awk '/^[ \t]*65536[ \t]+[0-9]+[ \t]+[0-9.]+[ \t]+[0-9.]+/ {printf "%s Gb/s avg, %s iters", $4, $2; exit}' "$2" ;;
     ib_send_lat) awk '/^[ \t]*64[ \t]+[0-9]+[ \t]+[0-9.]+[ \t]+[0-9.]+[ \t]+[0-9.]+[ \t]+[0-9.]+/ {printf "typ %s us, avg %s us", $5, $6; exit}' "$2" ;;
@@ -474,7 +489,19 @@ run_case() {
       record "$name" "$dir" "$crc" FAIL "" "siw server did not listen: $(tail -1 "$RUN/$name.guest.log")" "$port"
       return 0
     fi
-    timeout "$to" "${E[@]}" "${CMD[@]}" >"$hlog" 2>&1
+    timeout "$to" "${E[@]}" "${CMD[@]}" >"$hlog" 2>&1 &
+    spid=$!
+    PIDS+=("$spid")
+    while kill -0 $spid 2>/dev/null; do
+      if con | grep -aq "^@@SV RACE $name\$"; then
+        # The guest saw the siw accept race: our client would wait for its whole timeout.
+        echo "[siw_interop: guest reports the siw accept race; client stopped]" >>"$hlog"
+        kill $spid 2>/dev/null
+        break
+      fi
+      sleep 0.5
+    done
+    wait $spid
     hrc=$?
     if ! m=$(wait_marker "^@@SV END $name " 20); then
       ctl "abort $name"   # the guest dumps dmesg and socket queues, then kills its server
@@ -648,11 +675,7 @@ for i in "${!NAMES[@]}"; do
   if [ "${RESULTS[$i]}" = PASS ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
 done
 expected=0
-for c in "${CRCS[@]}"; do
-  for n in rping.sv2siw rping.siw2sv write_bw.sv2siw write_bw.siw2sv send_lat.sv2siw send_lat.siw2sv; do
-    selected "$n.$c" && expected=$((expected + 1))
-  done
-done
+for cs in "${CASES[@]}"; do selected "${cs%%|*}" && expected=$((expected + 1)); done
 notrun=$(( expected - ${#NAMES[@]} ))
 [ $notrun -gt 0 ] && { echo "($notrun selected cases not run)"; fail=$((fail + notrun)); }
 echo
