@@ -382,6 +382,9 @@ SV_EXPORT int svrds_close(int fd) {
   for (auto& [k, mr] : s->mrs) keys.push_back(k);
   for (uint32_t k : keys) free_mr(s, k);
   if (s->bound) registry_release(s->lock_fd, s->bound_addr);
+  s->rq.clear();
+  s->rcv_bytes = 0;
+  cong_rcvbuf_delta(s);  // a closed socket frees its port's congestion bit
   s->closing = true;
   g().socks.erase(fd);
   if (fd < kMaxFd) g_is_rds[fd] = 0;

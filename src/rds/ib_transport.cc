@@ -140,6 +140,7 @@ void conn_up(Conn* c, const ConnPriv* peer) {
   c->backoff_ms = 0;
   count("conn_up");
   if (peer && be64toh(peer->gen) != 0) on_ack(c, be64toh(peer->ack_seq));
+  cong_send_map(c);  // every (re)connection carries our current map (threads.c)
   xmit(c);
 }
 

@@ -50,6 +50,7 @@ inline constexpr int kSendSlots = 64;                     // per connection
 inline constexpr uint32_t kDefaultSndBuf = 256 * 1024;
 inline constexpr uint32_t kDefaultRcvBuf = 256 * 1024;
 inline constexpr int kAckEvery = 8;                       // max_unacked_packets
+inline constexpr size_t kCongMapBytes = 8192;             // RDS_CONG_MAP_BYTES: 65536 ports
 
 struct Sock;
 struct Conn;
@@ -112,6 +113,7 @@ struct Sock {
   int nonblock_hint = 0;
   std::condition_variable cv;
   bool closing = false;
+  bool congested = false;  // our port's bit is set in the local congestion map
 };
 
 enum class ConnState : uint8_t { down, connecting, up };
@@ -145,6 +147,8 @@ struct Conn {
   int backoff_ms = 0;
   uint64_t reconnects = 0;
   bool tearing_down = false;
+  std::vector<uint8_t> fcong;  // the peer's congestion map (RDS_CONG_MAP_BYTES)
+  bool map_queued = false;     // send our map when the connection allows
 };
 
 struct Global {
@@ -162,6 +166,8 @@ struct Global {
   uint64_t gen = 0;      // random per process: a restarted peer is a new peer
   int wake_fd = -1;
   bool started = false;
+  // Our congestion map: one bit per port, little-endian bit order (net/rds cong.c).
+  std::vector<uint8_t> lcong = std::vector<uint8_t>(kCongMapBytes, 0);
   // counters (rds-info -c)
   std::map<std::string, uint64_t> counters;
 };
@@ -204,6 +210,12 @@ int map_region_locked(Sock* s, const rds_iovec& v, uint64_t flags, uint64_t* coo
 // info.cc: RDS_INFO_* snapshots of this process' RDS stack. Returns the record size, or
 // -ENOSPC with *len set to the bytes needed (net/rds info.c protocol).
 int info_get(int optname, void* buf, socklen_t* len);
+
+// cong.c-style congestion (cong.cc)
+bool cong_port_blocked(Conn* c, uint16_t port);
+void cong_rcvbuf_delta(Sock* s);   // after rcv_bytes changed: set/clear our bit
+void cong_send_map(Conn* c);       // queue our map on c
+void cong_map_received(Conn* c, const std::byte* map, size_t len);
 
 // recv.cc
 void on_frag(Conn* c, const std::byte* buf, uint32_t len);

@@ -73,6 +73,7 @@ void deliver(Conn* c, const wire::RdsHeader& h, std::vector<std::byte>&& data) {
   in.rdma_dest = h.ext_rdma_dest;
   s->rcv_bytes += in.data.size();
   s->rq.push_back(std::move(in));
+  cong_rcvbuf_delta(s);
   count("recv_delivered");
   sock_update_poll(s);
   sock_wake(s);
@@ -85,6 +86,10 @@ void on_frag(Conn* c, const std::byte* buf, uint32_t len) {
   wire::RdsHeader h;
   wire::rds_decode(buf, h);
   on_ack(c, h.ack);
+  if (h.flags == wire::kRdsFlagCongBitmap) {  // receivers compare for equality (cong.c)
+    cong_map_received(c, buf + wire::kRdsHeaderLen, len - wire::kRdsHeaderLen);
+    return;
+  }
   if (h.sequence == 0) return;  // ack-only frame
   const uint32_t chunk = len - static_cast<uint32_t>(wire::kRdsHeaderLen);
   if (!c->in_msg || c->cur.sequence != h.sequence) {
@@ -200,6 +205,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
     s->rcv_bytes -= in.data.size();
     s->rq.pop_front();
     count("recv_delivered_to_app");
+    cong_rcvbuf_delta(s);
   }
   sock_update_poll(s);
   return ret;

@@ -163,6 +163,10 @@ void xmit(Conn* c) {
     c->ack_needed = false;
     c->unacked = 0;
     c->send_q.pop_front();
+    if (m->h.flags & wire::kRdsFlagCongBitmap) {
+      release_message(m);  // not sequenced, not retransmitted
+      continue;
+    }
     c->retrans.push_back(m);
     count("send_queued");
   }
@@ -201,6 +205,14 @@ void conn_reset_queues(Conn* c) {
     c->send_q.push_front(m);
   }
   c->retrans.clear();
+  for (auto it = c->send_q.begin(); it != c->send_q.end();) {
+    if ((*it)->h.flags & wire::kRdsFlagCongBitmap) {
+      release_message(*it);
+      it = c->send_q.erase(it);
+    } else {
+      ++it;
+    }
+  }
   for (Message* m : c->send_q) {
     if (m->frags_posted || m->op_posted) m->h.flags |= wire::kRdsFlagRetransmitted;
     m->frags_posted = 0;
@@ -418,6 +430,20 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd,
     }
     return static_cast<ssize_t>(len);
   }
+  Conn* c = conn_get(peer_gen, dest, cm_port);
+  // 8. congestion of the destination port, before the send buffer (net/rds send.c).
+  const uint16_t dport = ntohs(dest.sin_port);
+  while (cong_port_blocked(c, dport)) {
+    if (nonblocking(s, flags)) {
+      if (s->cong_monitor) s->cong_mask |= RDS_CONG_MONITOR_MASK(dport);
+      count("cong_send_error");
+      undo_map();
+      return fail(ENOBUFS);
+    }
+    count("cong_send_blocked");
+    s->cv.wait(lk);
+    if (s->closing) return fail(EBADF);
+  }
   // 9. send buffer: accepted while snd_bytes < sndbuf (the last one may overshoot).
   while (s->snd_bytes >= s->sndbuf) {
     if (nonblocking(s, flags)) {
@@ -428,7 +454,6 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd,
     s->cv.wait(lk);
     if (s->closing) return fail(EBADF);
   }
-  Conn* c = conn_get(peer_gen, dest, cm_port);
   m->h.sequence = c->next_tx_seq++;
   m->payload.resize(len);
   size_t off = 0;

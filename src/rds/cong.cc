@@ -1,0 +1,81 @@
+// Congestion (net/rds cong.c): receiver-side, per port. A socket whose receive queue
+// holds more than its rcvbuf marks its port congested; below rcvbuf/2 it clears the mark
+// (hysteresis). On every change the whole map (one bit per port, little-endian bit
+// order) goes to every connected peer as a message with h_flags == RDS_FLAG_CONG_BITMAP.
+// A sender checks the destination port in its peer's map before queueing: ENOBUFS for
+// a non-blocking send (and, with RDS_CONG_MONITOR, the port's bit joins the socket's
+// monitor mask), a blocking send waits. When a peer's map clears bits, monitoring
+// sockets get those bits as an RDS_CMSG_CONG_UPDATE (POLLIN) and blocked senders wake.
+// One map per process here, covering the ports of all its addresses.
+#include <arpa/inet.h>
+
+#include <cstring>
+
+#include "rds/rds_impl.h"
+
+namespace sv::rds {
+
+bool cong_port_blocked(Conn* c, uint16_t port) {
+  if (c->fcong.size() != kCongMapBytes) return false;
+  return c->fcong[port >> 3] & (1u << (port & 7));
+}
+
+void cong_send_map(Conn* c) {
+  c->map_queued = true;
+  if (c->state != ConnState::up) return;  // sent when the connection comes up
+  auto* m = new Message();
+  m->queued_to_sock = false;
+  m->h.flags = wire::kRdsFlagCongBitmap;
+  m->h.len = static_cast<uint32_t>(kCongMapBytes);
+  m->payload.assign(reinterpret_cast<const std::byte*>(g().lcong.data()),
+                    reinterpret_cast<const std::byte*>(g().lcong.data()) + kCongMapBytes);
+  // Not sequenced and never retransmitted: a newer map supersedes it (net/rds send.c).
+  c->send_q.push_front(m);
+  c->map_queued = false;
+  count("cong_update_queued");
+  conn_kick(c);
+}
+
+void cong_rcvbuf_delta(Sock* s) {
+  if (!s->bound) return;
+  const uint16_t port = ntohs(s->bound_addr.sin_port);
+  bool changed = false;
+  if (!s->congested && s->rcv_bytes > s->rcvbuf) {
+    s->congested = true;
+    g().lcong[port >> 3] |= static_cast<uint8_t>(1u << (port & 7));
+    changed = true;
+  } else if (s->congested && s->rcv_bytes < s->rcvbuf / 2) {
+    s->congested = false;
+    g().lcong[port >> 3] &= static_cast<uint8_t>(~(1u << (port & 7)));
+    changed = true;
+  }
+  if (!changed) return;
+  for (auto& [k, c] : g().conns) cong_send_map(c);
+}
+
+void cong_map_received(Conn* c, const std::byte* map, size_t len) {
+  if (len != kCongMapBytes) return;
+  count("cong_update_received");
+  std::vector<uint8_t> old = c->fcong;
+  if (old.size() != kCongMapBytes) old.assign(kCongMapBytes, 0);
+  c->fcong.assign(reinterpret_cast<const uint8_t*>(map),
+                  reinterpret_cast<const uint8_t*>(map) + kCongMapBytes);
+  // Ports that went from congested to free, folded into a 64-bit port-group mask.
+  uint64_t portmask = 0;
+  for (size_t i = 0; i < kCongMapBytes; ++i) {
+    const uint8_t freed = old[i] & static_cast<uint8_t>(~c->fcong[i]);
+    if (!freed) continue;
+    for (int b = 0; b < 8; ++b)
+      if (freed & (1u << b)) portmask |= RDS_CONG_MONITOR_MASK(i * 8 + b);
+  }
+  for (auto& [fd, s] : g().socks) {
+    if (s->cong_monitor && (s->cong_mask & portmask)) {
+      s->cong_notify |= s->cong_mask & portmask;
+      s->cong_mask &= ~portmask;
+      sock_update_poll(s);
+    }
+    sock_wake(s);  // blocked senders re-check
+  }
+}
+
+}  // namespace sv::rds

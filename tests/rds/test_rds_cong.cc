@@ -1,0 +1,67 @@
+// Congestion (rds-api.md §3): receiver rcvbuf exceeded -> the sender gets ENOBUFS; with
+// RDS_CONG_MONITOR the relief arrives as POLLIN + RDS_CMSG_CONG_UPDATE with the port's bit.
+#include <linux/rds.h>
+
+#include "rds_test_util.h"
+
+using namespace rdstest;
+
+TEST(RdsCong, CongestedPortIsEnobufsAndReliefIsNotified) {
+  int tx = bound_socket(port(40)), rx = bound_socket(port(41));
+  int small = 4096, big = 1 << 20, one = 1;
+  ASSERT_EQ(svrds_setsockopt(rx, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+  ASSERT_EQ(svrds_setsockopt(tx, SOL_SOCKET, SO_SNDBUF, &big, sizeof big), 0);
+  ASSERT_EQ(svrds_setsockopt(tx, SOL_RDS, RDS_CONG_MONITOR, &one, sizeof one), 0);
+  std::vector<char> m(1000, 'c');
+  int accepted = 0;
+  bool enobufs = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!enobufs && std::chrono::steady_clock::now() < deadline) {
+    if (send_to(tx, port(41), m.data(), m.size(), MSG_DONTWAIT) == 1000) {
+      ++accepted;
+    } else if (errno == ENOBUFS) {
+      enobufs = true;
+    } else {
+      ASSERT_EQ(errno, EAGAIN);
+      wait_for(tx, POLLOUT, 100);
+    }
+  }
+  ASSERT_TRUE(enobufs) << "after " << accepted << " messages";
+  EXPECT_GE(accepted, 4) << "rcvbuf is a soft limit: the first messages exceed it";
+  // The receiver drains: its port leaves the map and the monitor reports it.
+  std::vector<char> buf(2000);
+  int drained = 0;
+  while (recv_one(rx, buf) == 1000 && wait_for(rx, POLLIN, 200)) ++drained;
+  EXPECT_GE(drained, 4);
+  ASSERT_TRUE(wait_for(tx, POLLIN) & POLLIN) << "congestion relief must wake the sender";
+  char ctl[CMSG_SPACE(sizeof(uint64_t))];
+  char d;
+  iovec v{&d, 1};
+  msghdr mh{};
+  mh.msg_iov = &v;
+  mh.msg_iovlen = 1;
+  mh.msg_control = ctl;
+  mh.msg_controllen = sizeof ctl;
+  ASSERT_EQ(svrds_recvmsg(tx, &mh, MSG_DONTWAIT), 0);
+  cmsghdr* cm = CMSG_FIRSTHDR(&mh);
+  ASSERT_NE(cm, nullptr);
+  EXPECT_EQ(cm->cmsg_type, RDS_CMSG_CONG_UPDATE);
+  uint64_t mask;
+  std::memcpy(&mask, CMSG_DATA(cm), sizeof mask);
+  EXPECT_TRUE(mask & RDS_CONG_MONITOR_MASK(port(41)));
+  EXPECT_EQ(send_to(tx, port(41), m.data(), m.size(), MSG_DONTWAIT), 1000);
+  svrds_close(tx);
+  svrds_close(rx);
+}
+
+TEST(RdsCancel, CancelSentToValidatesItsArgument) {
+  int tx = bound_socket(port(42));
+  // A full address is required; an address shorter than sockaddr_in is EINVAL.
+  int rx = bound_socket(port(43));
+  sockaddr_in d = addr(port(43));
+  ASSERT_EQ(svrds_setsockopt(tx, SOL_RDS, RDS_CANCEL_SENT_TO, &d, sizeof d), 0);
+  EXPECT_EQ(svrds_setsockopt(tx, SOL_RDS, RDS_CANCEL_SENT_TO, &d, 4), -1);
+  EXPECT_EQ(errno, EINVAL);
+  svrds_close(tx);
+  svrds_close(rx);
+}
