@@ -42,5 +42,24 @@ pids+=($!)
 sleep 0.7
 ib_read_lat -n 2000 -s 8 $ADDR | grep -E "^ *#bytes|^ *[0-9]+ "
 wait
+
+step "RDS: the seeds' zero-copy block server (RDMA WRITE + immediate reply; RDMA READ + durable)"
+rm -f /tmp/softverbs-demo-blocks.img
+build/bin/blockserver serve --addr 127.0.0.2 --port 18700 --file /tmp/softverbs-demo-blocks.img \
+  --blocks 128 &
+bs=$!
+sleep 0.5
+build/bin/blockserver client --server 127.0.0.2 --port 18700 --addr 127.0.0.1 --ops 400 --blocks 128
+kill $bs
+
+step "RDS: rds-stress with 1 MiB RDMA, verified (3 s)"
+build/bin/rds-stress -r 127.0.0.2 -p 4000 >/dev/null 2>&1 &
+pids+=($!)
+sleep 0.5
+build/bin/rds-stress -s 127.0.0.2 -r 127.0.0.1 -p 4000 -T 3 -D 1M -v | tail -n 2
+
+step "RDS: rds-ping"
+build/bin/rds-ping -c 3 -i 0.2 127.0.0.2
+wait
 echo
 echo "demo complete"

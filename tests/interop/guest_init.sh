@@ -156,26 +156,32 @@ srv_phase() {
   done
   if listening "$port"; then say "READY $name t=$(up)"; else say "NOTREADY $name"; fi
   n=0
-  raced=
+  raced=0
+  killed=
   while kill -0 $pid 2>/dev/null; do
-    if [ -z "$raced" ] && race_seen; then
+    if [ $raced = 0 ] && race_seen; then
       n=$((n + 1))
       if [ $n -ge 2 ]; then
+        # Evidence: the connection's rx_queue (bytes siw never read) is not empty.
         raced=1
         say "RACE $name"
+        sed "s/^/@@DMESG $name| tcp at race: /" /proc/net/tcp
       fi
-    else
+    elif [ $raced = 0 ]; then
       n=0
+    else
+      raced=$((raced + 1))   # the host stops its client; if our server does not end, we stop it
     fi
-    if read -t 1 -r cmd <&3; then
-      if [ "$cmd" = "abort $name" ]; then
-        # Diagnostics first (killing a server stuck mid-handshake can oops iw_cm):
-        # siw's log and the TCP sockets with their queues (tx_queue:rx_queue, hex).
-        say "ABORTED $name"
-        dmesg -c 2>/dev/null | sed "s/^/@@DMESG $name| /"
-        cat /proc/net/tcp | sed "s/^/@@DMESG $name| tcp: /"
-        kill $pid 2>/dev/null
-      fi
+    cmd=
+    read -t 1 -r cmd <&3
+    if [ -z "$killed" ] && { [ "$cmd" = "abort $name" ] || [ $raced -ge 8 ]; }; then
+      # Diagnostics first (killing a server stuck mid-handshake can oops iw_cm):
+      # siw's log and the TCP sockets with their queues (tx_queue:rx_queue, hex).
+      say "ABORTED $name"
+      dmesg -c 2>/dev/null | sed "s/^/@@DMESG $name| /"
+      sed "s/^/@@DMESG $name| tcp: /" /proc/net/tcp
+      kill $pid 2>/dev/null
+      killed=1
     fi
   done
   wait $pid

@@ -57,5 +57,23 @@ else
   cat "$TMP/ping.log"
 fi
 wait
+
+# The seed's block server: reads by RDMA WRITE + immediate reply, writes by RDMA READ +
+# PULLED + DURABLE, every block verified end to end by the client.
+"$BIN/blockserver" serve --addr 127.0.0.2 --port $((PORT + 7)) --file "$TMP/blocks.img" \
+  --blocks 64 >"$TMP/bs.log" 2>&1 &
+bs=$!
+pids+=($bs)
+sleep 0.5
+if timeout 60 "$BIN/blockserver" client --server 127.0.0.2 --port $((PORT + 7)) \
+     --addr 127.0.0.1 --ops 300 --blocks 64 >"$TMP/bc.log" 2>&1; then
+  pass=$((pass + 1))
+  echo "PASS blockserver: $(tail -n 1 "$TMP/bc.log")"
+else
+  fail=$((fail + 1))
+  echo "FAIL blockserver"
+  cat "$TMP/bc.log" "$TMP/bs.log"
+fi
+kill $bs 2>/dev/null
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
