@@ -50,6 +50,9 @@ build/bin/blockserver serve --addr 127.0.0.2 --port 18700 --file /tmp/softverbs-
 bs=$!
 sleep 0.5
 build/bin/blockserver client --server 127.0.0.2 --port 18700 --addr 127.0.0.1 --ops 400 --blocks 128
+
+step "RDS: rds-ping (the block server's stack answers port 0 of 127.0.0.2)"
+build/bin/rds-ping -c 3 -i 0.2 127.0.0.2
 kill $bs
 
 step "RDS: rds-stress with 1 MiB RDMA, verified (3 s)"
@@ -57,9 +60,6 @@ build/bin/rds-stress -r 127.0.0.2 -p 4000 >/dev/null 2>&1 &
 pids+=($!)
 sleep 0.5
 build/bin/rds-stress -s 127.0.0.2 -r 127.0.0.1 -p 4000 -T 3 -D 1M -v | tail -n 2
-
-step "RDS: rds-ping"
-build/bin/rds-ping -c 3 -i 0.2 127.0.0.2
 wait
 echo
 echo "demo complete"
