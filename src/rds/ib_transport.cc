@@ -288,14 +288,15 @@ void handle_wc(const ibv_wc& wc) {
 
 void engine_loop() {
   Global& G = g();
+  uint64_t last_publish = 0;
   for (;;) {
-    int timeout = -1;
+    int timeout = 500;  // also the rds-info publication period
     {
       std::lock_guard lk(G.mu);
       if (!g_timers.empty()) {
         auto d = std::chrono::duration_cast<std::chrono::milliseconds>(
             g_timers.begin()->first - std::chrono::steady_clock::now());
-        timeout = d.count() < 0 ? 0 : static_cast<int>(d.count()) + 1;
+        timeout = std::min<int>(timeout, d.count() < 0 ? 0 : static_cast<int>(d.count()) + 1);
       }
     }
     pollfd p[3] = {{G.cq_ch->fd, POLLIN, 0}, {G.cm_ch->fd, POLLIN, 0}, {G.wake_fd, POLLIN, 0}};
@@ -332,6 +333,10 @@ void engine_loop() {
       Conn* c = g_timers.begin()->second;
       g_timers.erase(g_timers.begin());
       if (c->state == ConnState::down && !c->send_q.empty()) start_connect(c);
+    }
+    if (now_ms() - last_publish >= 500) {
+      info_publish();
+      last_publish = now_ms();
     }
     for (auto& [k, c] : G.conns) {
       if (c->state != ConnState::up) continue;
@@ -376,6 +381,7 @@ int transport_start() {
   if (getrandom(&G.gen, sizeof G.gen, 0) != sizeof G.gen) G.gen = now_ms();
   G.gen |= 1;
   G.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  std::atexit(info_unpublish);
   std::thread(engine_loop).detach();
   G.started = true;
   return 0;

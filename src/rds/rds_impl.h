@@ -210,6 +210,8 @@ int map_region_locked(Sock* s, const rds_iovec& v, uint64_t flags, uint64_t* coo
 // info.cc: RDS_INFO_* snapshots of this process' RDS stack. Returns the record size, or
 // -ENOSPC with *len set to the bytes needed (net/rds info.c protocol).
 int info_get(int optname, void* buf, socklen_t* len);
+void info_publish();    // engine thread, every ~500 ms
+void info_unpublish();
 
 // cong.c-style congestion (cong.cc)
 bool cong_port_blocked(Conn* c, uint16_t port);

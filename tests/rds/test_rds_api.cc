@@ -216,8 +216,18 @@ TEST(RdsInfo, ProbeThenFetch) {
   EXPECT_EQ(svrds_getsockopt(fd, SOL_RDS, RDS_INFO_SOCKETS, tiny, &len), -1);
   EXPECT_EQ(errno, ENOSPC);
   ASSERT_GE(len, sizeof(rds_info_socket));
-  std::vector<char> buf(len);
-  const int each = svrds_getsockopt(fd, SOL_RDS, RDS_INFO_SOCKETS, buf.data(), &len);
+  // Other processes' snapshots may grow between the probe and the fetch: retry like
+  // rds-info does.
+  std::vector<char> buf;
+  int each = -1;
+  for (int tries = 0; tries < 20 && each < 0; ++tries) {
+    buf.resize(len + 4096);
+    len = static_cast<socklen_t>(buf.size());
+    each = svrds_getsockopt(fd, SOL_RDS, RDS_INFO_SOCKETS, buf.data(), &len);
+    if (each < 0) {
+      ASSERT_EQ(errno, ENOSPC);
+    }
+  }
   ASSERT_EQ(each, static_cast<int>(sizeof(rds_info_socket)));
   bool found = false;
   for (size_t off = 0; off + each <= len; off += each) {
