@@ -8,7 +8,8 @@
 #   server phase: BEGIN, READY (listener visible in /proc/net/tcp), ..., END rc=N
 #   client phase: WAIT, then blocks until the host writes "go <phase>" (or "skip <phase>")
 #                 on the control port ttyS1, BEGIN, ..., END rc=N
-# A server phase also obeys "abort <phase>" on ttyS1 (the host's client failed early).
+# A server phase also obeys "abort <phase>" on ttyS1 (the host's client failed early), and
+# says "RACE <phase>" when siw's log shows the siw accept race (race_seen below).
 # Tool output and siw's dmesg for the phase follow as "@@OUT <phase>| ..." and
 # "@@DMESG <phase>| ..." just before END.
 #
