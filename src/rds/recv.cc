@@ -99,7 +99,7 @@ void on_frag(Conn* c, const std::byte* buf, uint32_t len) {
     c->cur_have = 0;
   }
   const size_t take = std::min<size_t>(chunk, c->cur_data.size() - c->cur_have);
-  std::memcpy(c->cur_data.data() + c->cur_have, buf + wire::kRdsHeaderLen, take);
+  if (take) std::memcpy(c->cur_data.data() + c->cur_have, buf + wire::kRdsHeaderLen, take);
   c->cur_have += take;
   if (c->cur_have >= c->cur.len) {
     c->in_msg = false;
@@ -180,7 +180,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
   size_t off = 0;
   for (size_t i = 0; i < msg->msg_iovlen && off < in.data.size(); ++i) {
     const size_t take = std::min(msg->msg_iov[i].iov_len, in.data.size() - off);
-    std::memcpy(msg->msg_iov[i].iov_base, in.data.data() + off, take);
+    if (take) std::memcpy(msg->msg_iov[i].iov_base, in.data.data() + off, take);
     off += take;
   }
   msg->msg_flags = in.data.size() > cap ? MSG_TRUNC : 0;

@@ -458,7 +458,8 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd,
   m->payload.resize(len);
   size_t off = 0;
   for (size_t i = 0; i < msg->msg_iovlen; ++i) {
-    std::memcpy(m->payload.data() + off, msg->msg_iov[i].iov_base, msg->msg_iov[i].iov_len);
+    if (msg->msg_iov[i].iov_len)  // a zero-length iovec may have a null base
+      std::memcpy(m->payload.data() + off, msg->msg_iov[i].iov_base, msg->msg_iov[i].iov_len);
     off += msg->msg_iov[i].iov_len;
   }
   s->snd_bytes += len;
