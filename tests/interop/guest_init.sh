@@ -201,6 +201,7 @@ cli_phase() {
     case "$cmd" in
       "go $name") go=1; break ;;
       "skip $name") go=0; break ;;
+      *) say "CTL ignored '$cmd' in $name" ;;
     esac
   done
   if [ "$go" != 1 ]; then
