@@ -43,7 +43,7 @@ if [ $QUICK = 0 ]; then
   bash scripts/build.sh build-tsan -DSV_SANITIZE=thread || exit 1
   # report_signal_unsafe=0: perftest's own SIGALRM handler calls fopen (its bug, not ours).
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 report_signal_unsafe=0 suppressions=$ROOT/tests/tsan.supp" \
-    run_ctest build-tsan "TSan" -L threaded
+    run_ctest build-tsan "TSan" -LE '^tools$'
 fi
 
 echo

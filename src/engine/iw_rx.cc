@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "engine/app_memory.h"
 #include "engine/log.h"
 #include "engine/rx_dispatch.h"
 #include "wire/be.h"
@@ -26,7 +27,7 @@ void place_bytes(Conn& c, const std::byte* src, uint32_t n) {
     case Placement::Kind::discard:
       break;
     case Placement::Kind::contiguous:
-      std::memcpy(p.ptr, src, n);
+      copy_to_app(p.ptr, src, n);
       p.ptr += n;
       break;
     case Placement::Kind::sgl: {
@@ -38,7 +39,7 @@ void place_bytes(Conn& c, const std::byte* src, uint32_t n) {
           continue;
         }
         const uint32_t take = std::min(n, s.length - off);
-        std::memcpy(reinterpret_cast<std::byte*>(s.addr) + off, src, take);
+        copy_to_app(reinterpret_cast<std::byte*>(s.addr) + off, src, take);
         src += take;
         n -= take;
         p.offset += take;
@@ -173,7 +174,7 @@ bool rx_run_locked(Qp* qp) {
         msghdr mh{};
         mh.msg_iov = iov;
         mh.msg_iovlen = static_cast<size_t>(k) + 1;
-        n = recvmsg(c.fd, &mh, MSG_DONTWAIT);
+        n = transport::sys_recvmsg(c.fd, &mh, MSG_DONTWAIT);
         if (n > 0) {
           const uint32_t direct = static_cast<uint32_t>(std::min<size_t>(n, c.data_left));
           if (c.crc) crc_targets(c, iov, k, direct);
@@ -187,7 +188,7 @@ bool rx_run_locked(Qp* qp) {
           continue;
         }
       } else {
-        n = recv(c.fd, c.rxbuf.data(), c.rxbuf.size(), MSG_DONTWAIT);
+        n = transport::sys_recv(c.fd, c.rxbuf.data(), c.rxbuf.size(), MSG_DONTWAIT);
         if (n > 0) {
           c.rx_end = static_cast<size_t>(n);
           continue;

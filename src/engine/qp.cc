@@ -569,7 +569,12 @@ void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal) {
       shutdown(qp->conn.fd, SHUT_RDWR);
     }
   });
-  if (auto fn = qp->on_disconnect.load()) fn(qp->cm_id);
+  // Told from the progress thread, with no QP lock held: rdma_cm takes its id lock and
+  // then QP locks on its own paths, and we may be inside RX (rx_mu) here.
+  if (auto fn = qp->on_disconnect.load()) {
+    void* id = qp->cm_id;
+    Progress::get().post([fn, id] { fn(id); });
+  }
 }
 
 void qp_conn_lost(Qp* qp, ibv_wc_status status) {

@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstring>
 
+#include "engine/app_memory.h"
 #include "engine/iw_cm.h"
 #include "engine/log.h"
 #include "engine/qp.h"
@@ -67,7 +68,7 @@ struct Framer {
   void payload(const std::byte* p, size_t len) {
     if (!len) return;
     if (len <= kCopyBelow) {
-      std::memcpy(&c.arena[c.arena_used], p, len);
+      copy_from_app(&c.arena[c.arena_used], p, len);
       c.arena_used += len;
     } else {
       flush_arena();
@@ -344,7 +345,7 @@ void tx_run_locked(Qp* qp) {
       msghdr mh{};
       mh.msg_iov = &c.iov[c.iov_pos];
       mh.msg_iovlen = std::min<size_t>(c.iov_n - c.iov_pos, IOV_MAX);
-      ssize_t n = sendmsg(c.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+      ssize_t n = transport::sys_sendmsg(c.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN) {
@@ -411,7 +412,7 @@ void tx_terminate_locked(Qp* qp, const wire::Terminate& t) {
     msghdr mh{};
     mh.msg_iov = &c.iov[c.iov_pos];
     mh.msg_iovlen = std::min<size_t>(c.iov_n - c.iov_pos, IOV_MAX);
-    ssize_t n = sendmsg(c.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = transport::sys_sendmsg(c.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n <= 0) break;
     size_t left = static_cast<size_t>(n);
     while (left && c.iov_pos < c.iov_n) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "engine/app_memory.h"
 #include "engine/iw_cm.h"
 #include "engine/log.h"
 #include "engine/rx_dispatch.h"
@@ -235,24 +236,7 @@ RxAction on_atomic_request(Qp* qp, Conn& c) {
     rx_fail(qp, access_to_terminate(r, false), true, IBV_WC_REM_ACCESS_ERR, IBV_WC_WR_FLUSH_ERR);
     return RxAction::dead;
   }
-  // Atomic with respect to every other QP of this process; remote peers can only reach
-  // this memory through us.
-  auto* v = reinterpret_cast<uint64_t*>(p);
-  uint64_t orig;
-  switch (ar.op) {
-    case wire::AtomicOp::fetch_add:
-      orig = __atomic_fetch_add(v, ar.add_swap, __ATOMIC_SEQ_CST);
-      break;
-    case wire::AtomicOp::swap:
-      orig = __atomic_exchange_n(v, ar.add_swap, __ATOMIC_SEQ_CST);
-      break;
-    case wire::AtomicOp::compare_swap:
-    default:
-      orig = ar.compare;
-      __atomic_compare_exchange_n(v, &orig, ar.add_swap, false, __ATOMIC_SEQ_CST,
-                                  __ATOMIC_SEQ_CST);
-      break;
-  }
+  const uint64_t orig = app_atomic(reinterpret_cast<uint64_t*>(p), ar);
   g.unlock();
   std::lock_guard lk(qp->tx_mu);
   IrqEntry& e = qp->irq[(qp->irq_head + qp->irq_count) % qp->irq.size()];
@@ -306,7 +290,8 @@ RxAction on_atomic_response(Qp* qp, Conn& c) {
     return RxAction::dead;
   }
   // The original value lands in the local buffer in host order, as on IB HCAs.
-  std::memcpy(reinterpret_cast<void*>(w->sge[0].addr), &ar.original, 8);
+  copy_to_app(reinterpret_cast<std::byte*>(w->sge[0].addr),
+              reinterpret_cast<const std::byte*>(&ar.original), 8);
   w->state = WqeState::done;
   --qp->orq_used;
   c.place.kind = Placement::Kind::discard;

@@ -70,8 +70,9 @@ struct CmId {
 // may outlive its QP (ibv_destroy_qp instead of rdma_destroy_qp), so the QP's disconnect
 // hook and the endpoint callbacks (progress thread) find their id through this set and
 // hold g_ids_mu while they use it; rdma_destroy_id removes the id first.
-std::mutex g_ids_mu;
-std::vector<CmId*> g_ids;
+// Never destroyed: progress-thread callbacks may run while exit() destroys statics.
+std::mutex& g_ids_mu = *new std::mutex();
+std::vector<CmId*>& g_ids = *new std::vector<CmId*>();
 
 bool alive(CmId* id) { return std::find(g_ids.begin(), g_ids.end(), id) != g_ids.end(); }
 

@@ -80,7 +80,8 @@ int fail(int e) {
   return -1;
 }
 
-std::vector<Sock*> g_closed;  // never freed: a thread may still be waking on its cv
+// Never freed (a thread may still be waking on a closed socket's cv), never destroyed.
+std::vector<Sock*>& g_closed = *new std::vector<Sock*>();
 
 bool bad_addr(const sockaddr_in& a) {
   const uint32_t h = ntohl(a.sin_addr.s_addr);

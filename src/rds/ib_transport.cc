@@ -41,10 +41,12 @@ struct ConnPriv {
 
 enum WrKind : uint64_t { kRecv = 1, kSend = 2, kRdma = 3, kAck = 4 };
 
-std::map<uint32_t, Conn*> g_conn_by_id;
+// Process-lifetime tables, never destroyed: the detached engine thread may still be using
+// them while exit() runs static destructors.
+auto& g_conn_by_id = *new std::map<uint32_t, Conn*>();
 uint32_t g_next_conn_id = 1;
-std::map<Conn*, uint32_t> g_id_of;
-std::multimap<std::chrono::steady_clock::time_point, Conn*> g_timers;
+auto& g_id_of = *new std::map<Conn*, uint32_t>();
+auto& g_timers = *new std::multimap<std::chrono::steady_clock::time_point, Conn*>();
 
 uint64_t now_ms() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <sys/syscall.h>
 #include <netinet/tcp.h>
 #include <unistd.h>
 
@@ -133,6 +134,14 @@ int tcp_mss(int fd) {
   socklen_t len = sizeof mss;
   if (getsockopt(fd, IPPROTO_TCP, TCP_MAXSEG, &mss, &len) < 0 || mss <= 0) return 1460;
   return mss;
+}
+
+ssize_t sys_sendmsg(int fd, const msghdr* m, int flags) {
+  return syscall(SYS_sendmsg, fd, m, flags);
+}
+ssize_t sys_recvmsg(int fd, msghdr* m, int flags) { return syscall(SYS_recvmsg, fd, m, flags); }
+ssize_t sys_recv(int fd, void* buf, size_t len, int flags) {
+  return syscall(SYS_recvfrom, fd, buf, len, flags, nullptr, nullptr);
 }
 
 std::vector<HostAddr> host_addresses() {

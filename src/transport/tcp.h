@@ -35,6 +35,14 @@ SockAddr peer_addr(int fd);
 // MSS of a connected socket (TCP_MAXSEG), or 1460 if unknown.
 int tcp_mss(int fd);
 
+// Socket I/O that moves application payload (RDMA data) straight between the socket and
+// application memory: the kernel touches that memory like a NIC's DMA, ordered by
+// completions the application waits for. Direct system calls, so user-space tools such as
+// ThreadSanitizer do not mistake the kernel's access for a racing thread's.
+ssize_t sys_sendmsg(int fd, const msghdr* m, int flags);
+ssize_t sys_recvmsg(int fd, msghdr* m, int flags);
+ssize_t sys_recv(int fd, void* buf, size_t len, int flags);
+
 // Host interface addresses, for the GID table. Non-loopback IPv4 first, then loopback
 // IPv4, then global IPv6.
 struct HostAddr {

@@ -29,7 +29,12 @@ namespace mp {
 using Clock = std::chrono::steady_clock;
 using Ms = std::chrono::milliseconds;
 
+// Sanitizer builds run the data path several times slower: same checks, longer patience.
+#ifdef SV_TEST_SLOW
+inline constexpr Ms kWait{30000};
+#else
 inline constexpr Ms kWait{5000};
+#endif
 
 inline constexpr int kAllMrAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                     IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
