@@ -442,6 +442,16 @@ int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   return err;
 }
 
+// Copies a receive WR into its ring slot (the slot keeps its own SGE storage).
+static void fill_recv_wqe(RecvWqe& r, const ibv_recv_wr* wr) {
+  r.wr_id = wr->wr_id;
+  r.num_sge = static_cast<uint32_t>(wr->num_sge);
+  std::copy(wr->sg_list, wr->sg_list + wr->num_sge, r.sge);
+  uint64_t len = 0;
+  for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
+  r.length = static_cast<uint32_t>(std::min<uint64_t>(len, UINT32_MAX));
+}
+
 static int check_recv_wr(uint32_t max_sge, const ibv_recv_wr* wr) {
   if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > max_sge) return EINVAL;
   if (wr->num_sge > 0 && !wr->sg_list) return EINVAL;
@@ -487,13 +497,7 @@ int qp_post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
         break;
       }
       const uint32_t slot = (qp->rq_head + qp->rq_count) & (cap - 1);
-      RecvWqe& r = qp->rq[slot];
-      r.wr_id = wr->wr_id;
-      r.num_sge = static_cast<uint32_t>(wr->num_sge);
-      std::copy(wr->sg_list, wr->sg_list + wr->num_sge, r.sge);
-      uint64_t len = 0;
-      for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
-      r.length = static_cast<uint32_t>(std::min<uint64_t>(len, UINT32_MAX));
+      fill_recv_wqe(qp->rq[slot], wr);
       ++qp->rq_count;
     }
     if (err) *bad = wr;
@@ -518,13 +522,7 @@ int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
         break;
       }
       const uint32_t slot = (srq->head + srq->count) % srq->max_wr;
-      RecvWqe& r = srq->ring[slot];
-      r.wr_id = wr->wr_id;
-      r.num_sge = static_cast<uint32_t>(wr->num_sge);
-      std::copy(wr->sg_list, wr->sg_list + wr->num_sge, r.sge);
-      uint64_t len = 0;
-      for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
-      r.length = static_cast<uint32_t>(std::min<uint64_t>(len, UINT32_MAX));
+      fill_recv_wqe(srq->ring[slot], wr);
       ++srq->count;
     }
     if (err) *bad = wr;

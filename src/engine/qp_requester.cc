@@ -305,6 +305,21 @@ bool frame_sq(Qp* qp, Framer& f) {
   return true;
 }
 
+// Drops the first n bytes of the pending iovecs (after a possibly partial sendmsg).
+void consume_iov(Conn& c, size_t n) {
+  while (n && c.iov_pos < c.iov_n) {
+    iovec& v = c.iov[c.iov_pos];
+    if (n >= v.iov_len) {
+      n -= v.iov_len;
+      ++c.iov_pos;
+    } else {
+      v.iov_base = static_cast<char*>(v.iov_base) + n;
+      v.iov_len -= n;
+      n = 0;
+    }
+  }
+}
+
 // Builds the next batch. Returns true if anything was framed.
 bool build_batch(Qp* qp) {
   Conn& c = qp->conn;
@@ -365,18 +380,7 @@ void tx_run_locked(Qp* qp) {
         return;
       }
       c.tx_sent += static_cast<uint64_t>(n);
-      size_t left = static_cast<size_t>(n);
-      while (left && c.iov_pos < c.iov_n) {
-        iovec& v = c.iov[c.iov_pos];
-        if (left >= v.iov_len) {
-          left -= v.iov_len;
-          ++c.iov_pos;
-        } else {
-          v.iov_base = static_cast<char*>(v.iov_base) + left;
-          v.iov_len -= left;
-          left = 0;
-        }
-      }
+      consume_iov(c, static_cast<size_t>(n));
     }
     if (qp->tx_blocked) {
       qp->tx_blocked = false;
@@ -414,18 +418,7 @@ void tx_terminate_locked(Qp* qp, const wire::Terminate& t) {
     mh.msg_iovlen = std::min<size_t>(c.iov_n - c.iov_pos, IOV_MAX);
     ssize_t n = transport::sys_sendmsg(c.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n <= 0) break;
-    size_t left = static_cast<size_t>(n);
-    while (left && c.iov_pos < c.iov_n) {
-      iovec& v = c.iov[c.iov_pos];
-      if (left >= v.iov_len) {
-        left -= v.iov_len;
-        ++c.iov_pos;
-      } else {
-        v.iov_base = static_cast<char*>(v.iov_base) + left;
-        v.iov_len -= left;
-        left = 0;
-      }
-    }
+    consume_iov(c, static_cast<size_t>(n));
   }
 }
 

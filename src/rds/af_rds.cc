@@ -75,10 +75,6 @@ using namespace sv::rds;
 
 namespace {
 
-int fail(int e) {
-  errno = e;
-  return -1;
-}
 
 // Never freed (a thread may still be waking on a closed socket's cv), never destroyed.
 std::vector<Sock*>& g_closed = *new std::vector<Sock*>();

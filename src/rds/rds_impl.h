@@ -28,6 +28,7 @@
 #include <netinet/in.h>
 #include <rdma/rdma_cma.h>
 
+#include <cerrno>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -173,6 +174,12 @@ struct Global {
 };
 
 Global& g();
+
+// API edge: set errno and return -1, as the socket calls do.
+inline int fail(int e) {
+  errno = e;
+  return -1;
+}
 void count(const char* name, uint64_t n = 1);
 
 // af_rds.cc

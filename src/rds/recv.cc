@@ -113,12 +113,6 @@ void on_frag(Conn* c, const std::byte* buf, uint32_t len) {
 
 using namespace sv::rds;
 
-namespace {
-int fail(int e) {
-  errno = e;
-  return -1;
-}
-}  // namespace
 
 extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, msghdr* msg,
                                                                         int flags) {

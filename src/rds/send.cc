@@ -230,10 +230,6 @@ using namespace sv::rds;
 
 namespace {
 
-int fail(int e) {
-  errno = e;
-  return -1;
-}
 
 bool nonblocking(Sock* s, int flags) {
   return (flags & MSG_DONTWAIT) || (fcntl(s->app_fd, F_GETFL) & O_NONBLOCK);
