@@ -162,6 +162,10 @@ void conn_down(Conn* c, const char* why) {
   c->state = ConnState::down;
   destroy_id(c);
   conn_reset_queues(c);
+  // Forget the peer's congestion map: it may have changed while we were down, and a stale
+  // congested bit would refuse every send (ENOBUFS) so nothing is queued and nobody
+  // reconnects. The next connection brings the current map (cong_send_map at conn_up).
+  c->fcong.clear();
   if (!c->send_q.empty()) schedule_reconnect(c);
 }
 
