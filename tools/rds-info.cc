@@ -68,13 +68,26 @@ int main(int argc, char** argv) {
   bool c = false, k = false, n = false, r = false, s = false, t = false;
   for (int o; (o = getopt(argc, argv, "cknrstv")) != -1;) {
     switch (o) {
-      case 'c': c = true; break;
-      case 'k': k = true; break;
-      case 'n': n = true; break;
-      case 'r': r = true; break;
-      case 's': s = true; break;
-      case 't': t = true; break;
-      case 'v': break;
+      case 'c':
+        c = true;
+        break;
+      case 'k':
+        k = true;
+        break;
+      case 'n':
+        n = true;
+        break;
+      case 'r':
+        r = true;
+        break;
+      case 's':
+        s = true;
+        break;
+      case 't':
+        t = true;
+        break;
+      case 'v':
+        break;
       default:
         std::fprintf(stderr, "usage: rds-info [-c] [-k] [-n] [-r] [-s] [-t] [-v]\n");
         return 2;

@@ -23,20 +23,31 @@ int main(int argc, char** argv) {
   int opt;
   while ((opt = getopt(argc, argv, "c:i:I:n:Q:")) != -1) {
     switch (opt) {
-      case 'c': count = std::strtol(optarg, nullptr, 10); break;
-      case 'i': interval = std::strtod(optarg, nullptr); break;
-      case 'I': local = optarg; break;
-      case 'n': nsock = std::strtol(optarg, nullptr, 10); break;
-      case 'Q': break;  // TOS: no meaning for this transport
+      case 'c':
+        count = std::strtol(optarg, nullptr, 10);
+        break;
+      case 'i':
+        interval = std::strtod(optarg, nullptr);
+        break;
+      case 'I':
+        local = optarg;
+        break;
+      case 'n':
+        nsock = std::strtol(optarg, nullptr, 10);
+        break;
+      case 'Q':
+        break;  // TOS: no meaning for this transport
       default:
-        std::fprintf(stderr, "usage: rds-ping [-c count] [-i interval] [-I local_addr] "
-                             "[-n sockets] remote_addr\n");
+        std::fprintf(stderr,
+                     "usage: rds-ping [-c count] [-i interval] [-I local_addr] "
+                     "[-n sockets] remote_addr\n");
         return 2;
     }
   }
   if (optind >= argc || nsock < 1 || nsock > 32) {
-    std::fprintf(stderr, "usage: rds-ping [-c count] [-i interval] [-I local_addr] "
-                         "[-n sockets] remote_addr\n");
+    std::fprintf(stderr,
+                 "usage: rds-ping [-c count] [-i interval] [-I local_addr] "
+                 "[-n sockets] remote_addr\n");
     return 2;
   }
   sockaddr_in dst{};
@@ -90,8 +101,7 @@ int main(int argc, char** argv) {
       sockaddr_in from{};
       socklen_t fl = sizeof from;
       char c;
-      if (recvfrom(fd, &c, 1, MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&from), &fl) < 0)
-        continue;
+      if (recvfrom(fd, &c, 1, MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&from), &fl) < 0) continue;
       const auto us =
           std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - t0).count();
       if (from.sin_addr.s_addr != dst.sin_addr.s_addr) {
@@ -107,7 +117,8 @@ int main(int argc, char** argv) {
     }
     const auto rest = deadline - clock::now();
     if (rest.count() > 0 && (count < 0 || seq + 1 < count))
-      usleep(static_cast<useconds_t>(std::chrono::duration_cast<std::chrono::microseconds>(rest).count()));
+      usleep(static_cast<useconds_t>(
+          std::chrono::duration_cast<std::chrono::microseconds>(rest).count()));
   }
   for (int fd : fds) close(fd);
   return replies > 0 ? 0 : 1;

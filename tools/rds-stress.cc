@@ -62,7 +62,9 @@ struct Stats {  // per second, sent from a task to the parent
 };
 
 volatile sig_atomic_t g_stop = 0;
-void on_alarm(int) { g_stop = 1; }
+void on_alarm(int) {
+  g_stop = 1;
+}
 
 uint64_t now_ns() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -70,7 +72,9 @@ uint64_t now_ns() {
                                    .count());
 }
 
-uint8_t pattern(uint64_t seed, size_t i) { return static_cast<uint8_t>(seed * 131 + i * 7); }
+uint8_t pattern(uint64_t seed, size_t i) {
+  return static_cast<uint8_t>(seed * 131 + i * 7);
+}
 
 struct Peer {
   sockaddr_in addr{};
@@ -155,14 +159,15 @@ void run_task(const Options& o, uint32_t index, uint32_t local_addr, uint32_t re
         uint64_t cookie = 0;
         auto& rbuf = p.rdma_bufs[h.seq];
         if (o.rdma_size && h.seq >= 10) {
-          h.rdma_op = o.rdma_mode == 1 ? RDMA_READ
+          h.rdma_op = o.rdma_mode == 1   ? RDMA_READ
                       : o.rdma_mode == 2 ? RDMA_WRITE
                                          : (h.seq % 2 ? RDMA_WRITE : RDMA_READ);
           h.rdma_size = o.rdma_size;
           h.rdma_pattern = (static_cast<uint64_t>(index) << 32) | h.seq;
           rbuf.assign(o.rdma_size, 0);
           if (h.rdma_op == RDMA_READ)  // the peer reads our pattern
-            for (size_t i = 0; i < rbuf.size(); ++i) rbuf[i] = static_cast<char>(pattern(h.rdma_pattern, i));
+            for (size_t i = 0; i < rbuf.size(); ++i)
+              rbuf[i] = static_cast<char>(pattern(h.rdma_pattern, i));
           rds_get_mr_args g{{reinterpret_cast<uint64_t>(rbuf.data()), rbuf.size()},
                             reinterpret_cast<uint64_t>(&cookie),
                             o.use_once ? static_cast<uint64_t>(RDS_RDMA_USE_ONCE) : 0};
@@ -291,7 +296,8 @@ void run_task(const Options& o, uint32_t index, uint32_t local_addr, uint32_t re
           pr.pattern = h.rdma_op == RDMA_READ ? h.rdma_pattern : 0;
           pr.is_read = h.rdma_op == RDMA_READ;
           if (!pr.is_read)
-            for (size_t i = 0; i < h.rdma_size; ++i) pr.buf[i] = static_cast<char>(pattern(h.rdma_pattern, i));
+            for (size_t i = 0; i < h.rdma_size; ++i)
+              pr.buf[i] = static_cast<char>(pattern(h.rdma_pattern, i));
           char* base = pr.buf.data();
           const uint32_t nb = std::max<uint32_t>(1, o.rdma_bufs);
           const size_t chunk = (h.rdma_size + nb - 1) / nb;
@@ -303,7 +309,8 @@ void run_task(const Options& o, uint32_t index, uint32_t local_addr, uint32_t re
           ra.remote_vec = {0, h.rdma_size};
           ra.local_vec_addr = reinterpret_cast<uint64_t>(lv.data());
           ra.nr_local = lv.size();
-          ra.flags = RDS_RDMA_NOTIFY_ME | (h.rdma_op == RDMA_WRITE ? RDS_RDMA_READWRITE : RDS_RDMA_FENCE);
+          ra.flags =
+              RDS_RDMA_NOTIFY_ME | (h.rdma_op == RDMA_WRITE ? RDS_RDMA_READWRITE : RDS_RDMA_FENCE);
           ra.user_token = token;
           am.msg_control = actl;
           am.msg_controllen = sizeof actl;
@@ -358,7 +365,8 @@ void run_task(const Options& o, uint32_t index, uint32_t local_addr, uint32_t re
       last_report = now_ns();
     }
   }
-  if (write(stats_fd, &st, sizeof st) < 0) { /* parent gone */ }
+  if (write(stats_fd, &st, sizeof st) < 0) { /* parent gone */
+  }
   close(fd);
   std::exit(0);
 }
@@ -406,14 +414,30 @@ int main(int argc, char** argv) {
   int opt;
   while ((opt = getopt_long(argc, argv, "r:p:s:a:q:d:t:T:D:M:I:vo", longopts, nullptr)) != -1) {
     switch (opt) {
-      case 'r': inet_pton(AF_INET, optarg, &o.recv_addr); break;
-      case 's': inet_pton(AF_INET, optarg, &o.send_addr); break;
-      case 'p': o.port = static_cast<uint16_t>(std::atoi(optarg)); break;
-      case 'a': o.ack_size = static_cast<uint32_t>(std::strtoul(optarg, nullptr, 0)); break;
-      case 'q': o.req_size = static_cast<uint32_t>(std::strtoul(optarg, nullptr, 0)); break;
-      case 'd': o.depth = static_cast<uint32_t>(std::atoi(optarg)); break;
-      case 't': o.tasks = static_cast<uint32_t>(std::atoi(optarg)); break;
-      case 'T': o.seconds = static_cast<uint32_t>(std::atoi(optarg)); break;
+      case 'r':
+        inet_pton(AF_INET, optarg, &o.recv_addr);
+        break;
+      case 's':
+        inet_pton(AF_INET, optarg, &o.send_addr);
+        break;
+      case 'p':
+        o.port = static_cast<uint16_t>(std::atoi(optarg));
+        break;
+      case 'a':
+        o.ack_size = static_cast<uint32_t>(std::strtoul(optarg, nullptr, 0));
+        break;
+      case 'q':
+        o.req_size = static_cast<uint32_t>(std::strtoul(optarg, nullptr, 0));
+        break;
+      case 'd':
+        o.depth = static_cast<uint32_t>(std::atoi(optarg));
+        break;
+      case 't':
+        o.tasks = static_cast<uint32_t>(std::atoi(optarg));
+        break;
+      case 'T':
+        o.seconds = static_cast<uint32_t>(std::atoi(optarg));
+        break;
       case 'D': {
         char* end;
         unsigned long v = std::strtoul(optarg, &end, 0);
@@ -422,21 +446,34 @@ int main(int argc, char** argv) {
         o.rdma_size = static_cast<uint32_t>(v);
         break;
       }
-      case 'M': o.rdma_mode = static_cast<uint32_t>(std::atoi(optarg)); break;
-      case 'I': o.rdma_bufs = static_cast<uint32_t>(std::atoi(optarg)); break;
-      case 'v': o.verify = 1; break;
-      case 'o': o.one_way = 1; break;
-      case 1: o.use_get_mr = static_cast<uint8_t>(std::atoi(optarg)); break;
-      case 2: o.use_once = static_cast<uint8_t>(std::atoi(optarg)); break;
+      case 'M':
+        o.rdma_mode = static_cast<uint32_t>(std::atoi(optarg));
+        break;
+      case 'I':
+        o.rdma_bufs = static_cast<uint32_t>(std::atoi(optarg));
+        break;
+      case 'v':
+        o.verify = 1;
+        break;
+      case 'o':
+        o.one_way = 1;
+        break;
+      case 1:
+        o.use_get_mr = static_cast<uint8_t>(std::atoi(optarg));
+        break;
+      case 2:
+        o.use_once = static_cast<uint8_t>(std::atoi(optarg));
+        break;
       default:
-        std::fprintf(stderr, "usage: rds-stress [-r addr] [-s addr] [-p port] [-q bytes] "
-                             "[-a bytes] [-d depth] [-t tasks] [-T secs] [-D bytes] [-M mode] "
-                             "[-I bufs] [-v] [-o]\n");
+        std::fprintf(stderr,
+                     "usage: rds-stress [-r addr] [-s addr] [-p port] [-q bytes] "
+                     "[-a bytes] [-d depth] [-t tasks] [-T secs] [-D bytes] [-M mode] "
+                     "[-I bufs] [-v] [-o]\n");
         return 2;
     }
   }
-  if (o.tasks < 1 || o.tasks > 64 || o.depth < 1 || o.rdma_size > (1u << 20) ||
-      o.rdma_bufs < 1 || o.rdma_bufs > 16) {
+  if (o.tasks < 1 || o.tasks > 64 || o.depth < 1 || o.rdma_size > (1u << 20) || o.rdma_bufs < 1 ||
+      o.rdma_bufs > 16) {
     std::fprintf(stderr, "rds-stress: invalid option value\n");
     return 2;
   }
@@ -526,12 +563,12 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   if (secs)
-    std::printf("%4u %6lu %6lu %10.2f %10.2f %10.2f %7.2f %8.2f %5.2f (average)\n", run.tasks,
-                static_cast<unsigned long>(total.tx / secs), static_cast<unsigned long>(total.rx / secs),
-                (total.tx_bytes + total.rx_bytes) / 1024.0 / secs, total.mbi / 1024.0 / secs,
-                total.mbo / 1024.0 / secs,
-                total.tx_calls ? total.tx_ns / 1000.0 / total.tx_calls : 0.0,
-                total.rtt_n ? total.rtt_ns / 1000.0 / total.rtt_n : 0.0, -1.0);
+    std::printf(
+        "%4u %6lu %6lu %10.2f %10.2f %10.2f %7.2f %8.2f %5.2f (average)\n", run.tasks,
+        static_cast<unsigned long>(total.tx / secs), static_cast<unsigned long>(total.rx / secs),
+        (total.tx_bytes + total.rx_bytes) / 1024.0 / secs, total.mbi / 1024.0 / secs,
+        total.mbo / 1024.0 / secs, total.tx_calls ? total.tx_ns / 1000.0 / total.tx_calls : 0.0,
+        total.rtt_n ? total.rtt_ns / 1000.0 / total.rtt_n : 0.0, -1.0);
   if (total.errors) {
     std::fprintf(stderr, "rds-stress: %u RDMA operations failed\n", total.errors);
     exit_code = 1;

@@ -255,8 +255,7 @@ int client(const Opts& o) {
       const uint8_t want = version[block] ? content(block, version[block], i) : 0;
       if (static_cast<uint8_t>(buf[i]) != want) {
         std::fprintf(stderr, "blockserver client: block %llu byte %zu is %u, expected %u\n",
-                     static_cast<unsigned long long>(block), i,
-                     static_cast<uint8_t>(buf[i]), want);
+                     static_cast<unsigned long long>(block), i, static_cast<uint8_t>(buf[i]), want);
         std::exit(1);
       }
     }
@@ -268,7 +267,8 @@ int client(const Opts& o) {
     for (size_t i = 0; i < o.block_size; ++i) buf[i] = static_cast<char>(content(block, v, i));
     uint64_t cookie = 0;
     rds_get_mr_args map{{reinterpret_cast<uint64_t>(buf.data()), o.block_size},
-                        reinterpret_cast<uint64_t>(&cookie), RDS_RDMA_USE_ONCE};
+                        reinterpret_cast<uint64_t>(&cookie),
+                        RDS_RDMA_USE_ONCE};
     Msg m{kMagic, OP_WRITE, 0, 0, block, tag};
     send_with(fd, srv, m, RDS_CMSG_RDMA_MAP, &map, sizeof map);
     wait_reply(REPLY_PULLED, tag);   // the server has our data: the buffer is ours again
@@ -286,10 +286,11 @@ int client(const Opts& o) {
       do_read(block);
   }
   for (uint64_t b = 0; b < o.blocks; ++b) do_read(b);  // the whole device, end to end
-  std::printf("blockserver client: %llu reads, %llu writes, %llu bytes moved by RDMA, "
-              "all blocks verified\n",
-              static_cast<unsigned long long>(reads), static_cast<unsigned long long>(writes),
-              static_cast<unsigned long long>(bytes));
+  std::printf(
+      "blockserver client: %llu reads, %llu writes, %llu bytes moved by RDMA, "
+      "all blocks verified\n",
+      static_cast<unsigned long long>(reads), static_cast<unsigned long long>(writes),
+      static_cast<unsigned long long>(bytes));
   close(fd);
   return 0;
 }
@@ -310,14 +311,29 @@ int main(int argc, char** argv) {
   optind = 2;
   for (int c; (c = getopt_long(argc, argv, "", opts, nullptr)) != -1;) {
     switch (c) {
-      case 'a': o.addr = optarg; break;
-      case 's': o.server = optarg; break;
-      case 'p': o.port = std::atoi(optarg); break;
-      case 'f': o.file = optarg; break;
-      case 'n': o.blocks = std::strtoull(optarg, nullptr, 0); break;
-      case 'b': o.block_size = static_cast<uint32_t>(std::strtoul(optarg, nullptr, 0)); break;
-      case 'o': o.ops = std::atoi(optarg); break;
-      default: return 2;
+      case 'a':
+        o.addr = optarg;
+        break;
+      case 's':
+        o.server = optarg;
+        break;
+      case 'p':
+        o.port = std::atoi(optarg);
+        break;
+      case 'f':
+        o.file = optarg;
+        break;
+      case 'n':
+        o.blocks = std::strtoull(optarg, nullptr, 0);
+        break;
+      case 'b':
+        o.block_size = static_cast<uint32_t>(std::strtoul(optarg, nullptr, 0));
+        break;
+      case 'o':
+        o.ops = std::atoi(optarg);
+        break;
+      default:
+        return 2;
     }
   }
   if (o.block_size == 0 || o.block_size > (1u << 20) || o.blocks == 0) {

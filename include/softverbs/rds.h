@@ -22,8 +22,8 @@ int svrds_bind(int fd, const struct sockaddr* addr, socklen_t len);
 int svrds_connect(int fd, const struct sockaddr* addr, socklen_t len);
 ssize_t svrds_sendmsg(int fd, const struct msghdr* msg, int flags);
 ssize_t svrds_recvmsg(int fd, struct msghdr* msg, int flags);
-ssize_t svrds_sendto(int fd, const void* buf, size_t len, int flags,
-                     const struct sockaddr* to, socklen_t tolen);
+ssize_t svrds_sendto(int fd, const void* buf, size_t len, int flags, const struct sockaddr* to,
+                     socklen_t tolen);
 ssize_t svrds_recvfrom(int fd, void* buf, size_t len, int flags, struct sockaddr* from,
                        socklen_t* fromlen);
 int svrds_setsockopt(int fd, int level, int optname, const void* optval, socklen_t optlen);

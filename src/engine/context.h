@@ -14,7 +14,8 @@ struct Context {
 
   ibv_context* ibctx() { return &vctx.context; }
   static Context* from(ibv_context* c) {
-    return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) - offsetof(verbs_context, context));
+    return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) -
+                                      offsetof(verbs_context, context));
   }
   // Queues an async event record for ibv_get_async_event.
   void post_async(const ibv_async_event& ev);

@@ -334,7 +334,8 @@ Listener* new_listener() {
   in6->sin6_addr = in6addr_any;
   any.len = sizeof(sockaddr_in6);
   int fd = transport::tcp_listen(any, 128, true);
-  if (fd < 0) fd = transport::tcp_listen(transport::SockAddr::ipv4(htonl(INADDR_ANY), 0), 128, true);
+  if (fd < 0)
+    fd = transport::tcp_listen(transport::SockAddr::ipv4(htonl(INADDR_ANY), 0), 128, true);
   if (fd < 0) {
     delete l;
     return nullptr;

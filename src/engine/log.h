@@ -5,10 +5,10 @@
 namespace sv {
 bool debug_enabled();
 }
-#define SV_DBG(...)                                  \
-  do {                                               \
-    if (::sv::debug_enabled()) {                     \
+#define SV_DBG(...)                                    \
+  do {                                                 \
+    if (::sv::debug_enabled()) {                       \
       std::fprintf(stderr, "softverbs: " __VA_ARGS__); \
-      std::fputc('\n', stderr);                      \
-    }                                                \
+      std::fputc('\n', stderr);                        \
+    }                                                  \
   } while (0)

@@ -16,7 +16,7 @@
 namespace sv::engine {
 
 struct Pd {
-  ibv_pd pd;  // first
+  ibv_pd pd;                  // first
   std::atomic<int> users{0};  // MRs, QPs, SRQs, AHs: ibv_dealloc_pd is EBUSY while > 0
 };
 
@@ -30,10 +30,10 @@ struct Mr {
 // Result of checking an access against a region.
 enum class AccessResult : uint8_t {
   ok,
-  invalid_key,     // no region with this key
-  wrong_pd,        // region in another PD (RFC 5040: STag not associated)
-  bounds,          // [addr, addr+len) outside the region
-  access_rights,   // region lacks the needed IBV_ACCESS_* bit
+  invalid_key,    // no region with this key
+  wrong_pd,       // region in another PD (RFC 5040: STag not associated)
+  bounds,         // [addr, addr+len) outside the region
+  access_rights,  // region lacks the needed IBV_ACCESS_* bit
 };
 
 class KeyTable {
@@ -45,8 +45,8 @@ class KeyTable {
   // Resolves (key, addr, len) for an access needing `need` (IBV_ACCESS_* bits; 0 = local
   // read). `remote` chooses addressing by iova (remote TO) or by local virtual address.
   // On ok, *ptr is the local address. Caller holds a ReadGuard.
-  AccessResult check(uint32_t key, const Pd* pd, uint64_t addr, uint64_t len, int need,
-                     bool remote, std::byte** ptr) const;
+  AccessResult check(uint32_t key, const Pd* pd, uint64_t addr, uint64_t len, int need, bool remote,
+                     std::byte** ptr) const;
 
   // Placement into a region must not race its deregistration.
   std::shared_lock<std::shared_mutex> read_guard() const { return std::shared_lock(mu_); }

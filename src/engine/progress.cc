@@ -49,7 +49,9 @@ void Progress::mod(int fd, uint32_t events, Handler* h) {
   epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev);
 }
 
-void Progress::del(int fd) { epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr); }
+void Progress::del(int fd) {
+  epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+}
 
 void Progress::wake() {
   uint64_t one = 1;

@@ -65,21 +65,21 @@ Transition transition(ibv_qp_state cur, ibv_qp_state next) {
         return {true,
                 kS | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                     IBV_QP_MAX_QP_RD_ATOMIC,
-                IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS |
-                    IBV_QP_MIN_RNR_TIMER | IBV_QP_PATH_MIG_STATE};
+                IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER |
+                    IBV_QP_PATH_MIG_STATE};
       break;
     case IBV_QPS_RTS:
       if (next == IBV_QPS_RTS)
         return {true, kS,
-                IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH |
-                    IBV_QP_PATH_MIG_STATE | IBV_QP_MIN_RNR_TIMER};
+                IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE |
+                    IBV_QP_MIN_RNR_TIMER};
       if (next == IBV_QPS_SQD) return {true, kS, IBV_QP_EN_SQD_ASYNC_NOTIFY};
       break;
     case IBV_QPS_SQD:
       if (next == IBV_QPS_RTS)
         return {true, kS,
-                IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH |
-                    IBV_QP_PATH_MIG_STATE | IBV_QP_MIN_RNR_TIMER};
+                IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE |
+                    IBV_QP_MIN_RNR_TIMER};
       if (next == IBV_QPS_SQD)
         return {true, kS,
                 IBV_QP_AV | IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH |
@@ -237,8 +237,7 @@ int qp_modify(Qp* qp, ibv_qp_attr* a, int mask) {
   if ((mask & IBV_QP_RNR_RETRY) && a->rnr_retry > 7) return EINVAL;
   if ((mask & IBV_QP_MIN_RNR_TIMER) && a->min_rnr_timer > 31) return EINVAL;
   if ((mask & IBV_QP_TIMEOUT) && a->timeout > 31) return EINVAL;
-  if ((mask & IBV_QP_DEST_QPN) && (a->dest_qp_num == 0 || a->dest_qp_num > 0xFFFFFF))
-    return EINVAL;
+  if ((mask & IBV_QP_DEST_QPN) && (a->dest_qp_num == 0 || a->dest_qp_num > 0xFFFFFF)) return EINVAL;
   if ((mask & IBV_QP_CAP)) return EINVAL;
 
   auto& s = qp->attr;
@@ -330,8 +329,7 @@ int qp_query(Qp* qp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) {
 }
 
 static int check_send_wr(const Qp* qp, const ibv_send_wr* wr, bool peer_known_not_sv) {
-  if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > qp->cap.max_send_sge)
-    return EINVAL;
+  if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > qp->cap.max_send_sge) return EINVAL;
   if (wr->num_sge > 0 && !wr->sg_list) return EINVAL;
   uint64_t len = 0;
   for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;

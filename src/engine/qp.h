@@ -67,11 +67,11 @@ struct SendWqe {
   bool signaled = false;
   // progress
   WqeState state = WqeState::queued;
-  uint32_t sent = 0;          // payload bytes already framed
-  bool imm_sent = false;      // trailing Immediate Data framed
-  uint64_t stream_end = 0;    // TX stream offset just past this WQE's last byte
-  uint32_t msn = 0;           // Read/Atomic request MSN (also the atomic request id)
-  uint32_t resp_bytes = 0;    // Read Response bytes placed
+  uint32_t sent = 0;        // payload bytes already framed
+  bool imm_sent = false;    // trailing Immediate Data framed
+  uint64_t stream_end = 0;  // TX stream offset just past this WQE's last byte
+  uint32_t msn = 0;         // Read/Atomic request MSN (also the atomic request id)
+  uint32_t resp_bytes = 0;  // Read Response bytes placed
   ibv_wc_status status = IBV_WC_SUCCESS;
 };
 
@@ -98,21 +98,21 @@ enum class RxPhase : uint8_t { header, data, trailer };
 // Where the current segment's payload goes.
 struct Placement {
   enum class Kind : uint8_t { discard, contiguous, sgl } kind = Kind::discard;
-  std::byte* ptr = nullptr;        // contiguous
-  const ibv_sge* sge = nullptr;    // sgl
+  std::byte* ptr = nullptr;      // contiguous
+  const ibv_sge* sge = nullptr;  // sgl
   uint32_t num_sge = 0;
-  uint32_t offset = 0;             // byte offset into the sgl
+  uint32_t offset = 0;  // byte offset into the sgl
 };
 
 struct Conn {
   int fd = -1;
   bool crc = false;
-  bool peer_sv = false;        // peer is softverbs: RFC 7306 opcodes allowed
-  bool tx_gated = false;       // responder: send nothing until the first FPDU arrives
-  bool expect_rtr = false;     // p2p responder: the first FPDU is the RTR, not for the ULP
-  bool send_rtr = false;       // p2p initiator: send a zero-length Write first
-  uint32_t max_ulpdu = 0;      // largest ULPDU we send
-  uint16_t ird = 0, ord = 0;   // negotiated (RFC 6581 §5)
+  bool peer_sv = false;       // peer is softverbs: RFC 7306 opcodes allowed
+  bool tx_gated = false;      // responder: send nothing until the first FPDU arrives
+  bool expect_rtr = false;    // p2p responder: the first FPDU is the RTR, not for the ULP
+  bool send_rtr = false;      // p2p initiator: send a zero-length Write first
+  uint32_t max_ulpdu = 0;     // largest ULPDU we send
+  uint16_t ird = 0, ord = 0;  // negotiated (RFC 6581 §5)
 
   // RX (under rx_mu)
   std::vector<std::byte> rxbuf;
@@ -127,17 +127,17 @@ struct Conn {
   uint32_t crc_state = 0;
   std::array<std::byte, 8> trailer{};
   size_t trailer_have = 0;
-  uint32_t recv_msn = 1;       // next expected MSN, QN 0 (RFC 5041 §5.3: starts at 1)
-  uint32_t rreq_msn = 1;       // QN 1
-  uint32_t aresp_msn = 1;      // QN 3
-  RecvWqe cur_recv{};          // receive WQE being filled
+  uint32_t recv_msn = 1;   // next expected MSN, QN 0 (RFC 5041 §5.3: starts at 1)
+  uint32_t rreq_msn = 1;   // QN 1
+  uint32_t aresp_msn = 1;  // QN 3
+  RecvWqe cur_recv{};      // receive WQE being filled
   bool have_recv = false;
   bool recv_error = false;
-  bool imm_pending = false;    // completed Send awaits its Immediate Data
+  bool imm_pending = false;  // completed Send awaits its Immediate Data
   RecvWqe imm_recv{};
   uint32_t imm_len = 0;
-  uint32_t write_len = 0;       // bytes of the RDMA Write being received
-  uint32_t last_write_len = 0;  // length of the last complete one (Write with immediate)
+  uint32_t write_len = 0;                  // bytes of the RDMA Write being received
+  uint32_t last_write_len = 0;             // length of the last complete one (Write with immediate)
   std::array<ibv_sge, kMaxSge> cur_sge{};  // copies: the RQ slot is reusable once popped
   std::array<ibv_sge, kMaxSge> imm_sge{};
   std::array<ibv_sge, kMaxSge> tmp_sge{};
@@ -150,14 +150,14 @@ struct Conn {
   std::vector<std::byte> arena;  // headers and trailers of the current batch
   size_t arena_used = 0;
   uint64_t tx_queued = 0, tx_sent = 0;
-  uint32_t send_msn = 0;         // last MSN used, QN 0
-  uint32_t rreq_msn_tx = 0;      // QN 1
-  uint32_t aresp_msn_tx = 0;     // QN 3
-  uint32_t term_msn_tx = 0;      // QN 2
+  uint32_t send_msn = 0;      // last MSN used, QN 0
+  uint32_t rreq_msn_tx = 0;   // QN 1
+  uint32_t aresp_msn_tx = 0;  // QN 3
+  uint32_t term_msn_tx = 0;   // QN 2
 
-  bool peer_gone = false;        // OOB peer closed while nothing was outstanding
-  bool registered = false;       // in the progress thread's epoll set
-  uint32_t events = 0;           // current epoll interest
+  bool peer_gone = false;   // OOB peer closed while nothing was outstanding
+  bool registered = false;  // in the progress thread's epoll set
+  uint32_t events = 0;      // current epoll interest
 };
 
 struct Qp {
@@ -179,10 +179,10 @@ struct Qp {
   std::vector<SendWqe> sq;
   std::vector<ibv_sge> sq_sge;
   std::vector<std::byte> sq_inline;
-  uint32_t sq_head = 0;     // oldest not yet completed
-  uint32_t sq_tx = 0;       // next to frame
+  uint32_t sq_head = 0;  // oldest not yet completed
+  uint32_t sq_tx = 0;    // next to frame
   uint32_t sq_count = 0;
-  uint32_t orq_used = 0;    // outstanding Read/Atomic requests (<= ORD)
+  uint32_t orq_used = 0;      // outstanding Read/Atomic requests (<= ORD)
   std::vector<IrqEntry> irq;  // ring, size IRD
   uint32_t irq_head = 0, irq_count = 0;
 
@@ -201,10 +201,10 @@ struct Qp {
 
   // connection set-up
   std::mutex cm_mu;
-  bool cm_managed = false;         // rdma_cm drives transitions and owns set-up
-  bool connecting = false;         // OOB handshake in flight
+  bool cm_managed = false;  // rdma_cm drives transitions and owns set-up
+  bool connecting = false;  // OOB handshake in flight
   bool error_reported = false;
-  void* cm_id = nullptr;           // rdma_cm_id when cm_managed
+  void* cm_id = nullptr;  // rdma_cm_id when cm_managed
   // rdma_cm is told when the connection ends (peer closed or QP error). Cleared by
   // rdma_destroy_qp while the progress thread may be reading it.
   using DisconnectFn = void (*)(void* cm_id);
@@ -260,8 +260,8 @@ void tx_terminate_locked(Qp* qp, const wire::Terminate& t);
 // Retires finished WQEs from sq_head in order. Caller holds tx_mu.
 void complete_sq_locked(Qp* qp);
 void flush_qp_locked(Qp* qp, ibv_wc_status first_status);
-void complete_recv(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_len,
-                   ibv_wc_opcode op, unsigned wc_flags, uint32_t imm, uint32_t inv);
+void complete_recv(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_len, ibv_wc_opcode op,
+                   unsigned wc_flags, uint32_t imm, uint32_t inv);
 
 // ---- iw_rx.cc -------------------------------------------------------------------------
 // Parses what the socket holds. Caller holds rx_mu. Returns false if the connection died.

@@ -112,8 +112,8 @@ void flush_qp_locked(Qp* qp, ibv_wc_status first_status) {
   }
 }
 
-void complete_recv(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_len,
-                   ibv_wc_opcode op, unsigned wc_flags, uint32_t imm, uint32_t inv) {
+void complete_recv(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_len, ibv_wc_opcode op,
+                   unsigned wc_flags, uint32_t imm, uint32_t inv) {
   ibv_wc wc{};
   wc.wr_id = w.wr_id;
   wc.status = st;

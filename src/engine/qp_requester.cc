@@ -30,9 +30,9 @@ struct Framer {
   Conn& c;
   std::byte* hdr = nullptr;  // start of ULPDU_Length in the arena
   size_t ulpdu = 0;
-  size_t mark = 0;      // arena bytes from here are not yet in the iovec list
-  size_t first = 0;     // this FPDU starts in iov[first] ...
-  size_t first_off = 0; // ... at this offset
+  size_t mark = 0;       // arena bytes from here are not yet in the iovec list
+  size_t first = 0;      // this FPDU starts in iov[first] ...
+  size_t first_off = 0;  // ... at this offset
 
   bool room(size_t pieces) const {
     return c.iov_n + pieces + 3 <= Conn::kMaxIov &&
@@ -151,8 +151,8 @@ bool frame_irq(Qp* qp, Framer& f) {
       wire::encode_atomic_response(h + wire::kDdpUntaggedHdrLen, e.aresp);
       f.end();
     } else {
-      const uint32_t chunk = std::min<uint32_t>(e.length - e.sent,
-                                                c.max_ulpdu - wire::kDdpTaggedHdrLen);
+      const uint32_t chunk =
+          std::min<uint32_t>(e.length - e.sent, c.max_ulpdu - wire::kDdpTaggedHdrLen);
       const bool last = e.sent + chunk == e.length;
       std::byte* h = f.begin(wire::kDdpTaggedHdrLen);
       wire::encode_tagged(h, RdmapOpcode::read_response, last, e.sink_stag, e.sink_to + e.sent);
@@ -193,8 +193,8 @@ bool frame_sq(Qp* qp, Framer& f) {
       // Fence: wait for earlier Reads/Atomics (IB spec 10.8.3.3).
       if ((w.flags & IBV_SEND_FENCE) && qp->orq_used) return false;
       if ((is_read || is_atomic) && qp->orq_used >= ord_limit(qp)) return false;
-      const bool needs_sv = is_atomic || w.opcode == IBV_WR_SEND_WITH_IMM ||
-                            w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+      const bool needs_sv =
+          is_atomic || w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
       if (needs_sv && !c.peer_sv) {
         set_error_in_tx(qp, w, IBV_WC_LOC_QP_OP_ERR);
         return false;
@@ -216,8 +216,8 @@ bool frame_sq(Qp* qp, Framer& f) {
         const bool inv = w.opcode == IBV_WR_SEND_WITH_INV;
         const RdmapOpcode op = inv ? (se ? RdmapOpcode::send_se_inv : RdmapOpcode::send_inv)
                                    : (se ? RdmapOpcode::send_se : RdmapOpcode::send);
-        const uint32_t rsvd = inv ? w.imm_or_inv
-                                  : (w.opcode == IBV_WR_SEND_WITH_IMM ? kSvImmFollows : 0);
+        const uint32_t rsvd =
+            inv ? w.imm_or_inv : (w.opcode == IBV_WR_SEND_WITH_IMM ? kSvImmFollows : 0);
         const uint32_t chunk =
             std::min<uint32_t>(w.length - w.sent, c.max_ulpdu - wire::kDdpUntaggedHdrLen);
         const bool last = w.sent + chunk == w.length;
@@ -261,8 +261,8 @@ bool frame_sq(Qp* qp, Framer& f) {
       case IBV_WR_ATOMIC_FETCH_AND_ADD: {
         w.msn = ++c.rreq_msn_tx;  // Atomic Requests share QN 1 with Read Requests
         std::byte* h = f.begin(wire::kDdpUntaggedHdrLen + wire::kAtomicRequestLen);
-        wire::encode_untagged(h, RdmapOpcode::atomic_request, true, 0, wire::kQnReadRequest,
-                              w.msn, 0);
+        wire::encode_untagged(h, RdmapOpcode::atomic_request, true, 0, wire::kQnReadRequest, w.msn,
+                              0);
         wire::AtomicRequest ar;
         const bool cas = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
         ar.op = cas ? wire::AtomicOp::compare_swap : wire::AtomicOp::fetch_add;
@@ -407,8 +407,7 @@ void tx_terminate_locked(Qp* qp, const wire::Terminate& t) {
   f.start();
   std::byte* h = f.begin(wire::kDdpUntaggedHdrLen + wire::kTerminateCtrlLen);
   // siw sends its Terminate with MSN 1 on QN 2.
-  wire::encode_untagged(h, RdmapOpcode::terminate, true, 0, wire::kQnTerminate,
-                        ++c.term_msn_tx, 0);
+  wire::encode_untagged(h, RdmapOpcode::terminate, true, 0, wire::kQnTerminate, ++c.term_msn_tx, 0);
   wire::encode_terminate(h + wire::kDdpUntaggedHdrLen, t);
   f.end();
   c.tx_gated = true;  // nothing after the Terminate

@@ -170,8 +170,8 @@ RxAction on_read_request(Qp* qp, Conn& c) {
     if (qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_READ) {
       auto& kt = KeyTable::get();
       auto g = kt.read_guard();
-      r = kt.check(rr.source_stag, qp->pd, rr.source_to, rr.read_size, IBV_ACCESS_REMOTE_READ,
-                   true, &p);
+      r = kt.check(rr.source_stag, qp->pd, rr.source_to, rr.read_size, IBV_ACCESS_REMOTE_READ, true,
+                   &p);
     }
   }
   if (r != AccessResult::ok) {
@@ -179,9 +179,9 @@ RxAction on_read_request(Qp* qp, Conn& c) {
     return RxAction::dead;
   }
   std::lock_guard lk(qp->tx_mu);
-  const uint32_t ird = std::min<uint32_t>(
-      static_cast<uint32_t>(qp->irq.size()),
-      std::max<uint32_t>({qp->attr.max_dest_rd_atomic, c.ird, 1u}));
+  const uint32_t ird =
+      std::min<uint32_t>(static_cast<uint32_t>(qp->irq.size()),
+                         std::max<uint32_t>({qp->attr.max_dest_rd_atomic, c.ird, 1u}));
   if (qp->irq_count >= ird) {
     // More outstanding Reads than we advertised (RFC 5040 §5.2 / siw: catastrophic).
     Terminate t;
@@ -221,8 +221,8 @@ RxAction on_atomic_request(Qp* qp, Conn& c) {
   }
   if (ar.to & 7) {
     // Misaligned target: an invalid request (IB spec o10-31 / C9-40 analogue).
-    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::catastrophic_stream), true,
-            IBV_WC_REM_INV_REQ_ERR, IBV_WC_WR_FLUSH_ERR);
+    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::catastrophic_stream), true, IBV_WC_REM_INV_REQ_ERR,
+            IBV_WC_WR_FLUSH_ERR);
     return RxAction::dead;
   }
   AccessResult r = AccessResult::access_rights;
@@ -317,8 +317,8 @@ RxAction on_imm(Qp* qp, Conn& c) {
       return RxAction::dead;
     }
     c.imm_pending = false;
-    complete_recv(qp, c.imm_recv, IBV_WC_SUCCESS, c.imm_len, IBV_WC_RECV, IBV_WC_WITH_IMM | se,
-                  imm, 0);
+    complete_recv(qp, c.imm_recv, IBV_WC_SUCCESS, c.imm_len, IBV_WC_RECV, IBV_WC_WITH_IMM | se, imm,
+                  0);
   } else {
     RecvWqe w;
     if (!take_recv(qp, w, c.tmp_sge)) return RxAction::stall;
@@ -348,10 +348,11 @@ void rx_fail(Qp* qp, const Terminate& t, bool send_term, ibv_wc_status send_stat
   qp->rx_stalled = true;
   // The requester side learns of the failure from our Terminate; locally, outstanding
   // requests complete with the status the caller chose.
-  qp_set_error(qp, send_status == IBV_WC_REM_OP_ERR || send_status == IBV_WC_REM_ACCESS_ERR ||
-                           send_status == IBV_WC_REM_INV_REQ_ERR
-                       ? IBV_WC_WR_FLUSH_ERR
-                       : send_status,
+  qp_set_error(qp,
+               send_status == IBV_WC_REM_OP_ERR || send_status == IBV_WC_REM_ACCESS_ERR ||
+                       send_status == IBV_WC_REM_INV_REQ_ERR
+                   ? IBV_WC_WR_FLUSH_ERR
+                   : send_status,
                true);
 }
 
@@ -403,9 +404,9 @@ bool rx_on_segment_end(Qp* qp) {
     case RdmapOpcode::send_se_inv: {
       if (!s.last) return true;
       const bool inv = s.opcode == RdmapOpcode::send_inv || s.opcode == RdmapOpcode::send_se_inv;
-      const unsigned se =
-          (s.opcode == RdmapOpcode::send_se || s.opcode == RdmapOpcode::send_se_inv) ? (1u << 31)
-                                                                                     : 0;
+      const unsigned se = (s.opcode == RdmapOpcode::send_se || s.opcode == RdmapOpcode::send_se_inv)
+                              ? (1u << 31)
+                              : 0;
       const uint32_t len = c.place.offset;
       c.have_recv = false;
       ++c.recv_msn;

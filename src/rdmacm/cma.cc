@@ -54,15 +54,15 @@ struct Listener : Progress::Handler {
 struct CmId {
   rdma_cm_id id;  // first: handed out
   std::mutex mu;
-  bool sync = false;        // created with a NULL channel (rdma_create_ep style)
+  bool sync = false;  // created with a NULL channel (rdma_create_ep style)
   Channel* own_channel = nullptr;
-  int bound_fd = -1;        // bound, not yet listening
+  int bound_fd = -1;  // bound, not yet listening
   Listener* listener = nullptr;
-  Endpoint* ep = nullptr;   // handshake in flight or waiting for accept/reject
+  Endpoint* ep = nullptr;  // handshake in flight or waiting for accept/reject
   bool connected = false;
   bool disconnected = false;  // DISCONNECTED already queued
   uint8_t resp_res = 0, init_depth = 0;
-  int outstanding = 0;      // events not yet acked (rdma_destroy_id waits)
+  int outstanding = 0;  // events not yet acked (rdma_destroy_id waits)
   std::condition_variable cv;
 };
 
@@ -74,10 +74,16 @@ struct CmId {
 std::mutex& g_ids_mu = *new std::mutex();
 std::vector<CmId*>& g_ids = *new std::vector<CmId*>();
 
-bool alive(CmId* id) { return std::find(g_ids.begin(), g_ids.end(), id) != g_ids.end(); }
+bool alive(CmId* id) {
+  return std::find(g_ids.begin(), g_ids.end(), id) != g_ids.end();
+}
 
-Channel* chan(rdma_event_channel* c) { return reinterpret_cast<Channel*>(c); }
-CmId* cmid(rdma_cm_id* i) { return reinterpret_cast<CmId*>(i); }
+Channel* chan(rdma_event_channel* c) {
+  return reinterpret_cast<Channel*>(c);
+}
+CmId* cmid(rdma_cm_id* i) {
+  return reinterpret_cast<CmId*>(i);
+}
 
 ibv_context* g_verbs() {
   // One device context shared by every rdma_cm_id, as librdmacm keeps one per device.
@@ -102,7 +108,8 @@ void queue_event(CmId* id, rdma_cm_event_type type, int status,
   if (pdata && !pdata->empty()) {
     e->pdata = *pdata;
     e->ev.param.conn.private_data = e->pdata.data();
-    e->ev.param.conn.private_data_len = static_cast<uint8_t>(std::min<size_t>(e->pdata.size(), 255));
+    e->ev.param.conn.private_data_len =
+        static_cast<uint8_t>(std::min<size_t>(e->pdata.size(), 255));
   }
   e->ev.param.conn.responder_resources = resp_res;
   e->ev.param.conn.initiator_depth = init_depth;
@@ -110,8 +117,12 @@ void queue_event(CmId* id, rdma_cm_event_type type, int status,
   chan(owner->id.channel)->events.push(e);
 }
 
-SockAddr id_src(CmId* id) { return SockAddr::from(&id->id.route.addr.src_addr); }
-SockAddr id_dst(CmId* id) { return SockAddr::from(&id->id.route.addr.dst_addr); }
+SockAddr id_src(CmId* id) {
+  return SockAddr::from(&id->id.route.addr.src_addr);
+}
+SockAddr id_dst(CmId* id) {
+  return SockAddr::from(&id->id.route.addr.dst_addr);
+}
 
 void set_src(CmId* id, const SockAddr& a) {
   std::memset(&id->id.route.addr.src_storage, 0, sizeof(sockaddr_storage));
@@ -132,7 +143,7 @@ bool is_any(const SockAddr& a) {
 
 socklen_t sa_len(const sockaddr* sa) {
   if (!sa) return 0;
-  return sa->sa_family == AF_INET6 ? sizeof(sockaddr_in6)
+  return sa->sa_family == AF_INET6  ? sizeof(sockaddr_in6)
          : sa->sa_family == AF_INET ? sizeof(sockaddr_in)
                                     : 0;
 }
@@ -144,8 +155,7 @@ void qp_connect(CmId* id, Endpoint* ep) {
   {
     std::lock_guard lk(qp->tx_mu);
     qp->attr.max_rd_atomic = static_cast<uint8_t>(std::max<uint16_t>(ep->negotiated_ord(), 1));
-    qp->attr.max_dest_rd_atomic =
-        static_cast<uint8_t>(std::max<uint16_t>(ep->negotiated_ird(), 1));
+    qp->attr.max_dest_rd_atomic = static_cast<uint8_t>(std::max<uint16_t>(ep->negotiated_ird(), 1));
     qp->attr.rnr_retry = 7;
     qp->attr.retry_cnt = 7;
     qp->attr.timeout = 14;
@@ -159,7 +169,6 @@ void qp_connect(CmId* id, Endpoint* ep) {
   }
   qp_take_endpoint(qp, ep);
 }
-
 
 void on_qp_disconnect(void* p) {
   auto* id = static_cast<CmId*>(p);
@@ -313,23 +322,40 @@ SV_EXPORT int rdma_ack_cm_event(rdma_cm_event* event) {
 
 SV_EXPORT const char* rdma_event_str(rdma_cm_event_type event) {
   switch (event) {
-    case RDMA_CM_EVENT_ADDR_RESOLVED: return "RDMA_CM_EVENT_ADDR_RESOLVED";
-    case RDMA_CM_EVENT_ADDR_ERROR: return "RDMA_CM_EVENT_ADDR_ERROR";
-    case RDMA_CM_EVENT_ROUTE_RESOLVED: return "RDMA_CM_EVENT_ROUTE_RESOLVED";
-    case RDMA_CM_EVENT_ROUTE_ERROR: return "RDMA_CM_EVENT_ROUTE_ERROR";
-    case RDMA_CM_EVENT_CONNECT_REQUEST: return "RDMA_CM_EVENT_CONNECT_REQUEST";
-    case RDMA_CM_EVENT_CONNECT_RESPONSE: return "RDMA_CM_EVENT_CONNECT_RESPONSE";
-    case RDMA_CM_EVENT_CONNECT_ERROR: return "RDMA_CM_EVENT_CONNECT_ERROR";
-    case RDMA_CM_EVENT_UNREACHABLE: return "RDMA_CM_EVENT_UNREACHABLE";
-    case RDMA_CM_EVENT_REJECTED: return "RDMA_CM_EVENT_REJECTED";
-    case RDMA_CM_EVENT_ESTABLISHED: return "RDMA_CM_EVENT_ESTABLISHED";
-    case RDMA_CM_EVENT_DISCONNECTED: return "RDMA_CM_EVENT_DISCONNECTED";
-    case RDMA_CM_EVENT_DEVICE_REMOVAL: return "RDMA_CM_EVENT_DEVICE_REMOVAL";
-    case RDMA_CM_EVENT_MULTICAST_JOIN: return "RDMA_CM_EVENT_MULTICAST_JOIN";
-    case RDMA_CM_EVENT_MULTICAST_ERROR: return "RDMA_CM_EVENT_MULTICAST_ERROR";
-    case RDMA_CM_EVENT_ADDR_CHANGE: return "RDMA_CM_EVENT_ADDR_CHANGE";
-    case RDMA_CM_EVENT_TIMEWAIT_EXIT: return "RDMA_CM_EVENT_TIMEWAIT_EXIT";
-    default: return "UNKNOWN EVENT";
+    case RDMA_CM_EVENT_ADDR_RESOLVED:
+      return "RDMA_CM_EVENT_ADDR_RESOLVED";
+    case RDMA_CM_EVENT_ADDR_ERROR:
+      return "RDMA_CM_EVENT_ADDR_ERROR";
+    case RDMA_CM_EVENT_ROUTE_RESOLVED:
+      return "RDMA_CM_EVENT_ROUTE_RESOLVED";
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+      return "RDMA_CM_EVENT_ROUTE_ERROR";
+    case RDMA_CM_EVENT_CONNECT_REQUEST:
+      return "RDMA_CM_EVENT_CONNECT_REQUEST";
+    case RDMA_CM_EVENT_CONNECT_RESPONSE:
+      return "RDMA_CM_EVENT_CONNECT_RESPONSE";
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+      return "RDMA_CM_EVENT_CONNECT_ERROR";
+    case RDMA_CM_EVENT_UNREACHABLE:
+      return "RDMA_CM_EVENT_UNREACHABLE";
+    case RDMA_CM_EVENT_REJECTED:
+      return "RDMA_CM_EVENT_REJECTED";
+    case RDMA_CM_EVENT_ESTABLISHED:
+      return "RDMA_CM_EVENT_ESTABLISHED";
+    case RDMA_CM_EVENT_DISCONNECTED:
+      return "RDMA_CM_EVENT_DISCONNECTED";
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+      return "RDMA_CM_EVENT_DEVICE_REMOVAL";
+    case RDMA_CM_EVENT_MULTICAST_JOIN:
+      return "RDMA_CM_EVENT_MULTICAST_JOIN";
+    case RDMA_CM_EVENT_MULTICAST_ERROR:
+      return "RDMA_CM_EVENT_MULTICAST_ERROR";
+    case RDMA_CM_EVENT_ADDR_CHANGE:
+      return "RDMA_CM_EVENT_ADDR_CHANGE";
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT:
+      return "RDMA_CM_EVENT_TIMEWAIT_EXIT";
+    default:
+      return "UNKNOWN EVENT";
   }
 }
 
@@ -498,16 +524,14 @@ SV_EXPORT int rdma_create_qp_ex(rdma_cm_id* i, ibv_qp_init_attr_ex* attr) {
   if (!init.send_cq || !init.recv_cq) {
     if (!init.recv_cq) {
       id->id.recv_cq_channel = ibv_create_comp_channel(id->id.verbs);
-      id->id.recv_cq =
-          ibv_create_cq(id->id.verbs, std::max<int>(attr->cap.max_recv_wr, 1), id,
-                        id->id.recv_cq_channel, 0);
+      id->id.recv_cq = ibv_create_cq(id->id.verbs, std::max<int>(attr->cap.max_recv_wr, 1), id,
+                                     id->id.recv_cq_channel, 0);
       init.recv_cq = id->id.recv_cq;
     }
     if (!init.send_cq) {
       id->id.send_cq_channel = ibv_create_comp_channel(id->id.verbs);
-      id->id.send_cq =
-          ibv_create_cq(id->id.verbs, std::max<int>(attr->cap.max_send_wr, 1), id,
-                        id->id.send_cq_channel, 0);
+      id->id.send_cq = ibv_create_cq(id->id.verbs, std::max<int>(attr->cap.max_send_wr, 1), id,
+                                     id->id.send_cq_channel, 0);
       init.send_cq = id->id.send_cq;
     }
   }
@@ -523,8 +547,8 @@ SV_EXPORT int rdma_create_qp_ex(rdma_cm_id* i, ibv_qp_init_attr_ex* attr) {
   a.pkey_index = 0;
   a.port_num = 1;
   // iw_cm_init_qp_attr grants remote read and write; we also offer atomics.
-  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                      IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_LOCAL_WRITE;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                      IBV_ACCESS_LOCAL_WRITE;
   if (int e = ibv_modify_qp(qp, &a,
                             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
     ibv_destroy_qp(qp);
@@ -681,8 +705,8 @@ SV_EXPORT int rdma_reject(rdma_cm_id* i, const void* pdata, uint8_t len) {
   Endpoint* ep = id->ep;
   if (!ep || ep->role() != Endpoint::Role::passive) return fail(EINVAL);
   std::vector<std::byte> b;
-  if (pdata && len) b.assign(static_cast<const std::byte*>(pdata),
-                             static_cast<const std::byte*>(pdata) + len);
+  if (pdata && len)
+    b.assign(static_cast<const std::byte*>(pdata), static_cast<const std::byte*>(pdata) + len);
   id->ep = nullptr;
   ep->reject(std::move(b));
   return 0;
@@ -707,7 +731,9 @@ SV_EXPORT int rdma_disconnect(rdma_cm_id* i) {
   return 0;
 }
 
-SV_EXPORT int rdma_notify(rdma_cm_id* i, ibv_event_type) { return i ? 0 : fail(EINVAL); }
+SV_EXPORT int rdma_notify(rdma_cm_id* i, ibv_event_type) {
+  return i ? 0 : fail(EINVAL);
+}
 
 SV_EXPORT int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** id) {
   if (!listen || !id) return fail(EINVAL);
@@ -733,8 +759,7 @@ SV_EXPORT int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** id) {
 
 // ---- options, addresses, devices ----------------------------------------------------------
 
-SV_EXPORT int rdma_set_option(rdma_cm_id* i, int level, int optname, void* optval,
-                              size_t optlen) {
+SV_EXPORT int rdma_set_option(rdma_cm_id* i, int level, int optname, void* optval, size_t optlen) {
   if (!i || !optval) return fail(EINVAL);
   if (level == RDMA_OPTION_ID || level == RDMA_OPTION_IB) {
     (void)optname;
@@ -755,8 +780,12 @@ SV_EXPORT int rdma_migrate_id(rdma_cm_id* i, rdma_event_channel* channel) {
   return 0;
 }
 
-SV_EXPORT __be16 rdma_get_src_port(rdma_cm_id* i) { return htons(id_src(cmid(i)).port()); }
-SV_EXPORT __be16 rdma_get_dst_port(rdma_cm_id* i) { return htons(id_dst(cmid(i)).port()); }
+SV_EXPORT __be16 rdma_get_src_port(rdma_cm_id* i) {
+  return htons(id_src(cmid(i)).port());
+}
+SV_EXPORT __be16 rdma_get_dst_port(rdma_cm_id* i) {
+  return htons(id_dst(cmid(i)).port());
+}
 
 SV_EXPORT ibv_context** rdma_get_devices(int* num) {
   auto** l = static_cast<ibv_context**>(calloc(2, sizeof(ibv_context*)));
@@ -766,10 +795,12 @@ SV_EXPORT ibv_context** rdma_get_devices(int* num) {
   return l;
 }
 
-SV_EXPORT void rdma_free_devices(ibv_context** list) { free(list); }
+SV_EXPORT void rdma_free_devices(ibv_context** list) {
+  free(list);
+}
 
-SV_EXPORT int rdma_getaddrinfo(const char* node, const char* service,
-                               const rdma_addrinfo* hints, rdma_addrinfo** res) {
+SV_EXPORT int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints,
+                               rdma_addrinfo** res) {
   if (!res || (!node && !service)) return EAI_NONAME;
   addrinfo h{};
   h.ai_socktype = SOCK_STREAM;
@@ -852,8 +883,8 @@ SV_EXPORT int rdma_init_qp_attr(rdma_cm_id* i, ibv_qp_attr* attr, int* mask) {
       attr->retry_cnt = 7;
       attr->rnr_retry = 7;
       attr->max_rd_atomic = std::max<uint8_t>(id->init_depth, 1);
-      *mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-              IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+      *mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+              IBV_QP_MAX_QP_RD_ATOMIC;
       return 0;
     default:
       return fail(EINVAL);
@@ -927,5 +958,9 @@ SV_EXPORT void rdma_destroy_srq(rdma_cm_id* i) {
 }
 
 // Enhanced connection establishment (IB ECE) has no iWARP equivalent.
-SV_EXPORT int rdma_set_local_ece(rdma_cm_id*, ibv_ece*) { return fail(EOPNOTSUPP); }
-SV_EXPORT int rdma_get_remote_ece(rdma_cm_id*, ibv_ece*) { return fail(EOPNOTSUPP); }
+SV_EXPORT int rdma_set_local_ece(rdma_cm_id*, ibv_ece*) {
+  return fail(EOPNOTSUPP);
+}
+SV_EXPORT int rdma_get_remote_ece(rdma_cm_id*, ibv_ece*) {
+  return fail(EOPNOTSUPP);
+}

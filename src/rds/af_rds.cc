@@ -33,14 +33,18 @@ ssize_t raw_send(int fd, const void* b, size_t n, int flags) {
 ssize_t raw_recv(int fd, void* b, size_t n, int flags) {
   return syscall(SYS_recvfrom, fd, b, n, flags, nullptr, nullptr);
 }
-int raw_close(int fd) { return static_cast<int>(syscall(SYS_close, fd)); }
+int raw_close(int fd) {
+  return static_cast<int>(syscall(SYS_close, fd));
+}
 
 Sock* sock_of(int fd) {
   auto it = g().socks.find(fd);
   return it == g().socks.end() || it->second->closing ? nullptr : it->second;
 }
 
-void sock_wake(Sock* s) { s->cv.notify_all(); }
+void sock_wake(Sock* s) {
+  s->cv.notify_all();
+}
 
 void sock_update_poll(Sock* s) {
   if (s->lib_fd < 0) return;
@@ -74,7 +78,6 @@ void sock_update_poll(Sock* s) {
 using namespace sv::rds;
 
 namespace {
-
 
 // Never freed (a thread may still be waking on a closed socket's cv), never destroyed.
 std::vector<Sock*>& g_closed = *new std::vector<Sock*>();
@@ -110,15 +113,15 @@ void drop_to(Sock* s, const sockaddr_in* dest, bool notify) {
     for (auto* q : {&c->send_q, &c->retrans}) {
       for (auto it = q->begin(); it != q->end();) {
         Message* m = *it;
-        const bool match = m->sock == s && (!dest || (m->dest.sin_addr.s_addr == dest->sin_addr.s_addr &&
-                                                      m->dest.sin_port == dest->sin_port));
+        const bool match =
+            m->sock == s && (!dest || (m->dest.sin_addr.s_addr == dest->sin_addr.s_addr &&
+                                       m->dest.sin_port == dest->sin_port));
         if (!match || (q == &c->send_q && m->frags_posted && it == q->begin())) {
           ++it;
           continue;
         }
         it = q->erase(it);
-        if (notify && m->op && !m->op->notified &&
-            (m->op->notify || s->recverr)) {
+        if (notify && m->op && !m->op->notified && (m->op->notify || s->recverr)) {
           queue_notify(s, m->op->user_token, RDS_RDMA_CANCELED);
           m->op->notified = true;
         }
@@ -150,7 +153,9 @@ SV_EXPORT int svrds_socket(int domain, int type, int protocol) {
   return s->app_fd;
 }
 
-SV_EXPORT int svrds_is_rds(int fd) { return fd >= 0 && fd < kMaxFd && g_is_rds[fd].load(); }
+SV_EXPORT int svrds_is_rds(int fd) {
+  return fd >= 0 && fd < kMaxFd && g_is_rds[fd].load();
+}
 
 SV_EXPORT int svrds_bind(int fd, const sockaddr* addr, socklen_t len) {
   std::lock_guard lk(g().mu);
@@ -206,8 +211,8 @@ SV_EXPORT int svrds_connect(int fd, const sockaddr* addr, socklen_t len) {
   return 0;
 }
 
-SV_EXPORT ssize_t svrds_sendto(int fd, const void* buf, size_t len, int flags,
-                               const sockaddr* to, socklen_t tolen) {
+SV_EXPORT ssize_t svrds_sendto(int fd, const void* buf, size_t len, int flags, const sockaddr* to,
+                               socklen_t tolen) {
   iovec v{const_cast<void*>(buf), len};
   msghdr m{};
   m.msg_iov = &v;
@@ -252,8 +257,7 @@ SV_EXPORT int svrds_setsockopt(int fd, int level, int optname, const void* optva
     case RDS_GET_MR:
     case RDS_GET_MR_FOR_DEST: {
       const bool dest = optname == RDS_GET_MR_FOR_DEST;
-      if (!optval ||
-          optlen != (dest ? sizeof(rds_get_mr_for_dest_args) : sizeof(rds_get_mr_args)))
+      if (!optval || optlen != (dest ? sizeof(rds_get_mr_for_dest_args) : sizeof(rds_get_mr_args)))
         return fail(EINVAL);
       if (!s->bound) return fail(ENOTCONN);
       rds_get_mr_args a;

@@ -42,8 +42,8 @@ int registry_claim(const sockaddr_in& a, uint16_t cm_port, uint64_t gen) {
     return -EADDRINUSE;
   }
   char buf[48];
-  const int n = std::snprintf(buf, sizeof buf, "%u %llu\n", cm_port,
-                              static_cast<unsigned long long>(gen));
+  const int n =
+      std::snprintf(buf, sizeof buf, "%u %llu\n", cm_port, static_cast<unsigned long long>(gen));
   if (ftruncate(fd, 0) < 0 || pwrite(fd, buf, static_cast<size_t>(n), 0) != n) {
     close(fd);
     return -EIO;
@@ -54,7 +54,8 @@ int registry_claim(const sockaddr_in& a, uint16_t cm_port, uint64_t gen) {
 void registry_release(int lock_fd, const sockaddr_in&) {
   // No unlink: a racing binder may hold the old inode open; the lock is what matters.
   if (lock_fd >= 0) {
-    if (ftruncate(lock_fd, 0) < 0) { /* a stale number is harmless: no lock, no owner */ }
+    if (ftruncate(lock_fd, 0) < 0) { /* a stale number is harmless: no lock, no owner */
+    }
     close(lock_fd);
   }
 }
@@ -77,6 +78,8 @@ uint16_t registry_lookup(const sockaddr_in& a, uint64_t* gen) {
   return port;
 }
 
-bool registry_port_taken(const sockaddr_in& a) { return registry_lookup(a) != 0; }
+bool registry_port_taken(const sockaddr_in& a) {
+  return registry_lookup(a) != 0;
+}
 
 }  // namespace sv::rds

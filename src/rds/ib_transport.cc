@@ -114,7 +114,8 @@ void schedule_reconnect(Conn* c) {
   c->backoff_ms = c->backoff_ms ? std::min(c->backoff_ms * 2, kMaxBackoffMs) : kMinBackoffMs;
   uint32_t r;
   if (getrandom(&r, sizeof r, 0) != sizeof r) r = 7;
-  const int delay = c->reconnects == 0 ? 0 : static_cast<int>(r % static_cast<uint32_t>(c->backoff_ms)) + 1;
+  const int delay =
+      c->reconnects == 0 ? 0 : static_cast<int>(r % static_cast<uint32_t>(c->backoff_ms)) + 1;
   g_timers.emplace(std::chrono::steady_clock::now() + std::chrono::milliseconds(delay), c);
   uint64_t one = 1;
   ssize_t w = write(g().wake_fd, &one, sizeof one);
@@ -359,7 +360,9 @@ Global& g() {
   return *x;
 }
 
-void count(const char* name, uint64_t n) { g().counters[name] += n; }
+void count(const char* name, uint64_t n) {
+  g().counters[name] += n;
+}
 
 int transport_start() {
   Global& G = g();
@@ -425,7 +428,8 @@ void conn_send_ack(Conn* c) {
   wire::RdsHeader h;
   h.ack = c->next_rx_seq - 1;
   wire::rds_encode(h, b);
-  ibv_sge s{reinterpret_cast<uint64_t>(b), static_cast<uint32_t>(wire::kRdsHeaderLen), c->smr->lkey};
+  ibv_sge s{reinterpret_cast<uint64_t>(b), static_cast<uint32_t>(wire::kRdsHeaderLen),
+            c->smr->lkey};
   ibv_send_wr wr{};
   wr.wr_id = (static_cast<uint64_t>(g_id_of[c]) << 32) | (kAck << 24) | static_cast<uint64_t>(slot);
   wr.sg_list = &s;
@@ -443,6 +447,8 @@ void conn_send_ack(Conn* c) {
   count("ib_ack_sent");
 }
 
-uint32_t conn_id_of(Conn* c) { return g_id_of[c]; }
+uint32_t conn_id_of(Conn* c) {
+  return g_id_of[c];
+}
 
 }  // namespace sv::rds

@@ -48,8 +48,9 @@ std::string info_dir() {
   return std::string(d && *d ? d : "/dev/shm/softverbs-rds") + "/info";
 }
 
-constexpr int kInfoIds[] = {RDS_INFO_COUNTERS,       RDS_INFO_SOCKETS,         RDS_INFO_CONNECTIONS,
-                            RDS_INFO_SEND_MESSAGES,  RDS_INFO_RETRANS_MESSAGES, RDS_INFO_RECV_MESSAGES};
+constexpr int kInfoIds[] = {RDS_INFO_COUNTERS,         RDS_INFO_SOCKETS,
+                            RDS_INFO_CONNECTIONS,      RDS_INFO_SEND_MESSAGES,
+                            RDS_INFO_RETRANS_MESSAGES, RDS_INFO_RECV_MESSAGES};
 
 void info_publish() {
   // File: repeated [int id][int each][u32 bytes][records].
@@ -76,7 +77,9 @@ void info_publish() {
   if (ok) std::rename(tmp.c_str(), path.c_str());
 }
 
-void info_unpublish() { unlink((info_dir() + "/" + std::to_string(getpid())).c_str()); }
+void info_unpublish() {
+  unlink((info_dir() + "/" + std::to_string(getpid())).c_str());
+}
 
 namespace {
 // Other live processes' published records for one id.
@@ -118,7 +121,8 @@ int info_get(int optname, void* buf, socklen_t* len) {
   if (optname == RDS_INFO_COUNTERS) {
     // Counters are host-wide in Linux: sum them by name.
     std::vector<rds_info_counter> sum;
-    for (size_t off = 0; off + sizeof(rds_info_counter) <= all.size(); off += sizeof(rds_info_counter)) {
+    for (size_t off = 0; off + sizeof(rds_info_counter) <= all.size();
+         off += sizeof(rds_info_counter)) {
       rds_info_counter c;
       std::memcpy(&c, all.data() + off, sizeof c);
       bool merged = false;

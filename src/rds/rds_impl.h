@@ -43,15 +43,15 @@
 
 namespace sv::rds {
 
-inline constexpr size_t kMaxMsgSize = 1u << 20;           // RDS_MAX_MSG_SIZE
-inline constexpr size_t kFragSize = 64 * 1024;            // payload bytes per SEND
+inline constexpr size_t kMaxMsgSize = 1u << 20;  // RDS_MAX_MSG_SIZE
+inline constexpr size_t kFragSize = 64 * 1024;   // payload bytes per SEND
 inline constexpr size_t kBufSize = kFragSize + wire::kRdsHeaderLen;
-inline constexpr int kRecvBufs = 64;                      // per connection
-inline constexpr int kSendSlots = 64;                     // per connection
+inline constexpr int kRecvBufs = 64;   // per connection
+inline constexpr int kSendSlots = 64;  // per connection
 inline constexpr uint32_t kDefaultSndBuf = 256 * 1024;
 inline constexpr uint32_t kDefaultRcvBuf = 256 * 1024;
-inline constexpr int kAckEvery = 8;                       // max_unacked_packets
-inline constexpr size_t kCongMapBytes = 8192;             // RDS_CONG_MAP_BYTES: 65536 ports
+inline constexpr int kAckEvery = 8;            // max_unacked_packets
+inline constexpr size_t kCongMapBytes = 8192;  // RDS_CONG_MAP_BYTES: 65536 ports
 
 struct Sock;
 struct Conn;
@@ -78,10 +78,10 @@ struct RdmaOp {
 struct Message {
   wire::RdsHeader h;
   std::vector<std::byte> payload;
-  Sock* sock = nullptr;          // sending socket (null for acks/pongs)
+  Sock* sock = nullptr;  // sending socket (null for acks/pongs)
   sockaddr_in dest{};
   std::unique_ptr<RdmaOp> op;
-  bool queued_to_sock = true;    // counted in sock->snd_bytes
+  bool queued_to_sock = true;  // counted in sock->snd_bytes
   bool op_posted = false;
   uint32_t frags_posted = 0;
 };
@@ -93,8 +93,8 @@ struct Incoming {
 };
 
 struct Sock {
-  int app_fd = -1;   // handed to the application
-  int lib_fd = -1;   // our end of the socketpair
+  int app_fd = -1;  // handed to the application
+  int lib_fd = -1;  // our end of the socketpair
   bool bound = false;
   sockaddr_in bound_addr{};
   int lock_fd = -1;  // registry flock
@@ -109,8 +109,8 @@ struct Sock {
   std::deque<rds_rdma_notify> notify;
   std::map<uint32_t, ibv_mr*> mrs;  // rkey -> MR (RDS_GET_MR)
   std::map<uint32_t, uint64_t> mr_flags;
-  bool token = false;     // a byte is queued toward app_fd (POLLIN)
-  bool blocked = false;   // app_fd's send direction is filled (no POLLOUT)
+  bool token = false;    // a byte is queued toward app_fd (POLLIN)
+  bool blocked = false;  // app_fd's send direction is filled (no POLLOUT)
   int nonblock_hint = 0;
   std::condition_variable cv;
   bool closing = false;
@@ -127,7 +127,7 @@ struct Conn {
   rdma_cm_id* id = nullptr;
   bool active = false;
   uint64_t next_tx_seq = 1;
-  uint64_t next_rx_seq = 1;   // kept across reconnects so retransmits are recognised
+  uint64_t next_rx_seq = 1;  // kept across reconnects so retransmits are recognised
   uint64_t last_ack_sent = 0;
   int unacked = 0;
   bool ack_needed = false;
@@ -154,7 +154,7 @@ struct Conn {
 
 struct Global {
   std::mutex mu;
-  std::map<int, Sock*> socks;  // app_fd -> socket
+  std::map<int, Sock*> socks;       // app_fd -> socket
   std::map<uint64_t, Conn*> conns;  // peer key -> connection
   // verbs objects
   ibv_context* verbs = nullptr;
@@ -217,13 +217,13 @@ int map_region_locked(Sock* s, const rds_iovec& v, uint64_t flags, uint64_t* coo
 // info.cc: RDS_INFO_* snapshots of this process' RDS stack. Returns the record size, or
 // -ENOSPC with *len set to the bytes needed (net/rds info.c protocol).
 int info_get(int optname, void* buf, socklen_t* len);
-void info_publish();    // engine thread, every ~500 ms
+void info_publish();  // engine thread, every ~500 ms
 void info_unpublish();
 
 // cong.c-style congestion (cong.cc)
 bool cong_port_blocked(Conn* c, uint16_t port);
-void cong_rcvbuf_delta(Sock* s);   // after rcv_bytes changed: set/clear our bit
-void cong_send_map(Conn* c);       // queue our map on c
+void cong_rcvbuf_delta(Sock* s);  // after rcv_bytes changed: set/clear our bit
+void cong_send_map(Conn* c);      // queue our map on c
 void cong_map_received(Conn* c, const std::byte* map, size_t len);
 
 // recv.cc

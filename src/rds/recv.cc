@@ -113,7 +113,6 @@ void on_frag(Conn* c, const std::byte* buf, uint32_t len) {
 
 using namespace sv::rds;
 
-
 extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, msghdr* msg,
                                                                         int flags) {
   Global& G = g();
@@ -205,8 +204,10 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
   return ret;
 }
 
-extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvfrom(
-    int fd, void* buf, size_t len, int flags, sockaddr* from, socklen_t* fromlen) {
+extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvfrom(int fd, void* buf,
+                                                                         size_t len, int flags,
+                                                                         sockaddr* from,
+                                                                         socklen_t* fromlen) {
   iovec v{buf, len};
   msghdr m{};
   m.msg_iov = &v;

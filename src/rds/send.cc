@@ -38,8 +38,8 @@ void notify_op(Message* m, int status) {
 bool post_op(Conn* c, Message* m) {
   RdmaOp* op = m->op.get();
   ibv_send_wr wr{};
-  const uint64_t wid = (static_cast<uint64_t>(conn_id_of(c)) << 32) | (kRdma << 24) |
-                       (c->next_rdma_wr++ & 0xFFFFFF);
+  const uint64_t wid =
+      (static_cast<uint64_t>(conn_id_of(c)) << 32) | (kRdma << 24) | (c->next_rdma_wr++ & 0xFFFFFF);
   wr.wr_id = wid;
   wr.send_flags = IBV_SEND_SIGNALED;
   ibv_sge sge{};
@@ -47,9 +47,10 @@ bool post_op(Conn* c, Message* m) {
     sge = ibv_sge{op->atomic_local, 8, op->atomic_mr->lkey};
     wr.sg_list = &sge;
     wr.num_sge = 1;
-    wr.opcode = op->atomic_kind == RDS_CMSG_ATOMIC_CSWP || op->atomic_kind == RDS_CMSG_MASKED_ATOMIC_CSWP
-                    ? IBV_WR_ATOMIC_CMP_AND_SWP
-                    : IBV_WR_ATOMIC_FETCH_AND_ADD;
+    wr.opcode =
+        op->atomic_kind == RDS_CMSG_ATOMIC_CSWP || op->atomic_kind == RDS_CMSG_MASKED_ATOMIC_CSWP
+            ? IBV_WR_ATOMIC_CMP_AND_SWP
+            : IBV_WR_ATOMIC_FETCH_AND_ADD;
     wr.wr.atomic.remote_addr = op->remote_addr;
     wr.wr.atomic.rkey = op->rkey;
     wr.wr.atomic.compare_add = wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? op->compare : op->swap_add;
@@ -230,7 +231,6 @@ using namespace sv::rds;
 
 namespace {
 
-
 bool nonblocking(Sock* s, int flags) {
   return (flags & MSG_DONTWAIT) || (fcntl(s->app_fd, F_GETFL) & O_NONBLOCK);
 }
@@ -269,8 +269,7 @@ extern "C" __attribute__((visibility("default"))) int svrds_map_region(int fd, c
   return r ? fail(-r) : 0;
 }
 
-extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd,
-                                                                        const msghdr* msg,
+extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, const msghdr* msg,
                                                                         int flags) {
   Global& G = g();
   std::unique_lock lk(G.mu);
@@ -407,8 +406,8 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd,
       } else {
         op->swap_add = atomic->m_fadd.add;
       }
-      op->atomic_mr = ibv_reg_mr(G.pd, reinterpret_cast<void*>(atomic->local_addr), 8,
-                                 IBV_ACCESS_LOCAL_WRITE);
+      op->atomic_mr =
+          ibv_reg_mr(G.pd, reinterpret_cast<void*>(atomic->local_addr), 8, IBV_ACCESS_LOCAL_WRITE);
       if (!op->atomic_mr) return fail(EFAULT);
     }
     m->h.ext_rdma_rkey = op->rkey;

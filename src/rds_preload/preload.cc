@@ -62,8 +62,7 @@ SHIM ssize_t recvmsg(int fd, msghdr* m, int f) {
 
 SHIM ssize_t recvfrom(int fd, void* b, size_t n, int f, sockaddr* a, socklen_t* l) {
   if (svrds_is_rds(fd)) return svrds_recvfrom(fd, b, n, f, a, l);
-  static auto real =
-      next<ssize_t (*)(int, void*, size_t, int, sockaddr*, socklen_t*)>("recvfrom");
+  static auto real = next<ssize_t (*)(int, void*, size_t, int, sockaddr*, socklen_t*)>("recvfrom");
   return real(fd, b, n, f, a, l);
 }
 

@@ -4,8 +4,8 @@
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
-#include <sys/syscall.h>
 #include <netinet/tcp.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,8 +15,7 @@ namespace sv::transport {
 
 uint16_t SockAddr::port() const {
   if (ss.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
-  if (ss.ss_family == AF_INET6)
-    return ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);
+  if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);
   return 0;
 }
 
@@ -37,9 +36,12 @@ std::string SockAddr::str() const {
 SockAddr SockAddr::from(const sockaddr* sa) {
   SockAddr a;
   if (!sa) return a;
-  if (sa->sa_family == AF_INET) a.len = sizeof(sockaddr_in);
-  else if (sa->sa_family == AF_INET6) a.len = sizeof(sockaddr_in6);
-  else if (sa->sa_family == AF_IB) a.len = 0;
+  if (sa->sa_family == AF_INET)
+    a.len = sizeof(sockaddr_in);
+  else if (sa->sa_family == AF_INET6)
+    a.len = sizeof(sockaddr_in6);
+  else if (sa->sa_family == AF_IB)
+    a.len = 0;
   std::memcpy(&a.ss, sa, a.len);
   return a;
 }
@@ -99,8 +101,7 @@ int tcp_connect_nb(const SockAddr& to, const SockAddr* from) {
       return e;
     }
   }
-  if (connect(fd, reinterpret_cast<const sockaddr*>(&to.ss), to.len) < 0 &&
-      errno != EINPROGRESS) {
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&to.ss), to.len) < 0 && errno != EINPROGRESS) {
     int e = -errno;
     close(fd);
     return e;
@@ -139,7 +140,9 @@ int tcp_mss(int fd) {
 ssize_t sys_sendmsg(int fd, const msghdr* m, int flags) {
   return syscall(SYS_sendmsg, fd, m, flags);
 }
-ssize_t sys_recvmsg(int fd, msghdr* m, int flags) { return syscall(SYS_recvmsg, fd, m, flags); }
+ssize_t sys_recvmsg(int fd, msghdr* m, int flags) {
+  return syscall(SYS_recvmsg, fd, m, flags);
+}
 ssize_t sys_recv(int fd, void* buf, size_t len, int flags) {
   return syscall(SYS_recvfrom, fd, buf, len, flags, nullptr, nullptr);
 }

@@ -37,7 +37,9 @@ int op_poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   return cq->poll(n, wc);
 }
 
-int op_req_notify_cq(ibv_cq* ibcq, int solicited) { return Cq::from(ibcq)->arm(solicited != 0); }
+int op_req_notify_cq(ibv_cq* ibcq, int solicited) {
+  return Cq::from(ibcq)->arm(solicited != 0);
+}
 
 int op_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   return qp_post_send(Qp::from(qp), wr, bad);
@@ -70,7 +72,9 @@ int op_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input,
   return 0;
 }
 
-int check_port(uint8_t port) { return port == 1 ? 0 : EINVAL; }
+int check_port(uint8_t port) {
+  return port == 1 ? 0 : EINVAL;
+}
 
 }  // namespace
 
@@ -87,15 +91,21 @@ SV_EXPORT ibv_device** ibv_get_device_list(int* num) {
   return list;
 }
 
-SV_EXPORT void ibv_free_device_list(ibv_device** list) { free(list); }
+SV_EXPORT void ibv_free_device_list(ibv_device** list) {
+  free(list);
+}
 
-SV_EXPORT const char* ibv_get_device_name(ibv_device* dev) { return dev ? dev->name : nullptr; }
+SV_EXPORT const char* ibv_get_device_name(ibv_device* dev) {
+  return dev ? dev->name : nullptr;
+}
 
 SV_EXPORT __be64 ibv_get_device_guid(ibv_device* dev) {
   return htobe64(reinterpret_cast<Device*>(dev)->guid);
 }
 
-SV_EXPORT int ibv_get_device_index(ibv_device*) { return 0; }
+SV_EXPORT int ibv_get_device_index(ibv_device*) {
+  return 0;
+}
 
 SV_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
   auto* c = new (std::nothrow) Context();
@@ -199,14 +209,14 @@ SV_EXPORT int _ibv_query_gid_ex(ibv_context* ctx, uint32_t port, uint32_t index,
   return 0;
 }
 
-SV_EXPORT ssize_t _ibv_query_gid_table(ibv_context* ctx, ibv_gid_entry* entries,
-                                       size_t max_entries, uint32_t flags, size_t entry_size) {
+SV_EXPORT ssize_t _ibv_query_gid_table(ibv_context* ctx, ibv_gid_entry* entries, size_t max_entries,
+                                       uint32_t flags, size_t entry_size) {
   Device* d = Context::from(ctx)->device;
   if (flags || entry_size < sizeof(ibv_gid_entry)) return -EINVAL;
   if (max_entries < d->gids.size()) return -EINVAL;
   for (uint32_t i = 0; i < d->gids.size(); ++i)
-    fill_gid_entry(d, i, reinterpret_cast<ibv_gid_entry*>(reinterpret_cast<char*>(entries) +
-                                                          i * entry_size));
+    fill_gid_entry(
+        d, i, reinterpret_cast<ibv_gid_entry*>(reinterpret_cast<char*>(entries) + i * entry_size));
   return static_cast<ssize_t>(d->gids.size());
 }
 
@@ -244,8 +254,8 @@ SV_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
 
 namespace {
 constexpr int kMrAllowed = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                           IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-                           IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED | IBV_ACCESS_HUGETLB;
+                           IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND |
+                           IBV_ACCESS_ZERO_BASED | IBV_ACCESS_HUGETLB;
 
 int check_mr_access(int access) {
   access &= ~IBV_ACCESS_OPTIONAL_RANGE;  // best-effort bits (RELAXED_ORDERING): ignored
@@ -600,8 +610,12 @@ SV_EXPORT ibv_ah* ibv_create_ah_from_wc(ibv_pd*, ibv_wc*, ibv_grh*, uint8_t) {
   return nullptr;
 }
 
-SV_EXPORT int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
-SV_EXPORT int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
+SV_EXPORT int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) {
+  return EOPNOTSUPP;
+}
+SV_EXPORT int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) {
+  return EOPNOTSUPP;
+}
 
 // ---- async events ---------------------------------------------------------------------
 
@@ -650,10 +664,18 @@ SV_EXPORT void ibv_ack_async_event(ibv_async_event* event) {
 
 // ---- fork and sysfs -------------------------------------------------------------------
 
-SV_EXPORT int ibv_fork_init(void) { return 0; }
-SV_EXPORT enum ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
-SV_EXPORT int ibv_dontfork_range(void*, size_t) { return 0; }
-SV_EXPORT int ibv_dofork_range(void*, size_t) { return 0; }
+SV_EXPORT int ibv_fork_init(void) {
+  return 0;
+}
+SV_EXPORT enum ibv_fork_status ibv_is_fork_initialized(void) {
+  return IBV_FORK_UNNEEDED;
+}
+SV_EXPORT int ibv_dontfork_range(void*, size_t) {
+  return 0;
+}
+SV_EXPORT int ibv_dofork_range(void*, size_t) {
+  return 0;
+}
 
 // There is no sysfs device behind softverbs: optional attributes read as absent.
 SV_EXPORT int ibv_read_sysfs_file(const char*, const char*, char*, size_t) {
@@ -671,5 +693,9 @@ SV_EXPORT int ibv_resolve_eth_l2_from_gid(ibv_context*, ibv_ah_attr*, uint8_t[6]
   return EOPNOTSUPP;  // no L2 below us: TCP picks the route
 }
 
-SV_EXPORT int ibv_query_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
-SV_EXPORT int ibv_set_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
+SV_EXPORT int ibv_query_ece(ibv_qp*, ibv_ece*) {
+  return EOPNOTSUPP;
+}
+SV_EXPORT int ibv_set_ece(ibv_qp*, ibv_ece*) {
+  return EOPNOTSUPP;
+}

@@ -43,6 +43,8 @@ inline uint32_t load_le32(const std::byte* p) {
   std::memcpy(&v, p, 4);
   return v;
 }
-inline void store_le32(std::byte* p, uint32_t v) { std::memcpy(p, &v, 4); }
+inline void store_le32(std::byte* p, uint32_t v) {
+  std::memcpy(p, &v, 4);
+}
 
 }  // namespace sv::wire

@@ -12,7 +12,9 @@ inline constexpr uint32_t kCrc32cInit = 0xFFFFFFFFu;
 // Folds len bytes into the running state. Uses the SSE4.2 crc32 instruction when the CPU
 // has it, else a slicing table.
 uint32_t crc32c_update(uint32_t state, const void* data, size_t len) noexcept;
-inline uint32_t crc32c_final(uint32_t state) noexcept { return ~state; }
+inline uint32_t crc32c_final(uint32_t state) noexcept {
+  return ~state;
+}
 inline uint32_t crc32c(const void* data, size_t len) noexcept {
   return crc32c_final(crc32c_update(kCrc32cInit, data, len));
 }

@@ -28,13 +28,20 @@ const char* to_string(RdmapOpcode op) noexcept {
 
 const char* to_string(DdpError e) noexcept {
   switch (e) {
-    case DdpError::ok: return "ok";
-    case DdpError::ddp_version: return "DDP version";
-    case DdpError::rdmap_version: return "RDMAP version";
-    case DdpError::bad_opcode: return "unexpected RDMAP opcode";
-    case DdpError::short_ulpdu: return "ULPDU shorter than its header";
-    case DdpError::unexpected_payload: return "payload on a header-only message";
-    case DdpError::bad_qn: return "invalid queue number";
+    case DdpError::ok:
+      return "ok";
+    case DdpError::ddp_version:
+      return "DDP version";
+    case DdpError::rdmap_version:
+      return "RDMAP version";
+    case DdpError::bad_opcode:
+      return "unexpected RDMAP opcode";
+    case DdpError::short_ulpdu:
+      return "ULPDU shorter than its header";
+    case DdpError::unexpected_payload:
+      return "payload on a header-only message";
+    case DdpError::bad_qn:
+      return "invalid queue number";
   }
   return "?";
 }

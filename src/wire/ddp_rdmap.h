@@ -18,8 +18,8 @@ enum class RdmapOpcode : uint8_t {
   send_se = 5,
   send_se_inv = 6,
   terminate = 7,
-  imm_data = 8,      // RFC 7306
-  imm_data_se = 9,   // RFC 7306
+  imm_data = 8,          // RFC 7306
+  imm_data_se = 9,       // RFC 7306
   atomic_request = 10,   // RFC 7306
   atomic_response = 11,  // RFC 7306
 };
@@ -31,8 +31,8 @@ inline constexpr uint32_t kQnReadRequest = 1;  // also RFC 7306 Atomic Requests
 inline constexpr uint32_t kQnTerminate = 2;
 inline constexpr uint32_t kQnAtomicResponse = 3;
 
-inline constexpr uint8_t kDdpVersion = 1;    // RFC 5041 §5.1 DV
-inline constexpr uint8_t kRdmapVersion = 1;  // RFC 5040 §4.2 RV
+inline constexpr uint8_t kDdpVersion = 1;         // RFC 5041 §5.1 DV
+inline constexpr uint8_t kRdmapVersion = 1;       // RFC 5040 §4.2 RV
 inline constexpr size_t kDdpTaggedHdrLen = 14;    // ctrl(2) STag(4) TO(8)
 inline constexpr size_t kDdpUntaggedHdrLen = 18;  // ctrl(2) RsvdULP(4) QN(4) MSN(4) MO(4)
 inline constexpr size_t kReadRequestLen = 28;     // RFC 5040 §4.4
@@ -45,10 +45,10 @@ inline constexpr size_t kMaxUlpduLen = 65535;     // 16-bit ULPDU_Length, RFC 50
 struct OpcodeInfo {
   const char* name;
   bool tagged;
-  uint8_t qn;       // untagged queue (ignored for tagged)
-  uint8_t hdr_len;  // DDP header + RDMAP header bytes before the payload
-  bool rfc7306;     // only sent to a peer known to implement RFC 7306
-  bool has_payload; // false: a payload is a protocol error
+  uint8_t qn;        // untagged queue (ignored for tagged)
+  uint8_t hdr_len;   // DDP header + RDMAP header bytes before the payload
+  bool rfc7306;      // only sent to a peer known to implement RFC 7306
+  bool has_payload;  // false: a payload is a protocol error
 };
 
 // One entry per opcode; dispatch and names derive from it.
@@ -64,8 +64,7 @@ inline constexpr std::array<OpcodeInfo, kRdmapOpcodeCount> kOpcodeTable{{
     {"Terminate", false, kQnTerminate, kDdpUntaggedHdrLen + kTerminateCtrlLen, false, true},
     {"Immediate Data", false, kQnSend, kDdpUntaggedHdrLen + kImmDataLen, true, false},
     {"Immediate Data with SE", false, kQnSend, kDdpUntaggedHdrLen + kImmDataLen, true, false},
-    {"Atomic Request", false, kQnReadRequest, kDdpUntaggedHdrLen + kAtomicRequestLen, true,
-     false},
+    {"Atomic Request", false, kQnReadRequest, kDdpUntaggedHdrLen + kAtomicRequestLen, true, false},
     {"Atomic Response", false, kQnAtomicResponse, kDdpUntaggedHdrLen + kAtomicResponseLen, true,
      false},
 }};
@@ -96,12 +95,12 @@ struct DdpSegment {
 // Why a segment header was refused; errors.cc maps each to a Terminate triple.
 enum class DdpError : uint8_t {
   ok,
-  ddp_version,        // DV != 1
-  rdmap_version,      // RV != 1
-  bad_opcode,         // > kRdmapOpcodeCount or tagged bit does not match the opcode
-  short_ulpdu,        // ULPDU_Length smaller than the opcode's header
-  unexpected_payload, // Read Request / Atomic / Immediate carrying extra bytes
-  bad_qn,             // untagged queue number not the one the opcode uses
+  ddp_version,         // DV != 1
+  rdmap_version,       // RV != 1
+  bad_opcode,          // > kRdmapOpcodeCount or tagged bit does not match the opcode
+  short_ulpdu,         // ULPDU_Length smaller than the opcode's header
+  unexpected_payload,  // Read Request / Atomic / Immediate carrying extra bytes
+  bad_qn,              // untagged queue number not the one the opcode uses
 };
 const char* to_string(DdpError e) noexcept;
 
@@ -117,8 +116,8 @@ size_t ddp_header_len(std::span<const std::byte, 2> ctrl) noexcept;
 // Encoders write the DDP + RDMAP control header and return its length.
 size_t encode_tagged(std::byte* out, RdmapOpcode op, bool last, uint32_t stag,
                      uint64_t to) noexcept;
-size_t encode_untagged(std::byte* out, RdmapOpcode op, bool last, uint32_t rsvd_ulp,
-                       uint32_t qn, uint32_t msn, uint32_t mo) noexcept;
+size_t encode_untagged(std::byte* out, RdmapOpcode op, bool last, uint32_t rsvd_ulp, uint32_t qn,
+                       uint32_t msn, uint32_t mo) noexcept;
 
 // RFC 5040 §4.4 RDMA Read Request header.
 struct ReadRequest {
@@ -169,7 +168,9 @@ void encode_terminate(std::byte* out, const Terminate& t) noexcept;
 Terminate decode_terminate(const std::byte* in) noexcept;
 
 // FPDU framing (RFC 5044 §4): ULPDU_Length(2) | ULPDU | pad to 4 | CRC32c(4).
-inline constexpr size_t fpdu_pad(size_t ulpdu_len) { return (4 - ((2 + ulpdu_len) & 3)) & 3; }
+inline constexpr size_t fpdu_pad(size_t ulpdu_len) {
+  return (4 - ((2 + ulpdu_len) & 3)) & 3;
+}
 inline constexpr size_t fpdu_len(size_t ulpdu_len) {
   return 2 + ulpdu_len + fpdu_pad(ulpdu_len) + 4;
 }

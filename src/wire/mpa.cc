@@ -12,18 +12,26 @@ constexpr char kRepKey[] = "MPA ID Rep Frame";
 constexpr uint16_t kV2HighBit = 0x8000;  // A in the IRD word, C in the ORD word
 constexpr uint16_t kV2LowBit = 0x4000;   // B in the IRD word, D in the ORD word
 
-bool v2_present(const MpaFrame& f) { return f.rev == 2 && f.enhanced; }
+bool v2_present(const MpaFrame& f) {
+  return f.rev == 2 && f.enhanced;
+}
 
 }  // namespace
 
 const char* to_string(MpaError e) noexcept {
   switch (e) {
-    case MpaError::ok: return "ok";
-    case MpaError::need_more: return "incomplete MPA frame";
-    case MpaError::bad_key: return "bad MPA key";
-    case MpaError::bad_revision: return "unsupported MPA revision";
-    case MpaError::pdata_too_long: return "MPA private data too long";
-    case MpaError::v2_word_missing: return "MPA v2 IRD/ORD word missing";
+    case MpaError::ok:
+      return "ok";
+    case MpaError::need_more:
+      return "incomplete MPA frame";
+    case MpaError::bad_key:
+      return "bad MPA key";
+    case MpaError::bad_revision:
+      return "unsupported MPA revision";
+    case MpaError::pdata_too_long:
+      return "MPA private data too long";
+    case MpaError::v2_word_missing:
+      return "MPA v2 IRD/ORD word missing";
   }
   return "?";
 }

@@ -67,8 +67,8 @@ size_t mpa_frame_len(std::span<const std::byte> in) noexcept;
 
 // Decodes one frame that must be of kind `expect`. `in` must hold exactly the frame
 // (mpa_frame_len bytes) or more; extra bytes are not looked at.
-[[nodiscard]] MpaError mpa_decode(std::span<const std::byte> in, MpaKind expect,
-                                  size_t max_pdata, MpaFrame& out) noexcept;
+[[nodiscard]] MpaError mpa_decode(std::span<const std::byte> in, MpaKind expect, size_t max_pdata,
+                                  MpaFrame& out) noexcept;
 
 // Bytes mpa_encode will write.
 size_t mpa_encoded_len(const MpaFrame& f) noexcept;

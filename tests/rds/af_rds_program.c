@@ -13,12 +13,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define CHECK(c)                                                              \
-  do {                                                                        \
-    if (!(c)) {                                                               \
+#define CHECK(c)                                                                     \
+  do {                                                                               \
+    if (!(c)) {                                                                      \
       fprintf(stderr, "FAIL %s:%d: %s (errno %d)\n", __FILE__, __LINE__, #c, errno); \
-      exit(1);                                                                \
-    }                                                                         \
+      exit(1);                                                                       \
+    }                                                                                \
   } while (0)
 
 static struct sockaddr_in addr(int port) {
@@ -54,8 +54,8 @@ int main(void) {
   static char target[4096], src[4096];
   memset(src, 'R', sizeof src);
   uint64_t cookie = 0;
-  struct rds_get_mr_args mr = {{(uint64_t)(uintptr_t)target, sizeof target},
-                               (uint64_t)(uintptr_t)&cookie, 0};
+  struct rds_get_mr_args mr = {
+      {(uint64_t)(uintptr_t)target, sizeof target}, (uint64_t)(uintptr_t)&cookie, 0};
   CHECK(setsockopt(b, SOL_RDS, RDS_GET_MR, &mr, sizeof mr) == 0 && cookie != 0);
   struct rds_iovec local = {(uint64_t)(uintptr_t)src, sizeof src};
   struct rds_rdma_args ra;

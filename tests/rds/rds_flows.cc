@@ -48,7 +48,9 @@ uint64_t mix(uint64_t h, uint64_t v) {
   return h * 0xff51afd7ed558ccdull;
 }
 
-uint8_t filler(uint64_t chain, size_t i) { return static_cast<uint8_t>(chain >> ((i % 8) * 8)) ^ static_cast<uint8_t>(i); }
+uint8_t filler(uint64_t chain, size_t i) {
+  return static_cast<uint8_t>(chain >> ((i % 8) * 8)) ^ static_cast<uint8_t>(i);
+}
 
 struct FlowState {
   uint64_t seq = 0;
@@ -62,20 +64,35 @@ int main(int argc, char** argv) {
   int port = 6000, nsock = 4, timeout_s = 120;
   long messages = 1000;
   uint64_t seed = 1;
-  static option opts[] = {{"local", 1, nullptr, 'l'}, {"peer", 1, nullptr, 'p'},
-                          {"port", 1, nullptr, 'P'},  {"sockets", 1, nullptr, 'n'},
+  static option opts[] = {{"local", 1, nullptr, 'l'},    {"peer", 1, nullptr, 'p'},
+                          {"port", 1, nullptr, 'P'},     {"sockets", 1, nullptr, 'n'},
                           {"messages", 1, nullptr, 'm'}, {"seed", 1, nullptr, 's'},
-                          {"timeout", 1, nullptr, 't'}, {nullptr, 0, nullptr, 0}};
+                          {"timeout", 1, nullptr, 't'},  {nullptr, 0, nullptr, 0}};
   for (int o; (o = getopt_long(argc, argv, "", opts, nullptr)) != -1;) {
     switch (o) {
-      case 'l': local = optarg; break;
-      case 'p': peer = optarg; break;
-      case 'P': port = std::atoi(optarg); break;
-      case 'n': nsock = std::atoi(optarg); break;
-      case 'm': messages = std::atol(optarg); break;
-      case 's': seed = std::strtoull(optarg, nullptr, 0); break;
-      case 't': timeout_s = std::atoi(optarg); break;
-      default: return 2;
+      case 'l':
+        local = optarg;
+        break;
+      case 'p':
+        peer = optarg;
+        break;
+      case 'P':
+        port = std::atoi(optarg);
+        break;
+      case 'n':
+        nsock = std::atoi(optarg);
+        break;
+      case 'm':
+        messages = std::atol(optarg);
+        break;
+      case 's':
+        seed = std::strtoull(optarg, nullptr, 0);
+        break;
+      case 't':
+        timeout_s = std::atoi(optarg);
+        break;
+      default:
+        return 2;
     }
   }
   std::vector<int> fds;
@@ -105,7 +122,9 @@ int main(int argc, char** argv) {
   std::vector<char> buf(70000), rbuf(70000);
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] {
-    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start).count();
+    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() -
+                                                            start)
+        .count();
   };
   // Next message to send (kept until it is accepted).
   int cur_src = -1, cur_dst = 0;
@@ -124,13 +143,14 @@ int main(int argc, char** argv) {
         cur_src = static_cast<int>(rng.next() % nsock);
         cur_dst = static_cast<int>(rng.next() % nsock);
         const uint64_t r = rng.next() % 100;
-        cur_len = r < 5 ? 0 : r < 90 ? static_cast<uint32_t>(rng.next() % 2048)
-                                      : static_cast<uint32_t>(rng.next() % 65536);
+        cur_len = r < 5    ? 0
+                  : r < 90 ? static_cast<uint32_t>(rng.next() % 2048)
+                           : static_cast<uint32_t>(rng.next() % 65536);
         cur_len = std::max<uint32_t>(cur_len, sizeof(Hdr));
       }
       FlowState& f = out[{cur_src, cur_dst}];
       Hdr h{kMagic, static_cast<uint16_t>(port + cur_src), static_cast<uint16_t>(port + cur_dst),
-            f.seq, mix(mix(f.chain, f.seq), cur_len), cur_len};
+            f.seq,  mix(mix(f.chain, f.seq), cur_len),     cur_len};
       std::memcpy(buf.data(), &h, sizeof h);
       for (size_t i = sizeof h; i < cur_len; ++i) buf[i] = static_cast<char>(filler(h.chain, i));
       sockaddr_in d = peer_addr;
@@ -150,7 +170,8 @@ int main(int argc, char** argv) {
       cur_src = -1;
     }
     std::vector<pollfd> pf;
-    for (int fd : fds) pf.push_back({fd, static_cast<short>(POLLIN | (sent < messages ? POLLOUT : 0)), 0});
+    for (int fd : fds)
+      pf.push_back({fd, static_cast<short>(POLLIN | (sent < messages ? POLLOUT : 0)), 0});
     poll(pf.data(), pf.size(), 50);
     for (int k = 0; k < nsock; ++k) {
       for (int burst = 0; burst < 64; ++burst) {
@@ -181,7 +202,8 @@ int main(int argc, char** argv) {
         for (size_t i = sizeof h; i < static_cast<size_t>(n); ++i)
           if (static_cast<uint8_t>(rbuf[i]) != filler(h.chain, i)) {
             std::fprintf(stderr, "flows: payload corrupted in flow %u->%d seq %llu\n",
-                         ntohs(from.sin_port), port + k, static_cast<unsigned long long>(h.flow_seq));
+                         ntohs(from.sin_port), port + k,
+                         static_cast<unsigned long long>(h.flow_seq));
             return 1;
           }
         f.chain = h.chain;
@@ -215,10 +237,11 @@ int main(int argc, char** argv) {
     if (!std::strcmp(reinterpret_cast<char*>(c.name), "conn_reset")) resets = c.value;
     if (!std::strcmp(reinterpret_cast<char*>(c.name), "recv_drop_old_seq")) dups = c.value;
   }
-  std::printf("flows: sent %ld received %ld in %lld s over %zu flows (%ld EAGAIN/ENOBUFS, "
-              "%llu connection resets, %llu duplicates dropped): OK\n",
-              sent, received, static_cast<long long>(elapsed()), in.size(), eagain,
-              static_cast<unsigned long long>(resets), static_cast<unsigned long long>(dups));
+  std::printf(
+      "flows: sent %ld received %ld in %lld s over %zu flows (%ld EAGAIN/ENOBUFS, "
+      "%llu connection resets, %llu duplicates dropped): OK\n",
+      sent, received, static_cast<long long>(elapsed()), in.size(), eagain,
+      static_cast<unsigned long long>(resets), static_cast<unsigned long long>(dups));
   for (int fd : fds) svrds_close(fd);
   return 0;
 }

@@ -23,7 +23,9 @@ inline sockaddr_in addr(uint16_t port, const char* ip = "127.0.0.1") {
 
 // A port block unique to this test process (registry is host-wide).
 // 64 ports per process: parallel ctest processes must not overlap.
-inline uint16_t port(int i) { return static_cast<uint16_t>(20000 + (getpid() % 700) * 64 + i); }
+inline uint16_t port(int i) {
+  return static_cast<uint16_t>(20000 + (getpid() % 700) * 64 + i);
+}
 
 inline int bound_socket(uint16_t p) {
   int fd = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);

@@ -13,16 +13,16 @@ namespace {
 
 uint64_t get_mr(int fd, void* addr, size_t len, uint64_t flags = 0) {
   uint64_t cookie = 0;
-  rds_get_mr_args g{{reinterpret_cast<uint64_t>(addr), len},
-                    reinterpret_cast<uint64_t>(&cookie), flags};
+  rds_get_mr_args g{
+      {reinterpret_cast<uint64_t>(addr), len}, reinterpret_cast<uint64_t>(&cookie), flags};
   EXPECT_EQ(svrds_setsockopt(fd, SOL_RDS, RDS_GET_MR, &g, sizeof g), 0) << strerror(errno);
   return cookie;
 }
 
 // Sends `msg` with an RDMA op on `cookie` from the server socket.
-ssize_t send_rdma(int fd, uint16_t dport, uint64_t cookie, bool write, std::vector<rds_iovec>& local,
-                  uint64_t remote_off, uint64_t bytes, uint64_t token, const char* msg,
-                  uint64_t extra_flags = RDS_RDMA_NOTIFY_ME) {
+ssize_t send_rdma(int fd, uint16_t dport, uint64_t cookie, bool write,
+                  std::vector<rds_iovec>& local, uint64_t remote_off, uint64_t bytes,
+                  uint64_t token, const char* msg, uint64_t extra_flags = RDS_RDMA_NOTIFY_ME) {
   rds_rdma_args ra{};
   ra.cookie = cookie;
   ra.remote_vec = {remote_off, bytes};
@@ -139,7 +139,8 @@ TEST(RdsRdmaCookie, TravelsInBandWithRdmaMapAndDest) {
   // server gets it as RDS_CMSG_RDMA_DEST.
   uint64_t cookie = 0;
   rds_get_mr_args map{{reinterpret_cast<uint64_t>(region.data() + 100), 1000},
-                      reinterpret_cast<uint64_t>(&cookie), 0};
+                      reinterpret_cast<uint64_t>(&cookie),
+                      0};
   char ctl[CMSG_SPACE(sizeof map)] = {};
   iovec v{const_cast<char*>("req"), 3};
   sockaddr_in d = addr(p.sport);

@@ -27,8 +27,8 @@ struct Region {
   ~Region() { KeyTable::get().remove(&mr); }
 };
 
-AccessResult check(const Region&, uint32_t key, const Pd* pd, uint64_t addr, uint64_t len,
-                   int need, bool remote, std::byte** p) {
+AccessResult check(const Region&, uint32_t key, const Pd* pd, uint64_t addr, uint64_t len, int need,
+                   bool remote, std::byte** p) {
   auto& kt = KeyTable::get();
   auto g = kt.read_guard();
   return kt.check(key, pd, addr, len, need, remote, p);
@@ -42,13 +42,17 @@ TEST(KeyTable, RemoteAccessIsRelativeToIovaAndBounded) {
   const uint32_t k = r.mr.mr.rkey;
   EXPECT_EQ(check(r, k, &r.pd, 0x10000, 4096, IBV_ACCESS_REMOTE_WRITE, true, &p), AccessResult::ok);
   EXPECT_EQ(p, r.mem.data());
-  EXPECT_EQ(check(r, k, &r.pd, 0x10000 + 4095, 1, IBV_ACCESS_REMOTE_WRITE, true, &p), AccessResult::ok);
+  EXPECT_EQ(check(r, k, &r.pd, 0x10000 + 4095, 1, IBV_ACCESS_REMOTE_WRITE, true, &p),
+            AccessResult::ok);
   EXPECT_EQ(p, r.mem.data() + 4095);
-  EXPECT_EQ(check(r, k, &r.pd, 0x10000 + 4095, 2, IBV_ACCESS_REMOTE_WRITE, true, &p), AccessResult::bounds);
+  EXPECT_EQ(check(r, k, &r.pd, 0x10000 + 4095, 2, IBV_ACCESS_REMOTE_WRITE, true, &p),
+            AccessResult::bounds);
   EXPECT_EQ(check(r, k, &r.pd, 0xFFFF, 1, IBV_ACCESS_REMOTE_WRITE, true, &p), AccessResult::bounds);
-  EXPECT_EQ(check(r, k, &r.pd, 0x10000 + 4096, 0, IBV_ACCESS_REMOTE_WRITE, true, &p), AccessResult::ok)
+  EXPECT_EQ(check(r, k, &r.pd, 0x10000 + 4096, 0, IBV_ACCESS_REMOTE_WRITE, true, &p),
+            AccessResult::ok)
       << "an empty range at the end is inside";
-  EXPECT_EQ(check(r, k, &r.pd, ~0ull - 2, 8, IBV_ACCESS_REMOTE_WRITE, true, &p), AccessResult::bounds)
+  EXPECT_EQ(check(r, k, &r.pd, ~0ull - 2, 8, IBV_ACCESS_REMOTE_WRITE, true, &p),
+            AccessResult::bounds)
       << "wrap-around must not pass";
 }
 
@@ -58,8 +62,10 @@ TEST(KeyTable, AccessRightsPdAndKeyAreEnforced) {
   std::byte* p = nullptr;
   const uint32_t k = r.mr.mr.rkey;
   EXPECT_EQ(check(r, k, &r.pd, 0, 8, IBV_ACCESS_REMOTE_READ, true, &p), AccessResult::ok);
-  EXPECT_EQ(check(r, k, &r.pd, 0, 8, IBV_ACCESS_REMOTE_WRITE, true, &p), AccessResult::access_rights);
-  EXPECT_EQ(check(r, k, &r.pd, 0, 8, IBV_ACCESS_REMOTE_ATOMIC, true, &p), AccessResult::access_rights);
+  EXPECT_EQ(check(r, k, &r.pd, 0, 8, IBV_ACCESS_REMOTE_WRITE, true, &p),
+            AccessResult::access_rights);
+  EXPECT_EQ(check(r, k, &r.pd, 0, 8, IBV_ACCESS_REMOTE_ATOMIC, true, &p),
+            AccessResult::access_rights);
   EXPECT_EQ(check(r, k, &other, 0, 8, IBV_ACCESS_REMOTE_READ, true, &p), AccessResult::wrong_pd);
   EXPECT_EQ(check(r, k ^ 0x10000, &r.pd, 0, 8, IBV_ACCESS_REMOTE_READ, true, &p),
             AccessResult::invalid_key)
