@@ -17,7 +17,7 @@ num() { grep -Eo '[0-9]+(\.[0-9]+)?' | head -1; }
 
 # --- anchors -----------------------------------------------------------------------------
 qperf >/dev/null 2>&1 & pids+=($!); sleep 0.5
-TCP_BW=$(qperf -t 3 -m 1M $A tcp_bw | awk '/bw/{v=$3; u=$4; if (u=="GB/sec") v*=1000; print v}')
+TCP_BW=$(qperf -t 3 -m 1M $A tcp_bw | awk '/^ *bw/{v=$3; u=$4; if (u=="GB/sec") v*=1000; print v}')
 TCP_LAT=$(qperf -t 3 -m 8 $A tcp_lat | awk '/latency/{v=$3; if ($4=="ms") v*=1000; print v}')
 kill ${pids[-1]} 2>/dev/null
 taskset -c 1 sockperf server --tcp -i $A -p 11111 --nonblocked >/dev/null 2>&1 & pids+=($!); sleep 0.5
