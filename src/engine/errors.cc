@@ -64,7 +64,10 @@ ibv_wc_status terminate_to_wc_status(const Terminate& t) {
     case TermLayer::ddp:
       if (t.etype == static_cast<uint8_t>(DdpEtype::tagged)) return IBV_WC_REM_ACCESS_ERR;
       if (t.etype == static_cast<uint8_t>(DdpEtype::untagged)) {
-        // No buffer / message too long: the request was invalid for the responder.
+        // No receive buffer: the responder gave up waiting (its RNR retries ran out).
+        if (t.ecode == static_cast<uint8_t>(DdpUntaggedEcode::no_buffer))
+          return IBV_WC_RNR_RETRY_EXC_ERR;
+        // Message too long and the rest: the request was invalid for the responder.
         return IBV_WC_REM_INV_REQ_ERR;
       }
       return IBV_WC_FATAL_ERR;

@@ -136,6 +136,7 @@ struct Conn {
   bool imm_pending = false;  // completed Send awaits its Immediate Data
   RecvWqe imm_recv{};
   uint32_t imm_len = 0;
+  uint32_t rnr_gen = 0;                    // identifies the current receive-buffer stall
   uint32_t write_len = 0;                  // bytes of the RDMA Write being received
   uint32_t last_write_len = 0;             // length of the last complete one (Write with immediate)
   std::array<ibv_sge, kMaxSge> cur_sge{};  // copies: the RQ slot is reusable once popped

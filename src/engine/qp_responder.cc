@@ -1,6 +1,7 @@
 // Responder: validates and executes inbound RDMAP messages (RFC 5040 §5), and matches
 // Read/Atomic responses for the completer. Caller holds rx_mu throughout.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "engine/app_memory.h"
@@ -95,6 +96,34 @@ SendWqe* oldest_awaiting(Qp* qp, bool atomic) {
   return nullptr;
 }
 
+// IB spec table "RNR NAK timer field encoding", in microseconds (code 0 = 655.36 ms).
+constexpr uint32_t kRnrTimerUs[32] = {655360, 10,    20,    30,     40,     60,     80,     120,
+                                      160,    240,   320,   480,    640,    960,    1280,   1920,
+                                      2560,   3840,  5120,  7680,   10240,  15360,  20480,  30720,
+                                      40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
+
+// Receiver not ready. iWARP has no RNR NAK (siw terminates at once with DDP "no
+// buffer"); we wait with TCP back-pressure, forever for rnr_retry 7 (what perftest and
+// rping ask for), else for (rnr_retry + 1) RNR timeouts, then end the connection with
+// that Terminate, which the requester reports as IBV_WC_RNR_RETRY_EXC_ERR. The counts are
+// this QP's own: the requester's rnr_retry never reaches us over iWARP.
+void arm_rnr_timer(Qp* qp, Conn& c) {
+  const uint32_t gen = ++c.rnr_gen;
+  if (qp->attr.rnr_retry >= 7) return;
+  const uint64_t us =
+      static_cast<uint64_t>(kRnrTimerUs[qp->attr.min_rnr_timer & 31]) * (qp->attr.rnr_retry + 1u);
+  const auto ms = std::chrono::milliseconds(std::max<uint64_t>(1, (us + 999) / 1000));
+  Progress::get().post_after(ms, [qp, qpn = qp->qpn(), gen] {
+    if (oob::lookup(qpn) != qp) return;
+    std::lock_guard lk(qp->rx_mu);
+    if (qp->conn.rnr_gen != gen || !qp->rx_stalled || qp->conn.have_recv ||
+        qp->state.load() == IBV_QPS_ERR)
+      return;  // a receive arrived meanwhile
+    rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::no_buffer), true, IBV_WC_WR_FLUSH_ERR,
+            IBV_WC_WR_FLUSH_ERR);
+  });
+}
+
 RxAction on_send(Qp* qp, Conn& c) {
   const auto& s = c.seg;
   if (s.msn != c.recv_msn) {
@@ -108,7 +137,10 @@ RxAction on_send(Qp* qp, Conn& c) {
               IBV_WC_WR_FLUSH_ERR);
       return RxAction::dead;
     }
-    if (!take_recv(qp, c.cur_recv, c.cur_sge)) return RxAction::stall;  // RNR: wait
+    if (!take_recv(qp, c.cur_recv, c.cur_sge)) {
+      arm_rnr_timer(qp, c);
+      return RxAction::stall;  // receiver not ready: TCP back-pressure while we wait
+    }
     c.have_recv = true;
     if (!recv_keys_ok(qp, c.cur_recv)) {
       rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::no_buffer), true, IBV_WC_REM_OP_ERR,

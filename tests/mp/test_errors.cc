@@ -299,6 +299,27 @@ TEST_F(XProc, SendWaitsForLateReceiveWithInfiniteRnrRetry) {
   EXPECT_EQ(remote->state(), IBV_QPS_RTS);
 }
 
+// Finite rnr_retry: the receiver has no receive posted and gives up after (rnr_retry + 1)
+// RNR timeouts (rnr_retry 1, timer code 1 = 10 us here). iWARP has no RNR NAK, so the
+// SEND itself completed when TCP took it; the requester learns of the failure through the
+// Terminate (DDP untagged "no buffer"), reported on its oldest outstanding WR, a READ.
+TEST_F(XProc, FiniteRnrRetryEndsWithRnrRetryExcErr) {
+  PeerConfig rc;
+  rc.rnr_retry = 1;
+  rc.min_rnr_timer = 1;
+  ASSERT_NO_FATAL_FAILURE(Connect(PeerConfig{}, rc));
+  local->fill(0, 0, 64, 45);
+  ASSERT_EQ(local->post_send(make_send(1, {sge(0, 64)})), 0);
+  ASSERT_EQ(local->post_send(make_rdma(IBV_WR_RDMA_READ, 2, {sge(4096, 64)}, ri.addr, ri.rkey)), 0);
+  auto s = local->poll(CqSel::send, 2);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND));
+  EXPECT_EQ(s[1].wr_id, 2u);
+  EXPECT_EQ(s[1].status, IBV_WC_RNR_RETRY_EXC_ERR) << ibv_wc_status_str(s[1].status);
+  EXPECT_EQ(wait_state(*local, IBV_QPS_ERR), IBV_QPS_ERR);
+  EXPECT_EQ(wait_state(*remote, IBV_QPS_ERR), IBV_QPS_ERR) << "the receiver ended the connection";
+}
+
 // The peer process dies while 100 READs of 1 MiB are outstanding and 100 WRITEs of 1 MiB
 // are queued behind them. Requirement: every WR completes within 2 s of the kill; in
 // order, the ones not finished by then with an error (RETRY_EXC_ERR first, then flushes).
