@@ -128,6 +128,13 @@ bool Endpoint::read_frame(MpaKind) {
   return true;
 }
 
+// SOFTVERBS_RFC7306=0 makes this process a plain RFC 5040/5041/5044/6581 peer (as siw
+// is): it neither announces nor accepts the softverbs extensions (atomics, immediate).
+static bool extensions_enabled() {
+  const char* e = std::getenv("SOFTVERBS_RFC7306");
+  return !(e && e[0] == '0');
+}
+
 static std::vector<std::byte> encode_frame(const MpaFrame& f) {
   std::vector<std::byte> b(wire::mpa_encoded_len(f));
   wire::mpa_encode(f, b);
@@ -146,7 +153,7 @@ void Endpoint::on_event(uint32_t events) {
     f.rev = 2;
     f.enhanced = true;
     f.crc = offer_.crc;
-    f.res = wire::kMpaResSvRequest;
+    f.res = extensions_enabled() ? wire::kMpaResSvRequest : 0;
     f.v2.ird = offer_.ird;
     f.v2.ord = offer_.ord;
     f.v2.p2p = offer_.p2p;
@@ -181,7 +188,7 @@ void Endpoint::on_event(uint32_t events) {
     }
     out_.rev = 2;
     out_.crc = offer_.crc || rep.crc;  // RFC 5044 §7.1: CRC if either side asks
-    out_.peer_sv = rep.res & wire::kMpaResSvReply;
+    out_.peer_sv = extensions_enabled() && (rep.res & wire::kMpaResSvReply);
     out_.peer_ird = rep.v2.ird;
     out_.peer_ord = rep.v2.ord;
     out_.p2p = offer_.p2p && rep.v2.p2p && rep.v2.rtr_write;
@@ -212,7 +219,7 @@ void Endpoint::on_event(uint32_t events) {
       return;
     }
     out_.rev = req_.rev;
-    out_.peer_sv = req_.res & wire::kMpaResSvRequest;
+    out_.peer_sv = extensions_enabled() && (req_.res & wire::kMpaResSvRequest);
     out_.peer_ird = req_.v2.ird;
     out_.peer_ord = req_.v2.ord;
     out_.peer_pdata.assign(req_.ulp_pdata.begin(), req_.ulp_pdata.end());

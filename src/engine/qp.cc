@@ -328,7 +328,7 @@ int qp_query(Qp* qp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) {
   return 0;
 }
 
-static int check_send_wr(const Qp* qp, const ibv_send_wr* wr, bool peer_known_not_sv) {
+static int check_send_wr(const Qp* qp, const ibv_send_wr* wr) {
   if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > qp->cap.max_send_sge) return EINVAL;
   if (wr->num_sge > 0 && !wr->sg_list) return EINVAL;
   uint64_t len = 0;
@@ -341,15 +341,14 @@ static int check_send_wr(const Qp* qp, const ibv_send_wr* wr, bool peer_known_no
       break;
     case IBV_WR_SEND_WITH_IMM:
     case IBV_WR_RDMA_WRITE_WITH_IMM:
-      // Immediate data needs RFC 7306 on the peer; siw would kill the stream.
-      if (peer_known_not_sv) return EINVAL;
+      // Immediate data needs RFC 7306 on the peer; toward any other peer the WR completes
+      // with IBV_WC_LOC_QP_OP_ERR when it is processed (qp_requester.cc).
       break;
     case IBV_WR_RDMA_READ:
       if (wr->send_flags & IBV_SEND_INLINE) return EINVAL;
       break;
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
-      if (peer_known_not_sv) return EINVAL;
       if (len != 8 || wr->num_sge != 1 || (wr->wr.atomic.remote_addr & 7) ||
           (wr->send_flags & IBV_SEND_INLINE))
         return EINVAL;
@@ -366,10 +365,9 @@ int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   const ibv_qp_state st = qp->state.load(std::memory_order_acquire);
   int err = 0;
   if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) err = EINVAL;
-  const bool not_sv = qp->conn_up.load(std::memory_order_acquire) && !qp->conn.peer_sv;
   const uint32_t cap = qp->cap.max_send_wr;
   for (; wr && !err; wr = wr->next) {
-    if ((err = check_send_wr(qp, wr, not_sv))) break;
+    if ((err = check_send_wr(qp, wr))) break;
     if (qp->sq_count == cap) {
       err = ENOMEM;
       break;

@@ -23,6 +23,8 @@ extern char** environ;
 
 namespace mp {
 
+std::vector<std::string> g_child_env;
+
 // ---- patterns ------------------------------------------------------------------------------
 
 uint8_t pattern_byte(uint32_t seed, uint64_t idx) {
@@ -669,7 +671,13 @@ std::unique_ptr<RemotePeer> RemotePeer::spawn(const PeerConfig& cfg, std::string
   pid_t pid = -1;
   // Exec through the magic link, not the path: if the binary was rebuilt while we run, the
   // path names a different program but /proc/self/exe still is this one.
-  const int r = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, args, environ);
+  // Our environment plus whatever a test asked the child to have (no setenv in this
+  // process: its engine threads may be reading the environment).
+  std::vector<char*> env;
+  for (char** e = environ; *e; ++e) env.push_back(*e);
+  for (std::string& x : g_child_env) env.push_back(x.data());
+  env.push_back(nullptr);
+  const int r = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, args, env.data());
   posix_spawn_file_actions_destroy(&fa);
   close(child_end);
   if (r != 0) {

@@ -241,6 +241,9 @@ class RemotePeer {
 int peer_main(const char* scenario, int argc, char** argv);
 
 // ---- fixtures ----------------------------------------------------------------------------
+// Extra "NAME=value" entries for the environment of children spawned from now on.
+extern std::vector<std::string> g_child_env;
+
 // Cross-process: `local` in this process, `remote` in a child, connected.
 class XProc : public ::testing::Test {
  protected:

@@ -320,6 +320,25 @@ TEST_F(XProc, FiniteRnrRetryEndsWithRnrRetryExcErr) {
   EXPECT_EQ(wait_state(*remote, IBV_QPS_ERR), IBV_QPS_ERR) << "the receiver ended the connection";
 }
 
+// Toward a peer without the RFC 7306 extensions (a plain iWARP peer, as siw is), WRs that
+// need them complete with IBV_WC_LOC_QP_OP_ERR and nothing reaches the peer.
+TEST_F(XProc, ImmediateToPlainIwarpPeerIsLocQpOpErr) {
+  g_child_env = {"SOFTVERBS_RFC7306=0"};  // the child is a plain iWARP peer
+  Connect();
+  g_child_env.clear();
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_EQ(remote->post_recv(7, {sge(0, 64)}), 0);
+  SendSpec s = make_send(1, {sge(0, 16)});
+  s.opcode = IBV_WR_SEND_WITH_IMM;
+  s.imm_or_inv = htonl(0x1234);
+  ASSERT_EQ(local->post_send(s), 0);
+  auto c = local->poll(CqSel::send, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].wr_id, 1u);
+  EXPECT_EQ(c[0].status, IBV_WC_LOC_QP_OP_ERR) << ibv_wc_status_str(c[0].status);
+  EXPECT_EQ(wait_state(*local, IBV_QPS_ERR), IBV_QPS_ERR);
+}
+
 // The peer process dies while 100 READs of 1 MiB are outstanding and 100 WRITEs of 1 MiB
 // are queued behind them. Requirement: every WR completes within 2 s of the kill; in
 // order, the ones not finished by then with an error (RETRY_EXC_ERR first, then flushes).
