@@ -254,7 +254,10 @@ int qp_modify(Qp* qp, ibv_qp_attr* a, int mask) {
   if (mask & IBV_QP_MIN_RNR_TIMER) s.min_rnr_timer = a->min_rnr_timer;
   if (mask & IBV_QP_TIMEOUT) s.timeout = a->timeout;
   if (mask & IBV_QP_RETRY_CNT) s.retry_cnt = a->retry_cnt;
-  if (mask & IBV_QP_RNR_RETRY) s.rnr_retry = a->rnr_retry;
+  if (mask & IBV_QP_RNR_RETRY) {
+    s.rnr_retry = a->rnr_retry;
+    qp->rnr_retry_set = true;
+  }
   if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) s.en_sqd_async_notify = a->en_sqd_async_notify;
   if (mask & IBV_QP_ALT_PATH) s.alt_ah_attr = a->alt_ah_attr;
   if (mask & IBV_QP_PATH_MIG_STATE) s.path_mig_state = a->path_mig_state;

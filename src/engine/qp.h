@@ -174,6 +174,7 @@ struct Qp {
   ibv_qp_cap cap{};
   ibv_qp_attr attr{};
   std::atomic<ibv_qp_state> state{IBV_QPS_RESET};
+  bool rnr_retry_set = false;  // IBV_QP_RNR_RETRY was given (a QP left in RTR never sets it)
 
   // SQ ring (tx_mu)
   std::mutex tx_mu;

@@ -106,10 +106,12 @@ constexpr uint32_t kRnrTimerUs[32] = {655360, 10,    20,    30,     40,     60, 
 // buffer"); we wait with TCP back-pressure, forever for rnr_retry 7 (what perftest and
 // rping ask for), else for (rnr_retry + 1) RNR timeouts, then end the connection with
 // that Terminate, which the requester reports as IBV_WC_RNR_RETRY_EXC_ERR. The counts are
-// this QP's own: the requester's rnr_retry never reaches us over iWARP.
+// this QP's own (set with IBV_QP_RNR_RETRY): the requester's never reaches us over iWARP.
 void arm_rnr_timer(Qp* qp, Conn& c) {
   const uint32_t gen = ++c.rnr_gen;
-  if (qp->attr.rnr_retry >= 7) return;
+  // 7 means forever; a QP that never set a count (perftest's receiving server stays in
+  // RTR) waits forever too rather than give up on the default 0.
+  if (!qp->rnr_retry_set || qp->attr.rnr_retry >= 7) return;
   const uint64_t us =
       static_cast<uint64_t>(kRnrTimerUs[qp->attr.min_rnr_timer & 31]) * (qp->attr.rnr_retry + 1u);
   const auto ms = std::chrono::milliseconds(std::max<uint64_t>(1, (us + 999) / 1000));
