@@ -38,7 +38,6 @@ int Cq::poll(int n, ibv_wc* out) {
 }
 
 int Cq::arm(bool solicited) {
-  bool notify = false;
   {
     std::lock_guard lk(mu);
     // Arming a CQ that already holds completions still waits for the next one, as in
@@ -46,7 +45,6 @@ int Cq::arm(bool solicited) {
     armed = true;
     solicited_only = solicited;
   }
-  (void)notify;
   return 0;
 }
 

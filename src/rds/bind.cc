@@ -78,8 +78,4 @@ uint16_t registry_lookup(const sockaddr_in& a, uint64_t* gen) {
   return port;
 }
 
-bool registry_port_taken(const sockaddr_in& a) {
-  return registry_lookup(a) != 0;
-}
-
 }  // namespace sv::rds

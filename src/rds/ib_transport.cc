@@ -443,7 +443,6 @@ void conn_send_ack(Conn* c) {
   }
   c->ack_needed = false;
   c->unacked = 0;
-  c->last_ack_sent = h.ack;
   count("ib_ack_sent");
 }
 

@@ -111,7 +111,6 @@ struct Sock {
   std::map<uint32_t, uint64_t> mr_flags;
   bool token = false;    // a byte is queued toward app_fd (POLLIN)
   bool blocked = false;  // app_fd's send direction is filled (no POLLOUT)
-  int nonblock_hint = 0;
   std::condition_variable cv;
   bool closing = false;
   bool congested = false;  // our port's bit is set in the local congestion map
@@ -128,7 +127,6 @@ struct Conn {
   bool active = false;
   uint64_t next_tx_seq = 1;
   uint64_t next_rx_seq = 1;  // kept across reconnects so retransmits are recognised
-  uint64_t last_ack_sent = 0;
   int unacked = 0;
   bool ack_needed = false;
   std::deque<Message*> send_q;
@@ -193,7 +191,6 @@ void registry_release(int lock_fd, const sockaddr_in& a);
 // Finds the process owning (ip, port): its rdma_cm port (0 if nobody holds it) and its
 // generation number, which names the process whatever address reaches it.
 uint16_t registry_lookup(const sockaddr_in& a, uint64_t* gen = nullptr);
-bool registry_port_taken(const sockaddr_in& a);
 
 // ib_transport.cc
 int transport_start();  // lazily: device, PD, CQ, listener, engine thread

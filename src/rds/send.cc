@@ -258,17 +258,6 @@ int map_region_locked(Sock* s, const rds_iovec& v, uint64_t flags, uint64_t* coo
 }
 }  // namespace sv::rds
 
-extern "C" __attribute__((visibility("default"))) int svrds_map_region(int fd, const rds_iovec* v,
-                                                                       uint64_t flags,
-                                                                       uint64_t* cookie) {
-  std::lock_guard lk(g().mu);
-  Sock* s = sock_of(fd);
-  if (!s) return fail(EBADF);
-  if (!s->bound) return fail(ENOTCONN);
-  int r = map_region_locked(s, *v, flags, cookie);
-  return r ? fail(-r) : 0;
-}
-
 extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, const msghdr* msg,
                                                                         int flags) {
   Global& G = g();
