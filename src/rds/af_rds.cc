@@ -116,7 +116,11 @@ void drop_to(Sock* s, const sockaddr_in* dest, bool notify) {
         const bool match =
             m->sock == s && (!dest || (m->dest.sin_addr.s_addr == dest->sin_addr.s_addr &&
                                        m->dest.sin_port == dest->sin_port));
-        if (!match || (q == &c->send_q && m->frags_posted && it == q->begin())) {
+        // Not what the transport already holds: a message partly posted, or one whose
+        // RDMA is in flight (its buffers are the NIC's until the op completes).
+        const bool in_flight = (q == &c->send_q && m->frags_posted && it == q->begin()) ||
+                               (m->op && m->op_posted && m->op->status < 0);
+        if (!match || in_flight) {
           ++it;
           continue;
         }

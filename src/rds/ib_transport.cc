@@ -19,6 +19,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <set>
 #include <thread>
 
 #include "rds/rds_impl.h"
@@ -28,25 +29,29 @@ namespace {
 
 constexpr uint32_t kPrivMagic = 0x53565244;  // "SVRD"
 constexpr int kMinBackoffMs = 1, kMaxBackoffMs = 1000;
+constexpr uint16_t kChanData = 0, kChanRdma = 1;
 
 // rdma_cm private data exchanged at connect/accept.
 struct ConnPriv {
   uint32_t magic;
   uint32_t ip;       // sender's address for this connection (network order)
   uint16_t cm_port;  // sender's rdma_cm listen port
-  uint16_t pad;
+  uint16_t kind;     // kChanData or kChanRdma
   uint64_t ack_seq;  // last in-order sequence the sender received from us (like dp_ack_seq)
   uint64_t gen;
 };
-
-enum WrKind : uint64_t { kRecv = 1, kSend = 2, kRdma = 3, kAck = 4 };
 
 // Process-lifetime tables, never destroyed: the detached engine thread may still be using
 // them while exit() runs static destructors.
 auto& g_conn_by_id = *new std::map<uint32_t, Conn*>();
 uint32_t g_next_conn_id = 1;
 auto& g_id_of = *new std::map<Conn*, uint32_t>();
-auto& g_timers = *new std::multimap<std::chrono::steady_clock::time_point, Conn*>();
+// Reconnect timers: (connection, which channel).
+auto& g_timers =
+    *new std::multimap<std::chrono::steady_clock::time_point, std::pair<Conn*, uint16_t>>();
+// RDMA channels: ours (active, by id) and the peers' (passive: we only respond on them).
+auto& g_rid_conn = *new std::map<rdma_cm_id*, Conn*>();
+auto& g_passive_rids = *new std::set<rdma_cm_id*>();
 
 uint64_t now_ms() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -91,11 +96,26 @@ int setup_qp(Conn* c, rdma_cm_id* id) {
   return 0;
 }
 
-ConnPriv make_priv(Conn* c) {
+// The RDMA channel carries only RDMA Writes/Reads/atomics: no receives are needed.
+int setup_rdma_qp(rdma_cm_id* id) {
+  Global& G = g();
+  ibv_qp_init_attr a{};
+  a.send_cq = G.cq;
+  a.recv_cq = G.cq;
+  a.qp_type = IBV_QPT_RC;
+  a.cap.max_send_wr = 2 * kRdmaDepth + 8;  // a Write is followed by its confirming Read
+  a.cap.max_recv_wr = 1;
+  a.cap.max_send_sge = 16;
+  a.cap.max_recv_sge = 1;
+  return rdma_create_qp(id, G.pd, &a) ? -errno : 0;
+}
+
+ConnPriv make_priv(Conn* c, uint16_t kind = kChanData) {
   ConnPriv p{};
   p.magic = htonl(kPrivMagic);
   p.ip = c->local.sin_addr.s_addr;
   p.cm_port = htons(g().cm_port);
+  p.kind = htons(kind);
   p.ack_seq = htobe64(c->next_rx_seq - 1);
   p.gen = htobe64(g().gen);
   return p;
@@ -110,13 +130,16 @@ void destroy_id(Conn* c) {
   rdma_destroy_id(id);
 }
 
-void schedule_reconnect(Conn* c) {
-  c->backoff_ms = c->backoff_ms ? std::min(c->backoff_ms * 2, kMaxBackoffMs) : kMinBackoffMs;
+// Randomised exponential backoff (net/rds threads.c rds_queue_reconnect).
+void schedule_reconnect(Conn* c, uint16_t chan = kChanData) {
+  int& backoff = chan == kChanData ? c->backoff_ms : c->rbackoff_ms;
+  const uint64_t attempts = chan == kChanData ? c->reconnects : c->rconnects;
+  backoff = backoff ? std::min(backoff * 2, kMaxBackoffMs) : kMinBackoffMs;
   uint32_t r;
   if (getrandom(&r, sizeof r, 0) != sizeof r) r = 7;
-  const int delay =
-      c->reconnects == 0 ? 0 : static_cast<int>(r % static_cast<uint32_t>(c->backoff_ms)) + 1;
-  g_timers.emplace(std::chrono::steady_clock::now() + std::chrono::milliseconds(delay), c);
+  const int delay = attempts == 0 ? 0 : static_cast<int>(r % static_cast<uint32_t>(backoff)) + 1;
+  g_timers.emplace(std::chrono::steady_clock::now() + std::chrono::milliseconds(delay),
+                   std::make_pair(c, chan));
   uint64_t one = 1;
   ssize_t w = write(g().wake_fd, &one, sizeof one);
   (void)w;
@@ -170,8 +193,124 @@ void conn_down(Conn* c, const char* why) {
   if (!c->send_q.empty()) schedule_reconnect(c);
 }
 
+void rdma_chan_down(Conn* c) {
+  if (c->rtearing_down || (c->rstate == ConnState::down && !c->rid)) return;
+  c->rstate = ConnState::down;
+  // Drain first: the failing op's own completion names the culprit, and the flushed ops
+  // behind it must be seen before the QP is destroyed.
+  c->rtearing_down = true;
+  ibv_wc wc[32];
+  for (int n; (n = ibv_poll_cq(g().cq, 32, wc)) > 0;)
+    for (int i = 0; i < n; ++i) handle_wc(wc[i]);
+  c->rtearing_down = false;
+  count("rdma_chan_reset");
+  if (c->rid) {
+    rdma_cm_id* id = c->rid;
+    c->rid = nullptr;
+    g_rid_conn.erase(id);
+    if (id->qp) rdma_destroy_qp(id);
+    rdma_destroy_id(id);
+  }
+  rdma_chan_reset_ops(c);
+  if (!c->rdma_q.empty()) schedule_reconnect(c, kChanRdma);
+}
+
+void rdma_chan_connect(Conn* c) {
+  if (c->rstate != ConnState::down) return;
+  if (rdma_create_id(g().cm_ch, &c->rid, nullptr, RDMA_PS_TCP)) {
+    c->rid = nullptr;
+    schedule_reconnect(c, kChanRdma);
+    return;
+  }
+  g_rid_conn[c->rid] = c;
+  c->rstate = ConnState::connecting;
+  ++c->rconnects;
+  count("rdma_chan_connect_attempts");
+  if (rdma_resolve_addr(c->rid, nullptr, reinterpret_cast<sockaddr*>(&c->peer), 2000))
+    rdma_chan_down(c);
+}
+
+void handle_rdma_cm(Conn* c, rdma_cm_event* ev) {
+  rdma_cm_id* id = ev->id;
+  switch (ev->event) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED:
+      if (rdma_resolve_route(id, 2000)) rdma_chan_down(c);
+      break;
+    case RDMA_CM_EVENT_ROUTE_RESOLVED: {
+      if (setup_rdma_qp(id)) {
+        rdma_chan_down(c);
+        break;
+      }
+      ConnPriv p = make_priv(c, kChanRdma);
+      rdma_conn_param cp{};
+      cp.private_data = &p;
+      cp.private_data_len = sizeof p;
+      cp.responder_resources = 0;  // the peer never reads through this QP
+      cp.initiator_depth = kRdmaDepth;
+      cp.retry_count = 7;
+      cp.rnr_retry_count = 7;
+      if (rdma_connect(id, &cp)) rdma_chan_down(c);
+      break;
+    }
+    case RDMA_CM_EVENT_ESTABLISHED:
+      c->rstate = ConnState::up;
+      c->rbackoff_ms = 0;
+      count("rdma_chan_up");
+      rdma_post_pending(c);
+      break;
+    case RDMA_CM_EVENT_ADDR_ERROR:
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_REJECTED:
+    case RDMA_CM_EVENT_DISCONNECTED:
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+      rdma_chan_down(c);
+      break;
+    default:
+      break;
+  }
+}
+
+// A peer's RDMA channel: we are only its responder. Accept it; destroy it when it goes.
+void accept_rdma_chan(rdma_cm_id* id) {
+  if (setup_rdma_qp(id)) {
+    rdma_reject(id, nullptr, 0);
+    return;
+  }
+  rdma_conn_param cp{};
+  cp.responder_resources = kRdmaDepth;
+  cp.initiator_depth = 0;
+  if (rdma_accept(id, &cp)) {
+    rdma_destroy_qp(id);
+    rdma_reject(id, nullptr, 0);
+    return;
+  }
+  g_passive_rids.insert(id);
+  count("rdma_chan_accepted");
+}
+
 void handle_cm(rdma_cm_event* ev) {
   Global& G = g();
+  if (auto it = g_rid_conn.find(ev->id); it != g_rid_conn.end()) {
+    handle_rdma_cm(it->second, ev);
+    return;
+  }
+  if (g_passive_rids.count(ev->id)) {
+    switch (ev->event) {
+      case RDMA_CM_EVENT_DISCONNECTED:
+      case RDMA_CM_EVENT_CONNECT_ERROR:
+      case RDMA_CM_EVENT_UNREACHABLE:
+      case RDMA_CM_EVENT_DEVICE_REMOVAL:
+        g_passive_rids.erase(ev->id);
+        rdma_destroy_qp(ev->id);
+        rdma_destroy_id(ev->id);
+        break;
+      default:
+        break;
+    }
+    return;
+  }
   rdma_cm_id* id = ev->id;
   auto* c = static_cast<Conn*>(id->context);
   switch (ev->event) {
@@ -203,6 +342,10 @@ void handle_cm(rdma_cm_event* ev) {
       if (!p || ev->param.conn.private_data_len < sizeof(ConnPriv) ||
           ntohl(p->magic) != kPrivMagic) {
         rdma_reject(id, nullptr, 0);
+        break;
+      }
+      if (ntohs(p->kind) == kChanRdma) {
+        accept_rdma_chan(id);
         break;
       }
       sockaddr_in peer{};
@@ -288,6 +431,10 @@ void handle_wc(const ibv_wc& wc) {
     }
     return;
   }
+  if (kind == kRdma) {
+    if (on_rdma_complete(c, wc.wr_id, wc.status)) rdma_chan_down(c);
+    return;
+  }
   on_send_complete(c, wc.wr_id, wc.status);
   if (wc.status != IBV_WC_SUCCESS && wc.status != IBV_WC_WR_FLUSH_ERR && c->state == ConnState::up)
     conn_down(c, "send error");
@@ -337,9 +484,13 @@ void engine_loop() {
     }
     const auto now = std::chrono::steady_clock::now();
     while (!g_timers.empty() && g_timers.begin()->first <= now) {
-      Conn* c = g_timers.begin()->second;
+      auto [c, chan] = g_timers.begin()->second;
       g_timers.erase(g_timers.begin());
-      if (c->state == ConnState::down && !c->send_q.empty()) start_connect(c);
+      if (chan == kChanRdma) {
+        if (!c->rdma_q.empty()) rdma_chan_connect(c);
+      } else if (c->state == ConnState::down && !c->send_q.empty()) {
+        start_connect(c);
+      }
     }
     if (now_ms() - last_publish >= 500) {
       info_publish();
@@ -412,7 +563,12 @@ Conn* conn_get(uint64_t key, const sockaddr_in& peer_ip, uint16_t cm_port) {
   return c;
 }
 
+void rdma_chan_kick(Conn* c) {
+  if (c->rstate == ConnState::down && !c->rid) rdma_chan_connect(c);
+}
+
 void conn_kick(Conn* c) {
+  rdma_post_pending(c);
   if (c->state == ConnState::up) {
     xmit(c);
   } else if (c->state == ConnState::down && !c->send_q.empty()) {

@@ -48,6 +48,7 @@ inline constexpr size_t kFragSize = 64 * 1024;   // payload bytes per SEND
 inline constexpr size_t kBufSize = kFragSize + wire::kRdsHeaderLen;
 inline constexpr int kRecvBufs = 64;   // per connection
 inline constexpr int kSendSlots = 64;  // per connection
+inline constexpr int kRdmaDepth = 16;  // RDMA ops in flight per connection (its ORD)
 inline constexpr uint32_t kDefaultSndBuf = 256 * 1024;
 inline constexpr uint32_t kDefaultRcvBuf = 256 * 1024;
 inline constexpr int kAckEvery = 8;            // max_unacked_packets
@@ -136,7 +137,21 @@ struct Conn {
   ibv_mr* rmr = nullptr;
   ibv_mr* smr = nullptr;
   std::vector<int> free_slots;
-  std::map<uint64_t, Message*> slot_owner;  // wr_id -> message (sends and RDMA ops)
+  std::map<uint64_t, Message*> slot_owner;  // wr_id -> message (sends on the data QP)
+  // RDMA channel: RDMA_ARGS and atomic ops run on a QP of their own. A bad cookie makes
+  // the responder Terminate the stream it arrived on (RFC 5040 §7.1) and the QP go to
+  // ERROR; on a separate QP that costs only the op (REMOTE_ERROR), never this connection,
+  // which the process' other sockets share. A message waits in send_q until its op has
+  // completed, so it is only sent once the data has landed, and never if the op failed.
+  rdma_cm_id* rid = nullptr;
+  ConnState rstate = ConnState::down;
+  int rbackoff_ms = 0;
+  uint64_t rconnects = 0;
+  bool rculprit = false;  // this QP failed on an op's own error: the ops behind it never ran
+  bool rtearing_down = false;
+  int rinflight = 0;
+  std::deque<Message*> rdma_q;              // messages whose op is still to be posted
+  std::map<uint64_t, Message*> rdma_owner;  // wr_id -> message (RDMA channel)
   uint32_t next_rdma_wr = 0;
   // reassembly
   wire::RdsHeader cur{};
@@ -200,12 +215,20 @@ Conn* conn_get(uint64_t peer_gen, const sockaddr_in& peer_ip, uint16_t cm_port);
 void conn_kick(Conn* c);  // xmit what can be sent
 void conn_send_ack(Conn* c);
 uint32_t conn_id_of(Conn* c);
+void rdma_chan_kick(Conn* c);  // connect the RDMA channel if it is down
+
+// WR ids: connection id << 32 | kind << 24 | index.
+enum WrKind : uint64_t { kRecv = 1, kSend = 2, kRdma = 3, kAck = 4 };
 
 // send.cc
 void xmit(Conn* c);
 void on_ack(Conn* c, uint64_t ack);
 void on_send_complete(Conn* c, uint64_t wr_id, ibv_wc_status st);
-void conn_reset_queues(Conn* c);  // connection went down
+void rdma_post_pending(Conn* c);  // post queued ops on the RDMA channel
+// Returns true when the RDMA channel must be torn down (any error on it).
+bool on_rdma_complete(Conn* c, uint64_t wr_id, ibv_wc_status st);
+void rdma_chan_reset_ops(Conn* c);  // RDMA channel went down: ops to repost or drop
+void conn_reset_queues(Conn* c);    // connection went down
 void queue_notify(Sock* s, uint64_t token, int status);
 void release_message(Message* m);
 

@@ -13,8 +13,6 @@
 namespace sv::rds {
 namespace {
 
-enum WrKind : uint64_t { kRecv = 1, kSend = 2, kRdma = 3, kAck = 4 };
-
 bool bad_dest(const sockaddr_in& d) {
   const uint32_t a = ntohl(d.sin_addr.s_addr);
   return a == INADDR_ANY || a == INADDR_BROADCAST || IN_MULTICAST(a);
@@ -66,8 +64,8 @@ bool post_op(Conn* c, Message* m) {
   if (op->write && !op->atomic) {
     // Over iWARP a Write completes once TCP has it, and a bad cookie only comes back
     // as a Terminate. A zero-length Read behind it completes only after the peer placed
-    // the Write, or fails with the Write's error (REM_ACCESS_ERR): its completion is the
-    // operation's status, and the message (fenced) follows only after it.
+    // the Write (RFC 5040 §5.4: Read Responses are not passed by earlier Writes), or fails
+    // with the Write's error (REM_ACCESS_ERR): its completion is the operation's status.
     // Unsignaled, but with the op's wr_id: an error completes it anyway (IB spec
     // 10.8.3.2), and whichever of the two carries the error reports the op.
     wr.send_flags = 0;
@@ -79,8 +77,9 @@ bool post_op(Conn* c, Message* m) {
     wr.next = &confirm;
   }
   ibv_send_wr* bad;
-  if (ibv_post_send(c->id->qp, &wr, &bad)) return false;
-  c->slot_owner[wid] = m;
+  if (ibv_post_send(c->rid->qp, &wr, &bad)) return false;
+  c->rdma_owner[wid] = m;
+  ++c->rinflight;
   m->op_posted = true;
   count(op->atomic ? "send_atomic" : "send_rdma");
   if (!op->atomic) count("send_rdma_bytes", op->bytes);
@@ -99,9 +98,11 @@ void queue_notify(Sock* s, uint64_t token, int status) {
 }
 
 void release_message(Message* m) {
-  for (auto& [k, c] : g().conns)
+  for (auto& [k, c] : g().conns) {
     for (auto it = c->slot_owner.begin(); it != c->slot_owner.end();)
       it = it->second == m ? c->slot_owner.erase(it) : std::next(it);
+    if (m->op) std::erase(c->rdma_q, m);
+  }
   if (m->sock && m->queued_to_sock) {
     m->sock->snd_bytes -= m->payload.size();
     sock_update_poll(m->sock);
@@ -114,19 +115,35 @@ void release_message(Message* m) {
   delete m;
 }
 
+void rdma_post_pending(Conn* c) {
+  if (c->rdma_q.empty()) return;
+  if (c->rstate != ConnState::up || !c->rid || !c->rid->qp) {
+    rdma_chan_kick(c);
+    return;
+  }
+  while (!c->rdma_q.empty() && c->rinflight < kRdmaDepth) {
+    if (!post_op(c, c->rdma_q.front())) return;
+    c->rdma_q.pop_front();
+  }
+}
+
 void xmit(Conn* c) {
+  rdma_post_pending(c);
   while (c->state == ConnState::up && !c->send_q.empty() && c->id && c->id->qp) {
     Message* m = c->send_q.front();
-    if (m->op && (m->h.flags & wire::kRdsFlagRetransmitted) && m->op_posted) {
-      // RDMA may have been processed partially: never retransmit, report DROPPED
-      // (net/rds send.c, rds-rdma(7)).
-      c->send_q.pop_front();
-      notify_op(m, RDS_RDMA_DROPPED);
-      count("send_rdma_dropped");
-      release_message(m);
-      continue;
+    if (m->op) {
+      // The message reports its RDMA, so it goes only after the op completed (and everything
+      // behind it waits: per-destination order). A failed op takes its message with it: both
+      // or neither (rds-rdma(7)). Once the op has landed, the message alone may be resent
+      // across connection bounces; the op is never redone.
+      if (m->op->status < 0) return;
+      if (m->op->status != RDS_RDMA_SUCCESS) {
+        c->send_q.pop_front();
+        count("send_rdma_failed");
+        release_message(m);
+        continue;
+      }
     }
-    if (m->op && !m->op_posted && !post_op(c, m)) return;
     const size_t len = m->payload.size();
     const uint32_t nfrags = len ? static_cast<uint32_t>((len + kFragSize - 1) / kFragSize) : 1;
     while (m->frags_posted < nfrags) {
@@ -149,10 +166,6 @@ void xmit(Conn* c) {
       wr.num_sge = 1;
       wr.opcode = IBV_WR_SEND;
       wr.send_flags = IBV_SEND_SIGNALED;
-      // The RDMA must be complete before the message that reports it is executed
-      // (rds-rdma(7): the RDMA and its message are one unit): fence behind the Read,
-      // the atomic, or the Write's confirming Read.
-      if (m->frags_posted == 0 && m->op) wr.send_flags |= IBV_SEND_FENCE;
       ibv_send_wr* bad;
       if (ibv_post_send(c->id->qp, &wr, &bad)) {
         c->free_slots.push_back(slot);
@@ -184,17 +197,67 @@ void on_ack(Conn* c, uint64_t ack) {
 }
 
 void on_send_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
-  const uint64_t kind = (wr_id >> 24) & 0xFF;
-  if (kind == kSend || kind == kAck) c->free_slots.push_back(static_cast<int>(wr_id & 0xFFFFFF));
-  auto it = c->slot_owner.find(wr_id);
-  if (it == c->slot_owner.end()) return;
-  Message* m = it->second;
-  c->slot_owner.erase(it);
-  if (kind == kRdma && m->op && st != IBV_WC_WR_FLUSH_ERR) {
-    m->op->status = rdma_status(st);
-    // Notify at completion, as net/rds ib_send.c does for NOTIFY_ME; failures too.
-    if (m->op->status != RDS_RDMA_SUCCESS || m->op->notify) notify_op(m, m->op->status);
+  (void)st;
+  c->free_slots.push_back(static_cast<int>(wr_id & 0xFFFFFF));
+  c->slot_owner.erase(wr_id);
+}
+
+namespace {
+// An error that belongs to the op itself (the peer refused it and terminated the stream),
+// as opposed to losing the connection under it.
+bool op_own_error(ibv_wc_status st) {
+  return st != IBV_WC_SUCCESS && st != IBV_WC_WR_FLUSH_ERR && st != IBV_WC_RETRY_EXC_ERR &&
+         st != IBV_WC_RNR_RETRY_EXC_ERR;
+}
+
+// The op did not complete and the channel is going down. After an op's own error the
+// responder stopped there (RFC 5040 §7: nothing after a Terminate is processed), so the
+// ops flushed behind it never ran and are posted again on the next channel. Without such
+// a culprit the connection was lost under them: Writes and Reads are repeatable, but an
+// atomic may have executed, so it is reported DROPPED (seed 003: it must still report).
+void op_unfinished(Conn* c, Message* m) {
+  RdmaOp* op = m->op.get();
+  m->op_posted = false;
+  if (op->atomic && !c->rculprit) {
+    op->status = RDS_RDMA_DROPPED;
+    notify_op(m, op->status);
+    count("send_rdma_dropped");
   }
+}
+}  // namespace
+
+bool on_rdma_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
+  auto it = c->rdma_owner.find(wr_id);
+  if (it == c->rdma_owner.end()) return st != IBV_WC_SUCCESS;  // e.g. a Write's confirm
+  Message* m = it->second;
+  c->rdma_owner.erase(it);
+  --c->rinflight;
+  RdmaOp* op = m->op.get();
+  if (st == IBV_WC_SUCCESS || op_own_error(st)) {
+    op->status = rdma_status(st);
+    if (op_own_error(st)) c->rculprit = true;
+    // Notify at completion, as net/rds ib_send.c does for NOTIFY_ME; failures too.
+    if (op->status != RDS_RDMA_SUCCESS || op->notify) notify_op(m, op->status);
+    if (st == IBV_WC_SUCCESS) {
+      rdma_post_pending(c);
+      return false;
+    }
+    return true;
+  }
+  op_unfinished(c, m);
+  return true;
+}
+
+void rdma_chan_reset_ops(Conn* c) {
+  // Ops posted on the old QP whose completions never came are unfinished too.
+  for (auto& [wid, m] : c->rdma_owner) op_unfinished(c, m);
+  c->rdma_owner.clear();
+  c->rinflight = 0;
+  c->rculprit = false;
+  // Repost in send order: rebuild the queue from the messages still waiting for their op.
+  c->rdma_q.clear();
+  for (Message* m : c->send_q)
+    if (m->op && !m->op_posted && m->op->status < 0) c->rdma_q.push_back(m);
 }
 
 void conn_reset_queues(Conn* c) {
@@ -215,7 +278,7 @@ void conn_reset_queues(Conn* c) {
     }
   }
   for (Message* m : c->send_q) {
-    if (m->frags_posted || m->op_posted) m->h.flags |= wire::kRdsFlagRetransmitted;
+    if (m->frags_posted) m->h.flags |= wire::kRdsFlagRetransmitted;
     m->frags_posted = 0;
   }
   c->slot_owner.clear();
@@ -449,6 +512,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   s->snd_bytes += len;
   if (s->snd_bytes >= s->sndbuf / 2) m->h.flags |= sv::wire::kRdsFlagAckRequired;
   if (map) *reinterpret_cast<uint64_t*>(map->cookie_addr) = mapped_cookie;
+  if (m->op) c->rdma_q.push_back(m.get());
   c->send_q.push_back(m.release());
   count("send_queued_by_sock");
   sock_update_poll(s);

@@ -3,7 +3,9 @@
 // delivered only after the data landed; notifications report success and failures.
 #include <linux/rds.h>
 
+#include <algorithm>
 #include <numeric>
+#include <string>
 
 #include "rds_test_util.h"
 
@@ -227,6 +229,71 @@ TEST(RdsRdmaCookie, BadCookieFailsTheOpWithRemoteError) {
   ASSERT_EQ(send_to(p.server, p.cport, "after", 5), 5);
   std::vector<char> buf(16);
   EXPECT_EQ(recv_one(p.client, buf), 5);
+}
+
+// One of this process' RDS_INFO_COUNTERS (0 if absent).
+uint64_t counter(int fd, const char* name) {
+  socklen_t len = 0;
+  char probe[1];
+  svrds_getsockopt(fd, SOL_RDS, RDS_INFO_COUNTERS, probe, &len);
+  std::vector<char> buf(len);
+  const int each = svrds_getsockopt(fd, SOL_RDS, RDS_INFO_COUNTERS, buf.data(), &len);
+  if (each <= 0) return 0;
+  for (size_t off = 0; off + sizeof(rds_info_counter) <= len; off += static_cast<size_t>(each)) {
+    rds_info_counter c;
+    std::memcpy(&c, buf.data() + off, sizeof c);
+    if (std::strncmp(reinterpret_cast<const char*>(c.name), name, sizeof c.name) == 0)
+      return c.value;
+  }
+  return 0;
+}
+
+// The rule: a bad cookie fails that operation, not the connection other sockets
+// share. Another socket's RDMA op queued right behind it completes (SUCCESS, not DROPPED),
+// no connection is reset, and the failed op's message is never delivered (both or neither).
+TEST(RdsRdmaCookie, BadCookieCostsOnlyItsOpNotTheSharedConnection) {
+  Pair p(32);
+  const int other = bound_socket(port(34));
+  ASSERT_GE(other, 0);
+  std::vector<char> region(8192, 0);
+  const uint64_t cookie = get_mr(p.client, region.data(), region.size());
+  // Warm the connection so its reset counter is meaningful.
+  ASSERT_EQ(send_to(p.server, p.cport, "warm", 4), 4);
+  std::vector<char> buf(64);
+  ASSERT_EQ(recv_one(p.client, buf), 4);
+  const uint64_t resets = counter(p.server, "conn_reset");
+  const uint64_t rdma_resets = counter(p.server, "rdma_chan_reset");
+
+  std::vector<char> bad_src(512, 'z');
+  std::vector<rds_iovec> bad_local{{reinterpret_cast<uint64_t>(bad_src.data()), bad_src.size()}};
+  ASSERT_EQ(send_rdma(p.server, p.cport, 0x0badc0deull, true, bad_local, 0, 512, 1, "bad"), 3);
+  std::vector<char> good_src(8192);
+  std::iota(good_src.begin(), good_src.end(), 7);
+  std::vector<rds_iovec> good_local{{reinterpret_cast<uint64_t>(good_src.data()), 4096},
+                                    {reinterpret_cast<uint64_t>(good_src.data() + 4096), 4096}};
+  ASSERT_EQ(send_rdma(other, p.cport, cookie, true, good_local, 0, 8192, 2, "good"), 4);
+  ASSERT_EQ(send_to(p.server, p.cport, "after", 5), 5);
+
+  rds_rdma_notify note{};
+  ASSERT_TRUE(get_notify(p.server, note));
+  EXPECT_EQ(note.user_token, 1u);
+  EXPECT_EQ(note.status, RDS_RDMA_REMOTE_ERROR);
+  ASSERT_TRUE(get_notify(other, note));
+  EXPECT_EQ(note.user_token, 2u);
+  EXPECT_EQ(note.status, RDS_RDMA_SUCCESS) << "the op behind the bad one is not dropped";
+
+  std::vector<std::string> got;
+  for (int i = 0; i < 2; ++i) {
+    const ssize_t n = recv_one(p.client, buf);
+    ASSERT_GT(n, 0);
+    got.emplace_back(buf.data(), static_cast<size_t>(n));
+  }
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<std::string>{"after", "good"})) << "\"bad\" is never delivered";
+  EXPECT_EQ(std::memcmp(region.data(), good_src.data(), region.size()), 0);
+  EXPECT_EQ(counter(p.server, "conn_reset"), resets) << "the shared connection did not bounce";
+  EXPECT_GT(counter(p.server, "rdma_chan_reset"), rdma_resets) << "the RDMA channel took it";
+  svrds_close(other);
 }
 
 TEST(RdsRdmaCookie, FreeMrInvalidatesTheCookie) {
