@@ -12,7 +12,8 @@
 // message gets a per-connection sequence number, stays on the retransmit list until the
 // peer's RDS ack (never TCP's), goes back on the send queue when the connection bounces,
 // and the receiver drops anything whose sequence it has already seen (dedupe purely by
-// sequence). Messages carrying RDMA are not retransmitted: they are reported DROPPED.
+// sequence). RDMA ops run on a QP of their own per connection (Conn::rid); the message
+// that reports one is sent after it completed, so retransmitting it never redoes the op.
 //
 // Locking: one process-wide mutex (g.mu) guards every socket, connection and message, as
 // net/rds/cong.c argues for its map lock ("Yes, a global lock"); verbs calls are made
