@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -120,6 +121,20 @@ void run_task(const Options& o, uint32_t index, uint32_t local_addr, uint32_t re
     bool is_read;
   };
   std::map<uint64_t, PendingRead> reads;
+  // RDMA buffers are recycled: a fresh 1 MiB per op would cost page faults, not RDS work.
+  std::vector<std::vector<char>> pool;
+  auto take = [&pool](size_t n) {
+    std::vector<char> b;
+    if (!pool.empty()) {
+      b = std::move(pool.back());
+      pool.pop_back();
+    }
+    b.resize(n);
+    return b;
+  };
+  auto give = [&pool](std::vector<char>&& b) {
+    if (pool.size() < 64) pool.push_back(std::move(b));
+  };
   Stats st;
   uint64_t last_report = now_ns();
   sleep(2);  // give every task on both sides time to bind (rds-tools: "Starting up")
@@ -164,8 +179,10 @@ void run_task(const Options& o, uint32_t index, uint32_t local_addr, uint32_t re
                                          : (h.seq % 2 ? RDMA_WRITE : RDMA_READ);
           h.rdma_size = o.rdma_size;
           h.rdma_pattern = (static_cast<uint64_t>(index) << 32) | h.seq;
-          rbuf.assign(o.rdma_size, 0);
-          if (h.rdma_op == RDMA_READ)  // the peer reads our pattern
+          rbuf = take(o.rdma_size);
+          // With -v the peer's WRITE must replace zeros, and its READ must find our pattern.
+          if (o.verify && h.rdma_op == RDMA_WRITE) std::fill(rbuf.begin(), rbuf.end(), 0);
+          if (o.verify && h.rdma_op == RDMA_READ)
             for (size_t i = 0; i < rbuf.size(); ++i)
               rbuf[i] = static_cast<char>(pattern(h.rdma_pattern, i));
           rds_get_mr_args g{{reinterpret_cast<uint64_t>(rbuf.data()), rbuf.size()},
@@ -240,6 +257,17 @@ void run_task(const Options& o, uint32_t index, uint32_t local_addr, uint32_t re
             rds_rdma_notify note;
             std::memcpy(&note, CMSG_DATA(cm), sizeof note);
             if (note.status != RDS_RDMA_SUCCESS) ++st.errors;
+            // The op is over: its local buffer is ours again. A READ sink is checked here.
+            auto r = reads.find(note.user_token);
+            if (r == reads.end()) continue;
+            if (o.verify && r->second.is_read && note.status == RDS_RDMA_SUCCESS)
+              for (size_t i = 0; i < r->second.buf.size(); ++i)
+                if (static_cast<uint8_t>(r->second.buf[i]) != pattern(r->second.pattern, i)) {
+                  std::fprintf(stderr, "rds-stress: RDMA READ data mismatch at byte %zu\n", i);
+                  std::exit(3);
+                }
+            give(std::move(r->second.buf));
+            reads.erase(r);
           }
         }
         continue;
@@ -292,10 +320,10 @@ void run_task(const Options& o, uint32_t index, uint32_t local_addr, uint32_t re
           // the op's notification: RDS owns it while the RDMA is in flight (seed 000).
           const uint64_t token = (static_cast<uint64_t>(peer_idx) << 32) | h.seq;
           PendingRead& pr = reads[token];
-          pr.buf.assign(h.rdma_size, 0);
+          pr.buf = take(h.rdma_size);
           pr.pattern = h.rdma_op == RDMA_READ ? h.rdma_pattern : 0;
           pr.is_read = h.rdma_op == RDMA_READ;
-          if (!pr.is_read)
+          if (!pr.is_read && o.verify)
             for (size_t i = 0; i < h.rdma_size; ++i)
               pr.buf[i] = static_cast<char>(pattern(h.rdma_pattern, i));
           char* base = pr.buf.data();
@@ -356,7 +384,10 @@ void run_task(const Options& o, uint32_t index, uint32_t local_addr, uint32_t re
           }
           p.cookies.erase(ck);
         }
-        if (rb != p.rdma_bufs.end()) p.rdma_bufs.erase(rb);
+        if (rb != p.rdma_bufs.end()) {
+          give(std::move(rb->second));
+          p.rdma_bufs.erase(rb);
+        }
       }
     }
     if (now_ns() - last_report >= 1000000000ull) {

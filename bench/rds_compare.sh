@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# RDS over softverbs against raw verbs on softverbs, measured in the same run (issue 3's
+# performance goals). Not a test: nothing here passes or fails.
+#   1. request/ack round trip: rds-stress -q 64 -a 64 -d 1 -t 1 ("rtt us", average) versus a
+#      raw verbs SEND round trip, 2 x ib_send_lat -s 112 t_avg (112 B = 64 B + the 48-byte
+#      RDS header, what RDS puts on the wire). Goal: within 1.2x.
+#   2. RDMA: rds-stress -D 1M -M 2 -t 1 (write-only RDMA, every request) at depth 1 and 4,
+#      "mbi K/s" (RDMA data written into this side per second) versus ib_write_bw -s 1M.
+#      rds-stress is symmetric (both sides issue requests), so the per-direction figure is
+#      also compared with ib_write_bw -b (bidirectional, per direction). Goal: >= 0.9x.
+# Usage: bench/rds_compare.sh [build-dir]   (default build). Loopback only: the passive
+# side binds 127.0.0.2, the active side 127.0.0.1.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+B=${1:-$ROOT/build}
+BIN=$B/bin
+export LD_LIBRARY_PATH=$B/lib SOFTVERBS_NETDEV=lo
+export SOFTVERBS_RDS_DIR=/dev/shm/softverbs-rds-bench-$$
+A=127.0.0.1
+pids=()
+trap 'for p in "${pids[@]}"; do kill $p 2>/dev/null; done; rm -rf "$SOFTVERBS_RDS_DIR"' EXIT
+
+pt() {  # pt <tool> <args...>: the perftest result line
+  "$@" >/dev/null 2>&1 &
+  local s=$!
+  pids+=($s)
+  sleep 0.8
+  "$@" $A 2>/dev/null | grep -E "^ *[0-9]+ +[0-9]+" | tail -1
+  wait $s 2>/dev/null
+}
+stress() {  # stress <args...>: the active side's "(average)" line
+  local port=$((4800 + RANDOM % 100))
+  timeout 40 "$BIN/rds-stress" -r 127.0.0.2 -p $port >/dev/null 2>&1 &
+  local s=$!
+  pids+=($s)
+  sleep 0.5
+  timeout 40 "$BIN/rds-stress" -s 127.0.0.2 -r $A -p $port -T 5 "$@" 2>/dev/null | grep '(average)'
+  wait $s 2>/dev/null
+}
+
+SEND_LAT=$(pt ib_send_lat -s 112 -n 20000 | awk '{print $6}')
+SEND_RTT=$(awk -v l="${SEND_LAT:-0}" 'BEGIN{printf "%.2f", 2*l}')
+WBW=$(pt ib_write_bw -s 1048576 -D 3 | awk '{print $4}')
+WBW_BI=$(pt ib_write_bw -b -s 1048576 -D 3 | awk '{printf "%.0f", $4/2}')
+RDS_RTT=$(stress -q 64 -a 64 -d 1 -t 1 | awk '{print $8}')
+RDS_D1=$(stress -q 1024 -a 256 -D 1048576 -M 2 -d 1 -t 1 | awk '{printf "%.0f", $5*1.024/1000}')
+RDS_D4=$(stress -q 1024 -a 256 -D 1048576 -M 2 -d 4 -t 1 | awk '{printf "%.0f", $5*1.024/1000}')
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (b>0 && a>0) printf "%.2fx", a/b; else print "n/a" }'; }
+echo
+printf '%-58s %10s %10s %s\n' "measure" "RDS" "raw verbs" "ratio (goal)"
+printf '%-58s %10s %10s %s\n' "request/ack RTT us (rds-stress -q 64 -a 64 vs 2x send_lat)" \
+  "$RDS_RTT" "$SEND_RTT" "$(ratio "$RDS_RTT" "$SEND_RTT") (<=1.2x)"
+printf '%-58s %10s %10s %s\n' "RDMA -D 1M -M 2 -d 1 MB/s per direction vs ib_write_bw" \
+  "$RDS_D1" "$WBW" "$(ratio "$RDS_D1" "$WBW") (>=0.9x)"
+printf '%-58s %10s %10s %s\n' "RDMA -D 1M -M 2 -d 4 MB/s per direction vs ib_write_bw" \
+  "$RDS_D4" "$WBW" "$(ratio "$RDS_D4" "$WBW") (>=0.9x)"
+printf '%-58s %10s %10s %s\n' "RDMA -D 1M -M 2 -d 4 MB/s per direction vs write_bw -b" \
+  "$RDS_D4" "$WBW_BI" "$(ratio "$RDS_D4" "$WBW_BI")"
