@@ -109,8 +109,14 @@ void free_mr(Sock* s, uint32_t rkey) {
 // Drops this socket's messages to dest (all if dest is null): queued ones vanish, sent
 // but unacked ones are cancelled; RDMA notifiers report CANCELED (net/rds send.c).
 void drop_to(Sock* s, const sockaddr_in* dest, bool notify) {
+  std::vector<std::pair<Conn*, std::deque<Message*>*>> queues;
   for (auto& [k, c] : g().conns) {
-    for (auto* q : {&c->send_q, &c->retrans}) {
+    queues.emplace_back(c, &c->send_q);
+    queues.emplace_back(c, &c->retrans);
+  }
+  for (auto* q : directory_queues()) queues.emplace_back(nullptr, q);
+  for (auto [c, q] : queues) {
+    {
       for (auto it = q->begin(); it != q->end();) {
         Message* m = *it;
         const bool match =
@@ -118,7 +124,7 @@ void drop_to(Sock* s, const sockaddr_in* dest, bool notify) {
                                        m->dest.sin_port == dest->sin_port));
         // Not what the transport already holds: a message partly posted, or one whose
         // RDMA is in flight (its buffers are the NIC's until the op completes).
-        const bool in_flight = (q == &c->send_q && m->frags_posted && it == q->begin()) ||
+        const bool in_flight = (c && q == &c->send_q && m->frags_posted && it == q->begin()) ||
                                (m->op && m->op_posted && m->op->status < 0);
         if (!match || in_flight) {
           ++it;
@@ -383,6 +389,9 @@ SV_EXPORT int svrds_close(int fd) {
     for (auto* q : {&c->send_q, &c->retrans})
       for (Message* m : *q)
         if (m->sock == s) m->sock = nullptr;
+  for (auto* q : directory_queues())
+    for (Message* m : *q)
+      if (m->sock == s) m->sock = nullptr;
   std::vector<uint32_t> keys;
   for (auto& [k, mr] : s->mrs) keys.push_back(k);
   for (uint32_t k : keys) free_mr(s, k);

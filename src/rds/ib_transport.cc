@@ -183,6 +183,8 @@ void conn_down(Conn* c, const char* why) {
     for (int i = 0; i < n; ++i) handle_wc(wc[i]);
   c->tearing_down = false;
   count("conn_reset");
+  // A connect that never came up: the process we looked up may be gone.
+  if (c->state == ConnState::connecting && c->active) directory_forget(c->peer_gen);
   c->state = ConnState::down;
   destroy_id(c);
   conn_reset_queues(c);
@@ -292,6 +294,7 @@ void accept_rdma_chan(rdma_cm_id* id) {
 
 void handle_cm(rdma_cm_event* ev) {
   Global& G = g();
+  if (directory_handles(ev)) return;
   if (auto it = g_rid_conn.find(ev->id); it != g_rid_conn.end()) {
     handle_rdma_cm(it->second, ev);
     return;
@@ -453,6 +456,7 @@ void engine_loop() {
         timeout = std::min<int>(timeout, d.count() < 0 ? 0 : static_cast<int>(d.count()) + 1);
       }
     }
+    if (const int d = directory_wait_ms(); d >= 0) timeout = std::min(timeout, d);
     pollfd p[3] = {{G.cq_ch->fd, POLLIN, 0}, {G.cm_ch->fd, POLLIN, 0}, {G.wake_fd, POLLIN, 0}};
     ::poll(p, 3, timeout);
     std::lock_guard lk(G.mu);
@@ -492,6 +496,7 @@ void engine_loop() {
         start_connect(c);
       }
     }
+    directory_tick();
     if (now_ms() - last_publish >= 500) {
       info_publish();
       last_publish = now_ms();
@@ -552,6 +557,7 @@ Conn* conn_get(uint64_t key, const sockaddr_in& peer_ip, uint16_t cm_port) {
   auto it = G.conns.find(key);
   if (it != G.conns.end()) return it->second;
   auto* c = new Conn();
+  c->peer_gen = key;
   c->peer.sin_family = AF_INET;
   c->peer.sin_addr = peer_ip.sin_addr;
   c->peer.sin_port = htons(cm_port);

@@ -124,6 +124,7 @@ struct Conn {
   // Peer process: its address and rdma_cm port.
   sockaddr_in peer{};
   sockaddr_in local{};
+  uint64_t peer_gen = 0;
   ConnState state = ConnState::down;
   rdma_cm_id* id = nullptr;
   bool active = false;
@@ -246,6 +247,18 @@ bool cong_port_blocked(Conn* c, uint16_t port);
 void cong_rcvbuf_delta(Sock* s);  // after rcv_bytes changed: set/clear our bit
 void cong_send_map(Conn* c);      // queue our map on c
 void cong_map_received(Conn* c, const std::byte* map, size_t len);
+
+// directory.cc: owners of (ip, port) on other hosts
+inline constexpr uint16_t kRdsCmPort = 18635;  // RDS_CM_PORT, where Linux RDS/IB listens
+bool is_local_ip(in_addr a);
+uint16_t directory_cached(const sockaddr_in& d, uint64_t* gen);  // 0: not known
+bool directory_pending(const sockaddr_in& d);                    // messages to d wait for a lookup
+void directory_defer(Message* m);                       // hold m until its destination is known
+void directory_forget(uint64_t gen);                    // that process is gone: look it up again
+std::vector<std::deque<Message*>*> directory_queues();  // for cancel/close
+bool directory_handles(rdma_cm_event* ev);              // lookups and the directory listener
+void directory_tick();                                  // engine: retries, claim the listener
+int directory_wait_ms();                                // engine: when the next tick is due (-1)
 
 // recv.cc
 void on_frag(Conn* c, const std::byte* buf, uint32_t len);

@@ -465,10 +465,17 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
     m->h.ext_rdma_rkey = op->rkey;
     m->op = std::move(op);
   }
-  // 6. which process owns the destination?
+  // 6. which process owns the destination? This host's registry, else (another host)
+  // what its directory told us, else ask it: the message waits for the answer.
   uint64_t peer_gen = 0;
-  const uint16_t cm_port = registry_lookup(dest, &peer_gen);
+  uint16_t cm_port = registry_lookup(dest, &peer_gen);
+  bool ask_directory = false;
   if (!cm_port) {
+    const bool pending = directory_pending(dest);
+    if (!pending) cm_port = directory_cached(dest, &peer_gen);
+    ask_directory = !cm_port && (pending || !is_local_ip(dest.sin_addr));
+  }
+  if (!cm_port && !ask_directory) {
     // Nobody is bound there: Linux RDS sends it and the peer drops it silently.
     count("send_drop_no_sock");
     if (m->op) {
@@ -477,10 +484,10 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
     }
     return static_cast<ssize_t>(len);
   }
-  Conn* c = conn_get(peer_gen, dest, cm_port);
+  Conn* c = cm_port ? conn_get(peer_gen, dest, cm_port) : nullptr;
   // 8. congestion of the destination port, before the send buffer (net/rds send.c).
   const uint16_t dport = ntohs(dest.sin_port);
-  while (cong_port_blocked(c, dport)) {
+  while (c && cong_port_blocked(c, dport)) {
     if (nonblocking(s, flags)) {
       if (s->cong_monitor) s->cong_mask |= RDS_CONG_MONITOR_MASK(dport);
       count("cong_send_error");
@@ -501,7 +508,6 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
     s->cv.wait(lk);
     if (s->closing) return fail(EBADF);
   }
-  m->h.sequence = c->next_tx_seq++;
   m->payload.resize(len);
   size_t off = 0;
   for (size_t i = 0; i < msg->msg_iovlen; ++i) {
@@ -512,10 +518,15 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   s->snd_bytes += len;
   if (s->snd_bytes >= s->sndbuf / 2) m->h.flags |= sv::wire::kRdsFlagAckRequired;
   if (map) *reinterpret_cast<uint64_t*>(map->cookie_addr) = mapped_cookie;
-  if (m->op) c->rdma_q.push_back(m.get());
-  c->send_q.push_back(m.release());
   count("send_queued_by_sock");
   sock_update_poll(s);
+  if (!c) {
+    directory_defer(m.release());  // sequenced when it joins the connection
+    return static_cast<ssize_t>(len);
+  }
+  m->h.sequence = c->next_tx_seq++;
+  if (m->op) c->rdma_q.push_back(m.get());
+  c->send_q.push_back(m.release());
   conn_kick(c);
   return static_cast<ssize_t>(len);
 }

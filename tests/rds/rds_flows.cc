@@ -225,7 +225,7 @@ int main(int argc, char** argv) {
     }
   }
   // What the stack went through (RDS_INFO_COUNTERS): resets survived, duplicates dropped.
-  uint64_t resets = 0, dups = 0;
+  uint64_t resets = 0, dups = 0, lookups = 0;
   socklen_t len = 0;
   char probe[1];
   svrds_getsockopt(fds[0], SOL_RDS, RDS_INFO_COUNTERS, probe, &len);
@@ -236,12 +236,14 @@ int main(int argc, char** argv) {
     std::memcpy(&c, cb.data() + off, sizeof c);
     if (!std::strcmp(reinterpret_cast<char*>(c.name), "conn_reset")) resets = c.value;
     if (!std::strcmp(reinterpret_cast<char*>(c.name), "recv_drop_old_seq")) dups = c.value;
+    if (!std::strcmp(reinterpret_cast<char*>(c.name), "dir_lookup")) lookups = c.value;
   }
   std::printf(
       "flows: sent %ld received %ld in %lld s over %zu flows (%ld EAGAIN/ENOBUFS, "
-      "%llu connection resets, %llu duplicates dropped): OK\n",
+      "%llu connection resets, %llu duplicates dropped, %llu directory lookups): OK\n",
       sent, received, static_cast<long long>(elapsed()), in.size(), eagain,
-      static_cast<unsigned long long>(resets), static_cast<unsigned long long>(dups));
+      static_cast<unsigned long long>(resets), static_cast<unsigned long long>(dups),
+      static_cast<unsigned long long>(lookups));
   for (int fd : fds) svrds_close(fd);
   return 0;
 }

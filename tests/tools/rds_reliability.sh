@@ -44,12 +44,15 @@ elif command -v nft >/dev/null; then
 fi
 echo "impairment: $impair"
 
-export SOFTVERBS_RDS_DIR=/dev/shm/softverbs-rds-rel-$$
-ip netns exec $A timeout 300 "$BIN/rds_flows" --local 10.78.0.1 --peer 10.78.0.2 --port 7100 \
+# Separate registries, as on two hosts: each side finds the other's sockets through the
+# peer host's RDS directory (rdma_cm port 18635), not through shared files.
+DIR_A=/dev/shm/softverbs-rds-rel-a-$$
+DIR_B=/dev/shm/softverbs-rds-rel-b-$$
+SOFTVERBS_RDS_DIR=$DIR_A ip netns exec $A timeout 300 "$BIN/rds_flows" --local 10.78.0.1 --peer 10.78.0.2 --port 7100 \
   --messages $PER_SIDE --seed 11 --timeout 280 >/tmp/rel_a_$$.log 2>&1 &
 pa=$!
 pids+=($pa)
-ip netns exec $B timeout 300 "$BIN/rds_flows" --local 10.78.0.2 --peer 10.78.0.1 --port 7100 \
+SOFTVERBS_RDS_DIR=$DIR_B ip netns exec $B timeout 300 "$BIN/rds_flows" --local 10.78.0.2 --peer 10.78.0.1 --port 7100 \
   --messages $PER_SIDE --seed 22 --timeout 280 >/tmp/rel_b_$$.log 2>&1 &
 pb=$!
 pids+=($pb)
@@ -66,9 +69,15 @@ wait $pb
 rb=$?
 echo "side A: $(tail -n 1 /tmp/rel_a_$$.log)"
 echo "side B: $(tail -n 1 /tmp/rel_b_$$.log)"
+# Each side must have found the other through its directory (separate registries).
+lookups_ok=1
+for log in /tmp/rel_a_$$.log /tmp/rel_b_$$.log; do
+  n=$(tail -n 1 "$log" | sed -n 's/.* \([0-9]*\) directory lookups.*/\1/p')
+  [ "${n:-0}" -gt 0 ] || { lookups_ok=0; echo "no directory lookup in $log"; }
+done
 rm -f /tmp/rel_a_$$.log /tmp/rel_b_$$.log
-rm -rf "$SOFTVERBS_RDS_DIR"
-if [ $ra -eq 0 ] && [ $rb -eq 0 ]; then
+rm -rf "$DIR_A" "$DIR_B"
+if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $lookups_ok = 1 ]; then
   echo "1 passed, 0 failed"
   exit 0
 fi
