@@ -12,7 +12,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
+#include <string_view>
 
 #include "rds/rds_impl.h"
 
@@ -60,7 +62,43 @@ void registry_release(int lock_fd, const sockaddr_in&) {
   }
 }
 
+namespace {
+// Lookups are on every sendmsg: keep the owner's file open and re-read only its contents
+// (one pread, not open+flock+pread+close). A release truncates the file, so a changed or
+// empty content sends us back to the full check; a crashed owner's stale content is caught
+// when connecting to it fails (registry_forget).
+struct Cached {
+  int fd;
+  std::string content;
+  uint16_t port;
+  uint64_t gen;
+};
+auto& g_cache = *new std::map<std::pair<uint32_t, uint16_t>, Cached>();
+
+bool parse(const char* buf, uint16_t* port, uint64_t* gen) {
+  char* end = nullptr;
+  *port = static_cast<uint16_t>(std::strtoul(buf, &end, 10));
+  *gen = std::strtoull(end, nullptr, 10);
+  return *port != 0;
+}
+
+void uncache(std::map<std::pair<uint32_t, uint16_t>, Cached>::iterator it) {
+  close(it->second.fd);
+  g_cache.erase(it);
+}
+}  // namespace
+
 uint16_t registry_lookup(const sockaddr_in& a, uint64_t* gen) {
+  const auto key = std::make_pair(a.sin_addr.s_addr, a.sin_port);
+  char buf[48] = {};
+  if (auto it = g_cache.find(key); it != g_cache.end()) {
+    const ssize_t n = pread(it->second.fd, buf, sizeof buf - 1, 0);
+    if (n > 0 && it->second.content == std::string_view(buf, static_cast<size_t>(n))) {
+      if (gen) *gen = it->second.gen;
+      return it->second.port;
+    }
+    uncache(it);
+  }
   int fd = open(path(a).c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;
   // If we can take a shared lock nobody owns the port: the file is stale.
@@ -68,14 +106,25 @@ uint16_t registry_lookup(const sockaddr_in& a, uint64_t* gen) {
     close(fd);
     return 0;
   }
-  char buf[48] = {};
   const ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
-  close(fd);
-  if (n <= 0) return 0;
-  char* end = nullptr;
-  const auto port = static_cast<uint16_t>(std::strtoul(buf, &end, 10));
-  if (gen) *gen = std::strtoull(end, nullptr, 10);
+  uint16_t port = 0;
+  uint64_t g = 0;
+  if (n <= 0 || !parse(buf, &port, &g)) {
+    close(fd);
+    return 0;
+  }
+  if (g_cache.size() >= 1024) uncache(g_cache.begin());
+  g_cache.emplace(key, Cached{fd, std::string(buf, static_cast<size_t>(n)), port, g});
+  if (gen) *gen = g;
   return port;
+}
+
+void registry_forget(uint64_t gen) {
+  for (auto it = g_cache.begin(); it != g_cache.end();) {
+    auto next = std::next(it);
+    if (it->second.gen == gen) uncache(it);
+    it = next;
+  }
 }
 
 }  // namespace sv::rds

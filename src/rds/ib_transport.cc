@@ -184,7 +184,10 @@ void conn_down(Conn* c, const char* why) {
   c->tearing_down = false;
   count("conn_reset");
   // A connect that never came up: the process we looked up may be gone.
-  if (c->state == ConnState::connecting && c->active) directory_forget(c->peer_gen);
+  if (c->state == ConnState::connecting && c->active) {
+    directory_forget(c->peer_gen);
+    registry_forget(c->peer_gen);
+  }
   c->state = ConnState::down;
   destroy_id(c);
   conn_reset_queues(c);

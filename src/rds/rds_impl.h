@@ -208,6 +208,7 @@ void registry_release(int lock_fd, const sockaddr_in& a);
 // Finds the process owning (ip, port): its rdma_cm port (0 if nobody holds it) and its
 // generation number, which names the process whatever address reaches it.
 uint16_t registry_lookup(const sockaddr_in& a, uint64_t* gen = nullptr);
+void registry_forget(uint64_t gen);  // that process is gone: drop cached answers
 
 // ib_transport.cc
 int transport_start();  // lazily: device, PD, CQ, listener, engine thread
