@@ -82,6 +82,8 @@ int setup_qp(Conn* c, rdma_cm_id* id) {
   c->free_slots.clear();
   for (int i = 0; i < kSendSlots; ++i) c->free_slots.push_back(i);
   c->slot_owner.clear();
+  c->posted.clear();
+  c->since_signal = 0;
   const uint64_t cid = g_id_of[c];
   for (int i = 0; i < kRecvBufs; ++i) {
     ibv_sge s{reinterpret_cast<uint64_t>(&c->rbuf[static_cast<size_t>(i) * kBufSize]),
@@ -460,6 +462,16 @@ void engine_loop() {
       }
     }
     if (const int d = directory_wait_ms(); d >= 0) timeout = std::min(timeout, d);
+    {
+      std::lock_guard lk(G.mu);
+      const auto t = std::chrono::steady_clock::now();
+      for (auto& [k, c] : G.conns) {
+        if (!c->ack_needed || c->ack_due == std::chrono::steady_clock::time_point{}) continue;
+        const auto us =
+            std::chrono::duration_cast<std::chrono::microseconds>(c->ack_due - t).count();
+        timeout = std::min<int>(timeout, us <= 0 ? 0 : static_cast<int>((us + 999) / 1000));
+      }
+    }
     pollfd p[3] = {{G.cq_ch->fd, POLLIN, 0}, {G.cm_ch->fd, POLLIN, 0}, {G.wake_fd, POLLIN, 0}};
     ::poll(p, 3, timeout);
     std::lock_guard lk(G.mu);
@@ -504,10 +516,14 @@ void engine_loop() {
       info_publish();
       last_publish = now_ms();
     }
+    const auto t = std::chrono::steady_clock::now();
     for (auto& [k, c] : G.conns) {
       if (c->state != ConnState::up) continue;
       if (!c->send_q.empty()) xmit(c);  // completions freed send slots
-      if (c->ack_needed) conn_send_ack(c);
+      if (!c->ack_needed) continue;
+      if (c->ack_due == std::chrono::steady_clock::time_point{})
+        c->ack_due = t + std::chrono::microseconds(kAckDelayUs);
+      if (c->ack_now || c->ack_due <= t) conn_send_ack(c);
     }
   }
 }
@@ -600,15 +616,29 @@ void conn_send_ack(Conn* c) {
   wr.sg_list = &s;
   wr.num_sge = 1;
   wr.opcode = IBV_WR_SEND;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  ibv_send_wr* bad;
-  if (ibv_post_send(c->id->qp, &wr, &bad)) {
+  if (post_data_send(c, &wr)) {
     c->free_slots.push_back(slot);
     return;
   }
-  c->ack_needed = false;
+  c->ack_needed = c->ack_now = false;
+  c->ack_due = {};
   c->unacked = 0;
   count("ib_ack_sent");
+}
+
+int post_data_send(Conn* c, ibv_send_wr* wr) {
+  // Signal when enough went unsignaled or slots run low, so slots keep coming back.
+  const bool sig =
+      ++c->since_signal >= kSignalEvery || c->free_slots.size() < static_cast<size_t>(kSignalEvery);
+  wr->send_flags = sig ? IBV_SEND_SIGNALED : 0;
+  ibv_send_wr* bad;
+  if (ibv_post_send(c->id->qp, wr, &bad)) {
+    --c->since_signal;
+    return -1;
+  }
+  if (sig) c->since_signal = 0;
+  c->posted.push_back(wr->wr_id);
+  return 0;
 }
 
 uint32_t conn_id_of(Conn* c) {

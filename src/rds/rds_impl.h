@@ -30,6 +30,7 @@
 #include <rdma/rdma_cma.h>
 
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -53,6 +54,8 @@ inline constexpr int kRdmaDepth = 16;  // RDMA ops in flight per connection (its
 inline constexpr uint32_t kDefaultSndBuf = 256 * 1024;
 inline constexpr uint32_t kDefaultRcvBuf = 256 * 1024;
 inline constexpr int kAckEvery = 8;            // max_unacked_packets
+inline constexpr int kAckDelayUs = 1000;       // a lone ack waits this long for a reply to ride
+inline constexpr int kSignalEvery = 16;        // max_unsignaled_wrs (net/rds ib_send.c)
 inline constexpr size_t kCongMapBytes = 8192;  // RDS_CONG_MAP_BYTES: 65536 ports
 
 struct Sock;
@@ -131,7 +134,13 @@ struct Conn {
   uint64_t next_tx_seq = 1;
   uint64_t next_rx_seq = 1;  // kept across reconnects so retransmits are recognised
   int unacked = 0;
-  bool ack_needed = false;
+  bool ack_needed = false;  // the peer has sequences we have not acked
+  bool ack_now = false;     // ... and must hear about them without waiting for a reply
+  std::chrono::steady_clock::time_point ack_due{};
+  // Data QP sends in post order: most are unsignaled, and one signaled completion retires
+  // every send posted before it (RC completes in order), freeing their slots.
+  std::deque<uint64_t> posted;
+  int since_signal = 0;
   std::deque<Message*> send_q;
   std::deque<Message*> retrans;
   // receive buffers and send slots, registered once per connection
@@ -217,6 +226,8 @@ int transport_start();  // lazily: device, PD, CQ, listener, engine thread
 Conn* conn_get(uint64_t peer_gen, const sockaddr_in& peer_ip, uint16_t cm_port);
 void conn_kick(Conn* c);  // xmit what can be sent
 void conn_send_ack(Conn* c);
+// Posts a SEND on the data QP, signaled only every kSignalEvery sends or when slots run low.
+int post_data_send(Conn* c, ibv_send_wr* wr);
 uint32_t conn_id_of(Conn* c);
 void rdma_chan_kick(Conn* c);  // connect the RDMA channel if it is down
 

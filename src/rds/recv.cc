@@ -39,12 +39,15 @@ void deliver(Conn* c, const wire::RdsHeader& h, std::vector<std::byte>&& data) {
   // whether or not the sender flagged it as retransmitted.
   if (h.sequence < c->next_rx_seq) {
     count("recv_drop_old_seq");
-    c->ack_needed = true;
+    c->ack_needed = c->ack_now = true;  // the peer is retransmitting: tell it at once
     return;
   }
   c->next_rx_seq = h.sequence + 1;
-  if (++c->unacked >= kAckEvery || (h.flags & wire::kRdsFlagAckRequired)) c->ack_needed = true;
-  c->ack_needed = true;  // ack every batch the engine drains; acks free the sender's sndbuf
+  // Acks free the sender's retransmit list and send buffer. Most ride on our next message
+  // (xmit piggybacks them); a lone ack goes after kAckDelayUs, or at once when the sender
+  // asked (ACK_REQUIRED: its buffer is half full) or kAckEvery messages are unacked.
+  c->ack_needed = true;
+  if (++c->unacked >= kAckEvery || (h.flags & wire::kRdsFlagAckRequired)) c->ack_now = true;
   if (h.dport == 0) {
     // Ping to port 0: the "kernel" answers from port 0 (net/rds recv.c, rds_send_pong).
     count("recv_ping");

@@ -165,16 +165,15 @@ void xmit(Conn* c) {
       wr.sg_list = &s;
       wr.num_sge = 1;
       wr.opcode = IBV_WR_SEND;
-      wr.send_flags = IBV_SEND_SIGNALED;
-      ibv_send_wr* bad;
-      if (ibv_post_send(c->id->qp, &wr, &bad)) {
+      if (post_data_send(c, &wr)) {
         c->free_slots.push_back(slot);
         return;
       }
       c->slot_owner[wr.wr_id] = m;
       ++m->frags_posted;
     }
-    c->ack_needed = false;
+    c->ack_needed = c->ack_now = false;  // piggybacked
+    c->ack_due = {};
     c->unacked = 0;
     c->send_q.pop_front();
     if (m->h.flags & wire::kRdsFlagCongBitmap) {
@@ -198,8 +197,15 @@ void on_ack(Conn* c, uint64_t ack) {
 
 void on_send_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
   (void)st;
-  c->free_slots.push_back(static_cast<int>(wr_id & 0xFFFFFF));
-  c->slot_owner.erase(wr_id);
+  // Everything posted up to wr_id is complete (unsignaled ones included), or flushed.
+  if (std::find(c->posted.begin(), c->posted.end(), wr_id) == c->posted.end()) return;
+  for (;;) {
+    const uint64_t w = c->posted.front();
+    c->posted.pop_front();
+    c->free_slots.push_back(static_cast<int>(w & 0xFFFFFF));
+    c->slot_owner.erase(w);
+    if (w == wr_id) break;
+  }
 }
 
 namespace {
@@ -285,7 +291,9 @@ void conn_reset_queues(Conn* c) {
   c->in_msg = false;
   c->cur_data.clear();
   c->cur_have = 0;
-  c->ack_needed = false;
+  c->ack_needed = c->ack_now = false;
+  c->ack_due = {};
+  c->posted.clear();
 }
 
 }  // namespace sv::rds
