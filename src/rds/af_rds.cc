@@ -124,17 +124,14 @@ void drop_to(Sock* s, const sockaddr_in* dest, bool notify) {
                                        m->dest.sin_port == dest->sin_port));
         // Not what the transport already holds: a message partly posted, or one whose
         // RDMA is in flight (its buffers are the NIC's until the op completes).
-        const bool in_flight = (c && q == &c->send_q && m->frags_posted && it == q->begin()) ||
-                               (m->op && m->op_posted && m->op->status < 0);
+        const bool in_flight =
+            (c && q == &c->send_q && m->frags_posted && it == q->begin()) || op_in_flight(m);
         if (!match || in_flight) {
           ++it;
           continue;
         }
         it = q->erase(it);
-        if (notify && m->op && !m->op->notified && (m->op->notify || s->recverr)) {
-          queue_notify(s, m->op->user_token, RDS_RDMA_CANCELED);
-          m->op->notified = true;
-        }
+        if (notify) ops_report(m, RDS_RDMA_CANCELED);
         release_message(m);
       }
     }

@@ -75,7 +75,7 @@ void finish(Lookup& l, uint16_t cm_port, uint64_t gen) {
       continue;
     }
     m->h.sequence = c->next_tx_seq++;
-    if (m->op) c->rdma_q.push_back(m);
+    if (pending_op(m)) c->rdma_q.push_back(m);
     c->send_q.push_back(m);
   }
   l.waiting.clear();

@@ -74,9 +74,13 @@ struct RdmaOp {
   bool atomic = false;
   int atomic_kind = 0;  // RDS_CMSG_ATOMIC_*
   uint64_t compare = 0, swap_add = 0;
+  uint64_t compare_mask = ~0ull, swap_mask = ~0ull, nocarry_mask = 0;
+  bool masked = false;  // non-trivial masks: run as a compare-and-swap loop (rdma.cc)
+  uint64_t guess = 0;   // ... the old value it is trying next
   uint64_t atomic_local = 0;
   ibv_mr* atomic_mr = nullptr;
-  int status = -1;  // RDS_RDMA_* once known
+  bool posted = false;  // on the RDMA channel, completion not seen yet
+  int status = -1;      // RDS_RDMA_* once known
   bool notified = false;
 };
 
@@ -85,9 +89,9 @@ struct Message {
   std::vector<std::byte> payload;
   Sock* sock = nullptr;  // sending socket (null for acks/pongs)
   sockaddr_in dest{};
-  std::unique_ptr<RdmaOp> op;
+  // RDMA_ARGS and/or one atomic: they run in that order, before the message is sent.
+  std::unique_ptr<RdmaOp> op, atomic_op;
   bool queued_to_sock = true;  // counted in sock->snd_bytes
-  bool op_posted = false;
   uint32_t frags_posted = 0;
 };
 
@@ -238,15 +242,23 @@ enum WrKind : uint64_t { kRecv = 1, kSend = 2, kRdma = 3, kAck = 4 };
 void xmit(Conn* c);
 void on_ack(Conn* c, uint64_t ack);
 void on_send_complete(Conn* c, uint64_t wr_id, ibv_wc_status st);
-void rdma_post_pending(Conn* c);  // post queued ops on the RDMA channel
-// Returns true when the RDMA channel must be torn down (any error on it).
-bool on_rdma_complete(Conn* c, uint64_t wr_id, ibv_wc_status st);
-void rdma_chan_reset_ops(Conn* c);  // RDMA channel went down: ops to repost or drop
-void conn_reset_queues(Conn* c);    // connection went down
+void conn_reset_queues(Conn* c);  // connection went down
 void queue_notify(Sock* s, uint64_t token, int status);
 void release_message(Message* m);
 
+// rdma.cc
 int map_region_locked(Sock* s, const rds_iovec& v, uint64_t flags, uint64_t* cookie);
+int build_rdma_op(const rds_rdma_args& a, std::unique_ptr<RdmaOp>* out);  // 0 or -errno
+int build_atomic_op(const rds_atomic_args& a, int kind, std::unique_ptr<RdmaOp>* out);
+RdmaOp* pending_op(Message* m);  // the next op to run (null: all have completed)
+bool op_in_flight(Message* m);   // its op is on the RDMA channel
+bool ops_failed(Message* m);
+void ops_report(Message* m, int status_if_unknown);  // notify what was not yet notified
+void ops_release(Message* m);                        // deregister local buffers
+void rdma_post_pending(Conn* c);                     // post queued ops on the RDMA channel
+// Returns true when the RDMA channel must be torn down (any error on it).
+bool on_rdma_complete(Conn* c, uint64_t wr_id, ibv_wc_status st);
+void rdma_chan_reset_ops(Conn* c);  // RDMA channel went down: ops to repost or drop
 
 // info.cc: RDS_INFO_* snapshots of this process' RDS stack. Returns the record size, or
 // -ENOSPC with *len set to the bytes needed (net/rds info.c protocol).

@@ -18,74 +18,6 @@ bool bad_dest(const sockaddr_in& d) {
   return a == INADDR_ANY || a == INADDR_BROADCAST || IN_MULTICAST(a);
 }
 
-int rdma_status(ibv_wc_status st) {
-  if (st == IBV_WC_SUCCESS) return RDS_RDMA_SUCCESS;
-  if (st == IBV_WC_REM_ACCESS_ERR) return RDS_RDMA_REMOTE_ERROR;
-  return RDS_RDMA_OTHER_ERROR;
-}
-
-void notify_op(Message* m, int status) {
-  RdmaOp* op = m->op.get();
-  if (!op || op->notified || !m->sock) return;
-  if (op->notify || (m->sock->recverr && status != RDS_RDMA_SUCCESS)) {
-    queue_notify(m->sock, op->user_token, status);
-    op->notified = true;
-  }
-}
-
-bool post_op(Conn* c, Message* m) {
-  RdmaOp* op = m->op.get();
-  ibv_send_wr wr{};
-  const uint64_t wid =
-      (static_cast<uint64_t>(conn_id_of(c)) << 32) | (kRdma << 24) | (c->next_rdma_wr++ & 0xFFFFFF);
-  wr.wr_id = wid;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  ibv_sge sge{};
-  if (op->atomic) {
-    sge = ibv_sge{op->atomic_local, 8, op->atomic_mr->lkey};
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode =
-        op->atomic_kind == RDS_CMSG_ATOMIC_CSWP || op->atomic_kind == RDS_CMSG_MASKED_ATOMIC_CSWP
-            ? IBV_WR_ATOMIC_CMP_AND_SWP
-            : IBV_WR_ATOMIC_FETCH_AND_ADD;
-    wr.wr.atomic.remote_addr = op->remote_addr;
-    wr.wr.atomic.rkey = op->rkey;
-    wr.wr.atomic.compare_add = wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? op->compare : op->swap_add;
-    wr.wr.atomic.swap = op->swap_add;
-  } else {
-    wr.sg_list = op->local.data();
-    wr.num_sge = static_cast<int>(op->local.size());
-    wr.opcode = op->write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
-    wr.wr.rdma.remote_addr = op->remote_addr;
-    wr.wr.rdma.rkey = op->rkey;
-  }
-  ibv_send_wr confirm{};
-  if (op->write && !op->atomic) {
-    // Over iWARP a Write completes once TCP has it, and a bad cookie only comes back
-    // as a Terminate. A zero-length Read behind it completes only after the peer placed
-    // the Write (RFC 5040 §5.4: Read Responses are not passed by earlier Writes), or fails
-    // with the Write's error (REM_ACCESS_ERR): its completion is the operation's status.
-    // Unsignaled, but with the op's wr_id: an error completes it anyway (IB spec
-    // 10.8.3.2), and whichever of the two carries the error reports the op.
-    wr.send_flags = 0;
-    confirm.wr_id = wid;
-    confirm.opcode = IBV_WR_RDMA_READ;
-    confirm.send_flags = IBV_SEND_SIGNALED;
-    confirm.wr.rdma.remote_addr = op->remote_addr;
-    confirm.wr.rdma.rkey = op->rkey;
-    wr.next = &confirm;
-  }
-  ibv_send_wr* bad;
-  if (ibv_post_send(c->rid->qp, &wr, &bad)) return false;
-  c->rdma_owner[wid] = m;
-  ++c->rinflight;
-  m->op_posted = true;
-  count(op->atomic ? "send_atomic" : "send_rdma");
-  if (!op->atomic) count("send_rdma_bytes", op->bytes);
-  return true;
-}
-
 }  // namespace
 
 void queue_notify(Sock* s, uint64_t token, int status) {
@@ -101,43 +33,28 @@ void release_message(Message* m) {
   for (auto& [k, c] : g().conns) {
     for (auto it = c->slot_owner.begin(); it != c->slot_owner.end();)
       it = it->second == m ? c->slot_owner.erase(it) : std::next(it);
-    if (m->op) std::erase(c->rdma_q, m);
+    if (m->op || m->atomic_op) std::erase(c->rdma_q, m);
   }
   if (m->sock && m->queued_to_sock) {
     m->sock->snd_bytes -= m->payload.size();
     sock_update_poll(m->sock);
     sock_wake(m->sock);
   }
-  if (m->op) {
-    for (ibv_mr* mr : m->op->local_mrs) ibv_dereg_mr(mr);
-    if (m->op->atomic_mr) ibv_dereg_mr(m->op->atomic_mr);
-  }
+  ops_release(m);
   delete m;
-}
-
-void rdma_post_pending(Conn* c) {
-  if (c->rdma_q.empty()) return;
-  if (c->rstate != ConnState::up || !c->rid || !c->rid->qp) {
-    rdma_chan_kick(c);
-    return;
-  }
-  while (!c->rdma_q.empty() && c->rinflight < kRdmaDepth) {
-    if (!post_op(c, c->rdma_q.front())) return;
-    c->rdma_q.pop_front();
-  }
 }
 
 void xmit(Conn* c) {
   rdma_post_pending(c);
   while (c->state == ConnState::up && !c->send_q.empty() && c->id && c->id->qp) {
     Message* m = c->send_q.front();
-    if (m->op) {
+    if (m->op || m->atomic_op) {
       // The message reports its RDMA, so it goes only after the op completed (and everything
       // behind it waits: per-destination order). A failed op takes its message with it: both
       // or neither (rds-rdma(7)). Once the op has landed, the message alone may be resent
       // across connection bounces; the op is never redone.
-      if (m->op->status < 0) return;
-      if (m->op->status != RDS_RDMA_SUCCESS) {
+      if (pending_op(m)) return;
+      if (ops_failed(m)) {
         c->send_q.pop_front();
         count("send_rdma_failed");
         release_message(m);
@@ -189,7 +106,7 @@ void on_ack(Conn* c, uint64_t ack) {
   while (!c->retrans.empty() && c->retrans.front()->h.sequence <= ack) {
     Message* m = c->retrans.front();
     c->retrans.pop_front();
-    if (m->op) notify_op(m, m->op->status >= 0 ? m->op->status : RDS_RDMA_SUCCESS);
+    ops_report(m, RDS_RDMA_SUCCESS);
     count("send_drop_acked");
     release_message(m);
   }
@@ -206,64 +123,6 @@ void on_send_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
     c->slot_owner.erase(w);
     if (w == wr_id) break;
   }
-}
-
-namespace {
-// An error that belongs to the op itself (the peer refused it and terminated the stream),
-// as opposed to losing the connection under it.
-bool op_own_error(ibv_wc_status st) {
-  return st != IBV_WC_SUCCESS && st != IBV_WC_WR_FLUSH_ERR && st != IBV_WC_RETRY_EXC_ERR &&
-         st != IBV_WC_RNR_RETRY_EXC_ERR;
-}
-
-// The op did not complete and the channel is going down. After an op's own error the
-// responder stopped there (RFC 5040 §7: nothing after a Terminate is processed), so the
-// ops flushed behind it never ran and are posted again on the next channel. Without such
-// a culprit the connection was lost under them: Writes and Reads are repeatable, but an
-// atomic may have executed, so it is reported DROPPED (seed 003: it must still report).
-void op_unfinished(Conn* c, Message* m) {
-  RdmaOp* op = m->op.get();
-  m->op_posted = false;
-  if (op->atomic && !c->rculprit) {
-    op->status = RDS_RDMA_DROPPED;
-    notify_op(m, op->status);
-    count("send_rdma_dropped");
-  }
-}
-}  // namespace
-
-bool on_rdma_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
-  auto it = c->rdma_owner.find(wr_id);
-  if (it == c->rdma_owner.end()) return st != IBV_WC_SUCCESS;  // e.g. a Write's confirm
-  Message* m = it->second;
-  c->rdma_owner.erase(it);
-  --c->rinflight;
-  RdmaOp* op = m->op.get();
-  if (st == IBV_WC_SUCCESS || op_own_error(st)) {
-    op->status = rdma_status(st);
-    if (op_own_error(st)) c->rculprit = true;
-    // Notify at completion, as net/rds ib_send.c does for NOTIFY_ME; failures too.
-    if (op->status != RDS_RDMA_SUCCESS || op->notify) notify_op(m, op->status);
-    if (st == IBV_WC_SUCCESS) {
-      rdma_post_pending(c);
-      return false;
-    }
-    return true;
-  }
-  op_unfinished(c, m);
-  return true;
-}
-
-void rdma_chan_reset_ops(Conn* c) {
-  // Ops posted on the old QP whose completions never came are unfinished too.
-  for (auto& [wid, m] : c->rdma_owner) op_unfinished(c, m);
-  c->rdma_owner.clear();
-  c->rinflight = 0;
-  c->rculprit = false;
-  // Repost in send order: rebuild the queue from the messages still waiting for their op.
-  c->rdma_q.clear();
-  for (Message* m : c->send_q)
-    if (m->op && !m->op_posted && m->op->status < 0) c->rdma_q.push_back(m);
 }
 
 void conn_reset_queues(Conn* c) {
@@ -307,27 +166,6 @@ bool nonblocking(Sock* s, int flags) {
 }
 
 }  // namespace
-
-namespace sv::rds {
-// Registers [addr, addr+len) for the peer as RDS does: whole pages, zero-based, so the
-// cookie is rkey | in-page offset << 32 and remote addresses are offsets into the region.
-int map_region_locked(Sock* s, const rds_iovec& v, uint64_t flags, uint64_t* cookie) {
-  if (int r = transport_start()) return r;
-  if (v.bytes == 0 || v.addr + v.bytes < v.addr) return -EINVAL;
-  const uint64_t base = v.addr & ~4095ull;
-  const uint64_t end = (v.addr + v.bytes + 4095) & ~4095ull;
-  if (end - base > kMaxMsgSize + 4096) return -EMSGSIZE;
-  ibv_mr* mr = ibv_reg_mr_iova2(g().pd, reinterpret_cast<void*>(base), end - base, 0,
-                                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                    IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
-  if (!mr) return -errno;
-  s->mrs[mr->rkey] = mr;
-  s->mr_flags[mr->rkey] = flags;
-  *cookie = mr->rkey | ((v.addr - base) << 32);
-  count("rdma_mr_alloc");
-  return 0;
-}
-}  // namespace sv::rds
 
 extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, const msghdr* msg,
                                                                         int flags) {
@@ -423,55 +261,16 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
       s->mr_flags.erase(rk);
     }
   };
-  if (rdma || atomic) {
-    auto op = std::make_unique<RdmaOp>();
-    const uint64_t cookie = rdma ? rdma->cookie : atomic->cookie;
-    op->rkey = static_cast<uint32_t>(cookie);
-    const uint64_t off = cookie >> 32;
-    op->flags = rdma ? rdma->flags : atomic->flags;
-    op->user_token = rdma ? rdma->user_token : atomic->user_token;
-    op->notify = op->flags & RDS_RDMA_NOTIFY_ME;
-    if (rdma) {
-      op->write = rdma->flags & RDS_RDMA_READWRITE;
-      op->remote_addr = rdma->remote_vec.addr + off;
-      op->bytes = rdma->remote_vec.bytes;
-      const auto* iov = reinterpret_cast<const rds_iovec*>(rdma->local_vec_addr);
-      uint64_t total = 0;
-      for (uint64_t i = 0; i < rdma->nr_local; ++i) total += iov[i].bytes;
-      if (total > rdma->remote_vec.bytes) return fail(EINVAL);
-      if (rdma->nr_local > 16) return fail(EMSGSIZE);  // max_send_sge of our QPs
-      for (uint64_t i = 0; i < rdma->nr_local; ++i) {
-        ibv_mr* mr = ibv_reg_mr(G.pd, reinterpret_cast<void*>(iov[i].addr), iov[i].bytes,
-                                IBV_ACCESS_LOCAL_WRITE);
-        if (!mr) {
-          for (ibv_mr* x : op->local_mrs) ibv_dereg_mr(x);
-          return fail(errno == EINVAL ? EFAULT : errno);
-        }
-        op->local_mrs.push_back(mr);
-        op->local.push_back(ibv_sge{iov[i].addr, static_cast<uint32_t>(iov[i].bytes), mr->lkey});
-      }
-    } else {
-      op->atomic = true;
-      op->atomic_kind = atomic_kind;
-      op->remote_addr = atomic->remote_addr + off;
-      op->atomic_local = atomic->local_addr;
-      if (atomic_kind == RDS_CMSG_ATOMIC_CSWP) {
-        op->compare = atomic->cswp.compare;
-        op->swap_add = atomic->cswp.swap;
-      } else if (atomic_kind == RDS_CMSG_MASKED_ATOMIC_CSWP) {
-        op->compare = atomic->m_cswp.compare;
-        op->swap_add = atomic->m_cswp.swap;
-      } else if (atomic_kind == RDS_CMSG_ATOMIC_FADD) {
-        op->swap_add = atomic->fadd.add;
-      } else {
-        op->swap_add = atomic->m_fadd.add;
-      }
-      op->atomic_mr =
-          ibv_reg_mr(G.pd, reinterpret_cast<void*>(atomic->local_addr), 8, IBV_ACCESS_LOCAL_WRITE);
-      if (!op->atomic_mr) return fail(EFAULT);
+  if (rdma) {
+    if (int r = build_rdma_op(*rdma, &m->op)) return fail(-r);
+    m->h.ext_rdma_rkey = m->op->rkey;
+  }
+  if (atomic) {
+    if (int r = build_atomic_op(*atomic, atomic_kind, &m->atomic_op)) {
+      ops_release(m.get());
+      return fail(-r);
     }
-    m->h.ext_rdma_rkey = op->rkey;
-    m->op = std::move(op);
+    if (!rdma) m->h.ext_rdma_rkey = m->atomic_op->rkey;
   }
   // 6. which process owns the destination? This host's registry, else (another host)
   // what its directory told us, else ask it: the message waits for the answer.
@@ -486,10 +285,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   if (!cm_port && !ask_directory) {
     // Nobody is bound there: Linux RDS sends it and the peer drops it silently.
     count("send_drop_no_sock");
-    if (m->op) {
-      for (ibv_mr* x : m->op->local_mrs) ibv_dereg_mr(x);
-      if (m->op->atomic_mr) ibv_dereg_mr(m->op->atomic_mr);
-    }
+    ops_release(m.get());
     return static_cast<ssize_t>(len);
   }
   Conn* c = cm_port ? conn_get(peer_gen, dest, cm_port) : nullptr;
@@ -533,7 +329,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
     return static_cast<ssize_t>(len);
   }
   m->h.sequence = c->next_tx_seq++;
-  if (m->op) c->rdma_q.push_back(m.get());
+  if (pending_op(m.get())) c->rdma_q.push_back(m.get());
   c->send_q.push_back(m.release());
   conn_kick(c);
   return static_cast<ssize_t>(len);

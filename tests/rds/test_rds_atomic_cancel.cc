@@ -435,12 +435,11 @@ TEST(RdsAtomic, AtomicAtCookieOffsetWithoutNotifyStillReturnsOldValue) {
   EXPECT_TRUE(eventually([&] { return load(&old) == 4u; }));
 }
 
-// KNOWN FAILURE. Linux converts every atomic to a masked one and posts
-// IB_WR_MASKED_ATOMIC_FETCH_AND_ADD with compare_add_mask = m_fadd.nocarry_mask
-// (net/rds rdma.c rds_cmsg_atomic, ib_send.c rds_ib_xmit_atomic; rds-api.md §2.2). The mask is a
-// field boundary mask (kernel commit 5e80ba8ff0bd "IB/core: Add support for masked atomic
-// operations"): a set bit ends a field, the carry out of that bit is dropped. softverbs ignores
-// nocarry_mask (src/rds/send.c post_op posts a plain IBV_WR_ATOMIC_FETCH_AND_ADD).
+// Linux converts every atomic to a masked one and posts IB_WR_MASKED_ATOMIC_FETCH_AND_ADD with
+// compare_add_mask = m_fadd.nocarry_mask (net/rds rdma.c rds_cmsg_atomic, ib_send.c
+// rds_ib_xmit_atomic; rds-api.md §2.2). The mask is a field boundary mask (kernel commit
+// 5e80ba8ff0bd "IB/core: Add support for masked atomic operations"): a set bit ends a field,
+// the carry out of that bit is dropped. softverbs runs it as a compare-and-swap loop (rdma.cc).
 TEST(RdsAtomic, MaskedFetchAddHonoursNocarryMask) {
   Pair p(4);
   Words region{{0x00000001FFFFFFFFull, 0x00000001FFFFFFFFull, 0, 0, 0, 0, 0, 0}};
@@ -481,10 +480,9 @@ TEST(RdsAtomic, MaskedFetchAddHonoursNocarryMask) {
   EXPECT_EQ(load(&region.w[2]), 0xF0F0F0F0F0F0F0F0ull ^ 0xFFFF0000FFFF0000ull);
 }
 
-// KNOWN FAILURE. Linux posts IB_WR_MASKED_ATOMIC_CMP_AND_SWP with compare_add_mask =
-// m_cswp.compare_mask and swap_mask = m_cswp.swap_mask (same sources as above):
+// Linux posts IB_WR_MASKED_ATOMIC_CMP_AND_SWP with compare_add_mask = m_cswp.compare_mask and
+// swap_mask = m_cswp.swap_mask (same sources as above):
 //   if (!((compare ^ *va) & compare_mask)) *va = (*va & ~swap_mask) | (swap & swap_mask)
-// softverbs compares and swaps all 64 bits (src/rds/send.c post_op).
 TEST(RdsAtomic, MaskedCompareSwapHonoursMasks) {
   Pair p(6);
   Words region{{0x1122334455667788ull, 0x1122334455667788ull, 0, 0, 0, 0, 0, 0}};
@@ -606,11 +604,10 @@ TEST(RdsAtomic, BadArgumentsAreRefused) {
   EXPECT_EQ(wait_for(p.client, POLLIN, 0) & POLLIN, 0);
 }
 
-// KNOWN FAILURE. In Linux RDMA_ARGS and the atomics are the same cmsg group (rds_rm_size sets
+// In Linux RDMA_ARGS and the atomics are the same cmsg group (rds_rm_size sets
 // cmsg_groups |= 1 for both; only {DEST, MAP} x {ARGS, ATOMIC} is EINVAL), a message carries
 // at most one of each (rds-api.md §2.1 step 3), and rds_send_xmit issues the RDMA, then the
-// atomic, then the data (§2.1 step 4). softverbs accepts the message but silently drops the
-// atomic: svrds_sendmsg (src/rds/send.cc) builds one RdmaOp from `rdma ? ... : atomic`.
+// atomic, then the data (§2.1 step 4).
 TEST(RdsAtomic, RdmaArgsAndAtomicInOneMessageBothHappen) {
   Pair p(12);
   struct alignas(64) Region {
@@ -700,20 +697,12 @@ TEST(RdsAtomic, FreedRegionReportsRemoteError) {
   EXPECT_EQ(load(&region.w[0]), 0u) << "nothing changed through a freed cookie";
 }
 
-// KNOWN FAILURE, intermittent: DISABLED_ so the default run stays deterministic; run it with
-// --gtest_also_run_disabled_tests --gtest_repeat=20 (here about 1 op in 300-3000 is hit, mostly
-// the valid-key-out-of-bounds case; a run of 300 ops fails roughly one time in ten).
-// Linux reports the failing op's own completion status (IB_WC_REM_ACCESS_ERR ->
-// RDS_RDMA_REMOTE_ERROR, rds_ib_send_cqe_handler -> rds_atomic_send_complete), and its
-// connection shutdown waits for the send ring to drain (rds_ib_conn_path_shutdown) before the
-// send path is reset. softverbs sometimes reports RDS_RDMA_DROPPED instead: conn_down
-// (src/rds/ib_transport.cc) runs on the first error completion of *either* queue, reaps only
-// what is already in the CQ, then conn_reset_queues (src/rds/send.cc) clears slot_owner.
-// Observed with instrumentation: the sending QP's receive-queue flush completions are reaped
-// first ("recv error" -> conn_down), the op's REM_ACCESS_ERR completion comes after the reset,
-// on_send_complete finds no owner for its wr_id and returns, and xmit later meets the message
-// (RETRANSMITTED, op_posted, not notified) and reports DROPPED.
-TEST(RdsAtomic, DISABLED_RemoteErrorIsNeverReportedAsDropped) {
+// A failing op reports its own completion status (Linux: IB_WC_REM_ACCESS_ERR ->
+// RDS_RDMA_REMOTE_ERROR, rds_ib_send_cqe_handler), never DROPPED. Before ops had a QP of their
+// own this failed about once in 300-3000 ops: the shared connection's reset could run before
+// the op's own error completion was reaped, and the op was then reported DROPPED. Now the
+// op's error completion is what tears its RDMA channel down.
+TEST(RdsAtomic, RemoteErrorIsNeverReportedAsDropped) {
   Pair p(56);
   Words region{};
   const uint64_t cookie = share_region(p, region.w, sizeof region.w);

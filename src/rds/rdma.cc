@@ -1,0 +1,319 @@
+// RDMA and atomic operations (net/rds rdma.c + the op half of ib_send.c): regions and
+// cookies, building ops from RDS_CMSG_RDMA_ARGS / RDS_CMSG_ATOMIC_*, running them on the
+// connection's RDMA channel, and reporting each one (RDS_CMSG_RDMA_STATUS).
+//
+// A message may carry one RDMA op and one atomic; they run in that order (rds-api.md §2.1),
+// one at a time, before the message itself is sent. Masked atomics cannot be expressed in
+// the standard verbs API, so they run as a compare-and-swap loop: guess the old value g,
+// CSWP(g -> masked_result(g)); a miss returns the real value, which is the next guess. The
+// swap that finally hits is atomic, so the result is what the masked atomic would produce.
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "rds/rds_impl.h"
+
+namespace sv::rds {
+namespace {
+
+int rdma_status(ibv_wc_status st) {
+  if (st == IBV_WC_SUCCESS) return RDS_RDMA_SUCCESS;
+  if (st == IBV_WC_REM_ACCESS_ERR) return RDS_RDMA_REMOTE_ERROR;
+  return RDS_RDMA_OTHER_ERROR;
+}
+
+void notify(Message* m, RdmaOp* op, int status) {
+  if (!op || op->notified || !m->sock) return;
+  if (op->notify || (m->sock->recverr && status != RDS_RDMA_SUCCESS)) {
+    queue_notify(m->sock, op->user_token, status);
+    op->notified = true;
+  }
+}
+
+// Fetch-and-add where each set bit of nocarry ends a field: no carry crosses it
+// (IB masked fetch-and-add).
+uint64_t masked_add(uint64_t v, uint64_t add, uint64_t nocarry) {
+  uint64_t r = 0, carry = 0;
+  for (int i = 0; i < 64; ++i) {
+    const uint64_t a = (v >> i) & 1, b = (add >> i) & 1;
+    r |= (a ^ b ^ carry) << i;
+    carry = (a & b) | (a & carry) | (b & carry);
+    if ((nocarry >> i) & 1) carry = 0;
+  }
+  return r;
+}
+
+// What a masked atomic leaves in memory that held v.
+uint64_t masked_result(const RdmaOp* op, uint64_t v) {
+  if (op->atomic_kind == RDS_CMSG_MASKED_ATOMIC_FADD)
+    return masked_add(v, op->swap_add, op->nocarry_mask);
+  if ((op->compare ^ v) & op->compare_mask) return v;  // compare fails: unchanged
+  return (v & ~op->swap_mask) | (op->swap_add & op->swap_mask);
+}
+
+bool post_op(Conn* c, Message* m) {
+  RdmaOp* op = pending_op(m);
+  ibv_send_wr wr{};
+  const uint64_t wid =
+      (static_cast<uint64_t>(conn_id_of(c)) << 32) | (kRdma << 24) | (c->next_rdma_wr++ & 0xFFFFFF);
+  wr.wr_id = wid;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_sge sge{};
+  if (op->atomic) {
+    sge = ibv_sge{op->atomic_local, 8, op->atomic_mr->lkey};
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.wr.atomic.remote_addr = op->remote_addr;
+    wr.wr.atomic.rkey = op->rkey;
+    if (op->masked) {
+      wr.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+      wr.wr.atomic.compare_add = op->guess;
+      wr.wr.atomic.swap = masked_result(op, op->guess);
+    } else if (op->atomic_kind == RDS_CMSG_ATOMIC_FADD ||
+               op->atomic_kind == RDS_CMSG_MASKED_ATOMIC_FADD) {
+      wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+      wr.wr.atomic.compare_add = op->swap_add;
+    } else {
+      wr.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+      wr.wr.atomic.compare_add = op->compare;
+      wr.wr.atomic.swap = op->swap_add;
+    }
+  } else {
+    wr.sg_list = op->local.data();
+    wr.num_sge = static_cast<int>(op->local.size());
+    wr.opcode = op->write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+    wr.wr.rdma.remote_addr = op->remote_addr;
+    wr.wr.rdma.rkey = op->rkey;
+  }
+  ibv_send_wr confirm{};
+  if (op->write && !op->atomic) {
+    // Over iWARP a Write completes once TCP has it, and a bad cookie only comes back
+    // as a Terminate. A zero-length Read behind it completes only after the peer placed
+    // the Write (RFC 5040 §5.4: Read Responses are not passed by earlier Writes), or fails
+    // with the Write's error (REM_ACCESS_ERR): its completion is the operation's status.
+    // Unsignaled, but with the op's wr_id: an error completes it anyway (IB spec
+    // 10.8.3.2), and whichever of the two carries the error reports the op.
+    wr.send_flags = 0;
+    confirm.wr_id = wid;
+    confirm.opcode = IBV_WR_RDMA_READ;
+    confirm.send_flags = IBV_SEND_SIGNALED;
+    confirm.wr.rdma.remote_addr = op->remote_addr;
+    confirm.wr.rdma.rkey = op->rkey;
+    wr.next = &confirm;
+  }
+  ibv_send_wr* bad;
+  if (ibv_post_send(c->rid->qp, &wr, &bad)) return false;
+  c->rdma_owner[wid] = m;
+  ++c->rinflight;
+  op->posted = true;
+  count(op->atomic ? "send_atomic" : "send_rdma");
+  if (!op->atomic) count("send_rdma_bytes", op->bytes);
+  return true;
+}
+
+// An error that belongs to the op itself (the peer refused it and terminated the stream),
+// as opposed to losing the connection under it.
+bool op_own_error(ibv_wc_status st) {
+  return st != IBV_WC_SUCCESS && st != IBV_WC_WR_FLUSH_ERR && st != IBV_WC_RETRY_EXC_ERR &&
+         st != IBV_WC_RNR_RETRY_EXC_ERR;
+}
+
+// The op did not complete and the channel is going down. After an op's own error the
+// responder stopped there (RFC 5040 §7: nothing after a Terminate is processed), so the
+// ops flushed behind it never ran and are posted again on the next channel. Without such
+// a culprit the connection was lost under them: Writes and Reads are repeatable, but an
+// atomic may have executed, so it is reported DROPPED (seed 003: it must still report).
+void op_unfinished(Conn* c, Message* m) {
+  RdmaOp* op = pending_op(m);
+  if (!op) return;
+  op->posted = false;
+  if (op->atomic && !c->rculprit) {
+    op->status = RDS_RDMA_DROPPED;
+    notify(m, op, op->status);
+    count("send_rdma_dropped");
+  }
+}
+
+ibv_mr* reg_local(void* addr, size_t len) {
+  return ibv_reg_mr(g().pd, addr, len, IBV_ACCESS_LOCAL_WRITE);
+}
+
+}  // namespace
+
+RdmaOp* pending_op(Message* m) {
+  for (RdmaOp* op : {m->op.get(), m->atomic_op.get()})
+    if (op && op->status < 0) return op;
+  return nullptr;
+}
+
+bool op_in_flight(Message* m) {
+  const RdmaOp* op = pending_op(m);
+  return op && op->posted;
+}
+
+bool ops_failed(Message* m) {
+  for (RdmaOp* op : {m->op.get(), m->atomic_op.get()})
+    if (op && op->status >= 0 && op->status != RDS_RDMA_SUCCESS) return true;
+  return false;
+}
+
+void ops_report(Message* m, int status_if_unknown) {
+  for (RdmaOp* op : {m->op.get(), m->atomic_op.get()})
+    if (op) notify(m, op, op->status >= 0 ? op->status : status_if_unknown);
+}
+
+void ops_release(Message* m) {
+  for (RdmaOp* op : {m->op.get(), m->atomic_op.get()}) {
+    if (!op) continue;
+    for (ibv_mr* mr : op->local_mrs) ibv_dereg_mr(mr);
+    op->local_mrs.clear();
+    if (op->atomic_mr) ibv_dereg_mr(op->atomic_mr);
+    op->atomic_mr = nullptr;
+  }
+}
+
+void rdma_post_pending(Conn* c) {
+  if (c->rdma_q.empty()) return;
+  if (c->rstate != ConnState::up || !c->rid || !c->rid->qp) {
+    rdma_chan_kick(c);
+    return;
+  }
+  while (!c->rdma_q.empty() && c->rinflight < kRdmaDepth) {
+    if (!post_op(c, c->rdma_q.front())) return;
+    c->rdma_q.pop_front();
+  }
+}
+
+bool on_rdma_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
+  auto it = c->rdma_owner.find(wr_id);
+  if (it == c->rdma_owner.end()) return st != IBV_WC_SUCCESS;  // e.g. a Write's confirm
+  Message* m = it->second;
+  c->rdma_owner.erase(it);
+  --c->rinflight;
+  RdmaOp* op = pending_op(m);
+  if (!op) return st != IBV_WC_SUCCESS;
+  if (st == IBV_WC_SUCCESS && op->masked) {
+    uint64_t old;
+    std::memcpy(&old, reinterpret_cast<const void*>(op->atomic_local), sizeof old);
+    if (old != op->guess) {  // missed: the real value is the next guess
+      op->guess = old;
+      op->posted = false;
+      c->rdma_q.push_front(m);
+      count("send_atomic_masked_retry");
+      rdma_post_pending(c);
+      return false;
+    }
+  }
+  if (st == IBV_WC_SUCCESS || op_own_error(st)) {
+    op->status = rdma_status(st);
+    if (op_own_error(st)) c->rculprit = true;
+    // Notify at completion, as net/rds ib_send.c does for NOTIFY_ME; failures too.
+    if (op->status != RDS_RDMA_SUCCESS || op->notify) notify(m, op, op->status);
+    if (st != IBV_WC_SUCCESS) return true;
+    if (pending_op(m)) c->rdma_q.push_front(m);  // the atomic after the RDMA
+    rdma_post_pending(c);
+    return false;
+  }
+  op_unfinished(c, m);
+  return true;
+}
+
+void rdma_chan_reset_ops(Conn* c) {
+  // Ops posted on the old QP whose completions never came are unfinished too.
+  for (auto& [wid, m] : c->rdma_owner) op_unfinished(c, m);
+  c->rdma_owner.clear();
+  c->rinflight = 0;
+  c->rculprit = false;
+  // Repost in send order: rebuild the queue from the messages still waiting for an op.
+  c->rdma_q.clear();
+  for (Message* m : c->send_q)
+    if (pending_op(m) && !op_in_flight(m)) c->rdma_q.push_back(m);
+}
+
+// Registers [addr, addr+len) for the peer as RDS does: whole pages, zero-based, so the
+// cookie is rkey | in-page offset << 32 and remote addresses are offsets into the region.
+int map_region_locked(Sock* s, const rds_iovec& v, uint64_t flags, uint64_t* cookie) {
+  if (int r = transport_start()) return r;
+  if (v.bytes == 0 || v.addr + v.bytes < v.addr) return -EINVAL;
+  const uint64_t base = v.addr & ~4095ull;
+  const uint64_t end = (v.addr + v.bytes + 4095) & ~4095ull;
+  if (end - base > kMaxMsgSize + 4096) return -EMSGSIZE;
+  ibv_mr* mr = ibv_reg_mr_iova2(g().pd, reinterpret_cast<void*>(base), end - base, 0,
+                                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                    IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+  if (!mr) return -errno;
+  s->mrs[mr->rkey] = mr;
+  s->mr_flags[mr->rkey] = flags;
+  *cookie = mr->rkey | ((v.addr - base) << 32);
+  count("rdma_mr_alloc");
+  return 0;
+}
+
+int build_rdma_op(const rds_rdma_args& a, std::unique_ptr<RdmaOp>* out) {
+  auto op = std::make_unique<RdmaOp>();
+  op->rkey = static_cast<uint32_t>(a.cookie);
+  op->flags = a.flags;
+  op->user_token = a.user_token;
+  op->notify = a.flags & RDS_RDMA_NOTIFY_ME;
+  op->write = a.flags & RDS_RDMA_READWRITE;
+  op->remote_addr = a.remote_vec.addr + (a.cookie >> 32);
+  op->bytes = a.remote_vec.bytes;
+  const auto* iov = reinterpret_cast<const rds_iovec*>(a.local_vec_addr);
+  uint64_t total = 0;
+  for (uint64_t i = 0; i < a.nr_local; ++i) total += iov[i].bytes;
+  if (total > a.remote_vec.bytes) return -EINVAL;
+  if (a.nr_local > 16) return -EMSGSIZE;  // max_send_sge of our QPs
+  for (uint64_t i = 0; i < a.nr_local; ++i) {
+    ibv_mr* mr = reg_local(reinterpret_cast<void*>(iov[i].addr), iov[i].bytes);
+    if (!mr) {
+      const int e = errno == EINVAL ? EFAULT : errno;
+      for (ibv_mr* x : op->local_mrs) ibv_dereg_mr(x);
+      return -e;
+    }
+    op->local_mrs.push_back(mr);
+    op->local.push_back(ibv_sge{iov[i].addr, static_cast<uint32_t>(iov[i].bytes), mr->lkey});
+  }
+  *out = std::move(op);
+  return 0;
+}
+
+int build_atomic_op(const rds_atomic_args& a, int kind, std::unique_ptr<RdmaOp>* out) {
+  auto op = std::make_unique<RdmaOp>();
+  op->atomic = true;
+  op->atomic_kind = kind;
+  op->rkey = static_cast<uint32_t>(a.cookie);
+  op->flags = a.flags;
+  op->user_token = a.user_token;
+  op->notify = a.flags & RDS_RDMA_NOTIFY_ME;
+  op->remote_addr = a.remote_addr + (a.cookie >> 32);
+  op->atomic_local = a.local_addr;
+  switch (kind) {
+    case RDS_CMSG_ATOMIC_CSWP:
+      op->compare = a.cswp.compare;
+      op->swap_add = a.cswp.swap;
+      break;
+    case RDS_CMSG_MASKED_ATOMIC_CSWP:
+      op->compare = a.m_cswp.compare;
+      op->swap_add = a.m_cswp.swap;
+      op->compare_mask = a.m_cswp.compare_mask;
+      op->swap_mask = a.m_cswp.swap_mask;
+      op->masked = op->compare_mask != ~0ull || op->swap_mask != ~0ull;
+      op->guess = op->compare;
+      break;
+    case RDS_CMSG_ATOMIC_FADD:
+      op->swap_add = a.fadd.add;
+      break;
+    default:  // RDS_CMSG_MASKED_ATOMIC_FADD
+      op->swap_add = a.m_fadd.add;
+      op->nocarry_mask = a.m_fadd.nocarry_mask;
+      op->masked = op->nocarry_mask != 0;
+      op->guess = 0;
+      break;
+  }
+  op->atomic_mr = reg_local(reinterpret_cast<void*>(a.local_addr), 8);
+  if (!op->atomic_mr) return -EFAULT;
+  *out = std::move(op);
+  return 0;
+}
+
+}  // namespace sv::rds
