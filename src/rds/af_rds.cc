@@ -49,7 +49,7 @@ void sock_wake(Sock* s) {
 void sock_update_poll(Sock* s) {
   if (s->lib_fd < 0) return;
   // POLLIN: readable while data, notifications or congestion updates are queued.
-  const bool readable = !s->rq.empty() || !s->notify.empty() || s->cong_notify;
+  const bool readable = !s->rq.empty() || !s->notify.empty() || s->cong_notify || s->cong_poll;
   if (readable && !s->token) {
     const char b = 1;
     if (raw_send(s->lib_fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1) s->token = true;

@@ -73,6 +73,9 @@ void cong_map_received(Conn* c, const std::byte* map, size_t len) {
       s->cong_notify |= s->cong_mask & portmask;
       s->cong_mask &= ~portmask;
       sock_update_poll(s);
+    } else if (!s->cong_monitor && s->seen_congestion && portmask) {
+      s->cong_poll = true;  // "retry ENOBUFS'd sends after POLLIN" (rds-api.md §3.2)
+      sock_update_poll(s);
     }
     sock_wake(s);  // blocked senders re-check
   }

@@ -123,6 +123,12 @@ struct Sock {
   std::condition_variable cv;
   bool closing = false;
   bool congested = false;  // our port's bit is set in the local congestion map
+  // Without RDS_CONG_MONITOR, Linux raises POLLIN once per congestion map update
+  // (rds_cong_generation) so that ENOBUFS'd senders retry. We cannot see poll() itself, so a
+  // socket that got ENOBUFS gets POLLIN when an update frees some port, and keeps it until
+  // its next sendmsg or recvmsg (updates that only congest ports would be spurious wakeups).
+  bool seen_congestion = false;
+  bool cong_poll = false;
 };
 
 enum class ConnState : uint8_t { down, connecting, up };

@@ -124,6 +124,10 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
   if (!s) return fail(EBADF);
   if (flags & MSG_OOB) return 0;
   const bool nb = (flags & MSG_DONTWAIT) || (fcntl(s->app_fd, F_GETFL) & O_NONBLOCK);
+  if (s->cong_poll) {  // the congestion-update POLLIN has been seen
+    s->cong_poll = false;
+    sock_update_poll(s);
+  }
   for (;;) {
     // 1. RDMA notifications, as many as fit.
     if (!s->notify.empty()) {

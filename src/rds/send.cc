@@ -176,6 +176,10 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   // 1. flags
   // MSG_CMSG_COMPAT (0x80000000) is kernel-internal; user space can't pass it.
   if (flags & ~(MSG_DONTWAIT | MSG_NOSIGNAL)) return fail(EOPNOTSUPP);
+  if (s->cong_poll) {  // the congestion-update POLLIN has been seen: this is the retry
+    s->cong_poll = false;
+    sock_update_poll(s);
+  }
   // 2. destination
   sockaddr_in dest{};
   if (msg->msg_name && msg->msg_namelen) {
@@ -294,6 +298,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   while (c && cong_port_blocked(c, dport)) {
     if (nonblocking(s, flags)) {
       if (s->cong_monitor) s->cong_mask |= RDS_CONG_MONITOR_MASK(dport);
+      s->seen_congestion = true;
       count("cong_send_error");
       undo_map();
       return fail(ENOBUFS);

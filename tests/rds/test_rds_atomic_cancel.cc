@@ -1044,13 +1044,12 @@ TEST(RdsCongPoll, CongestionOfOneDestinationDoesNotBlockAnother) {
   svrds_close(ok);
 }
 
-// KNOWN FAILURE. Without RDS_CONG_MONITOR, Linux reports POLLIN|POLLRDNORM|POLLWRBAND once per
-// congestion map update since the socket last polled (rds_poll: rds_cong_updated_since on the
-// global rds_cong_generation), and a socket that got ENOBUFS is parked on rds_poll_waitq, which
-// every map update wakes (rds-api.md §1.7, §3.2: "apps retry ENOBUFS'd sends after POLLIN").
-// softverbs only raises POLLIN for data, notifications and monitored updates (af_rds.cc
-// sock_update_poll; cong.cc cong_map_received only wakes blocked senders' condition
-// variables), so a non-monitoring poller waiting for relief sleeps until its timeout.
+// Without RDS_CONG_MONITOR, Linux reports POLLIN|POLLRDNORM|POLLWRBAND once per congestion map
+// update since the socket last polled (rds_poll: rds_cong_updated_since on the global
+// rds_cong_generation), and a socket that got ENOBUFS is parked on rds_poll_waitq, which every
+// map update wakes (rds-api.md §1.7, §3.2: "apps retry ENOBUFS'd sends after POLLIN").
+// softverbs cannot see poll() itself: a socket that got ENOBUFS gets POLLIN when an update
+// frees a port and keeps it until its next recvmsg/sendmsg (cong.cc cong_map_received).
 TEST(RdsCongPoll, WithoutMonitorMapUpdateRaisesPollIn) {
   const uint16_t ptx = port(45), prx = port(46);
   int tx = bound_socket(ptx), rx = bound_socket(prx);
