@@ -87,6 +87,38 @@ bool bad_addr(const sockaddr_in& a) {
   return h == INADDR_ANY || h == INADDR_BROADCAST || IN_MULTICAST(h);
 }
 
+}  // namespace
+
+namespace sv::rds {
+// IPv6 addresses as net/rds bind.c/send.c sort them: a v4-mapped address is that IPv4 address
+// (returns 4, *v4 filled); the unspecified address, multicast and link-local without a scope
+// id are EINVAL; anything else is a real IPv6 address (returns 6).
+int classify_v6(const sockaddr_in6& a, sockaddr_in* v4) {
+  if (IN6_IS_ADDR_V4MAPPED(&a.sin6_addr)) {
+    *v4 = sockaddr_in{};
+    v4->sin_family = AF_INET;
+    v4->sin_port = a.sin6_port;
+    std::memcpy(&v4->sin_addr, &a.sin6_addr.s6_addr[12], 4);
+    return bad_addr(*v4) ? -EINVAL : 4;
+  }
+  if (IN6_IS_ADDR_UNSPECIFIED(&a.sin6_addr) || IN6_IS_ADDR_MULTICAST(&a.sin6_addr)) return -EINVAL;
+  if (IN6_IS_ADDR_LINKLOCAL(&a.sin6_addr) && a.sin6_scope_id == 0) return -EINVAL;
+  return 6;
+}
+}  // namespace sv::rds
+
+namespace {
+
+bool is_local6(const sockaddr_in6& a) {
+  int fd = socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 b = a;
+  b.sin6_port = 0;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&b), sizeof b) == 0;
+  close(fd);
+  return ok;
+}
+
 bool is_local(const sockaddr_in& a) {
   int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
@@ -164,15 +196,57 @@ SV_EXPORT int svrds_is_rds(int fd) {
   return fd >= 0 && fd < kMaxFd && g_is_rds[fd].load();
 }
 
+namespace {
+// A real IPv6 address (::1 or one of this host's). It is bound and reported as IPv6, unique
+// per address like IPv4 ports; softverbs' transport carries IPv4 only, so sends from such a
+// socket fail with ENETUNREACH (send.cc).
+int bind6(Sock* s, const sockaddr_in6& a6) {
+  if (s->bound) return fail(EINVAL);
+  if (ntohs(a6.sin6_port) == 1) return fail(EINVAL);  // RDS_FLAG_PROBE_PORT
+  if (!is_local6(a6)) return fail(EADDRNOTAVAIL);
+  if (int r = transport_start()) return fail(-r);
+  sockaddr_in6 b = a6;
+  int lock = -1;
+  for (int tries = 0; tries < 4096; ++tries) {
+    if (!a6.sin6_port) {
+      uint16_t p;
+      if (getrandom(&p, sizeof p, 0) != sizeof p) p = static_cast<uint16_t>(tries + 1024);
+      if (p < 2) continue;
+      b.sin6_port = htons(p);
+    }
+    lock = registry_claim6(b, g().cm_port, g().gen);
+    if (a6.sin6_port || lock != -EADDRINUSE) break;
+  }
+  if (lock < 0) return fail(-lock);
+  s->lock_fd = lock;
+  s->bound = true;
+  s->v6 = true;
+  s->bound6 = b;
+  s->bound_addr = sockaddr_in{};
+  s->bound_addr.sin_family = AF_INET;
+  s->bound_addr.sin_port = b.sin6_port;
+  return 0;
+}
+}  // namespace
+
 SV_EXPORT int svrds_bind(int fd, const sockaddr* addr, socklen_t len) {
   std::lock_guard lk(g().mu);
   Sock* s = sock_of(fd);
   if (!s) return fail(EBADF);
   if (!addr || len < sizeof(sockaddr_in)) return fail(EINVAL);
-  if (addr->sa_family == AF_INET6) return fail(EAFNOSUPPORT);  // IPv4 only so far
-  if (addr->sa_family != AF_INET) return fail(EINVAL);
   sockaddr_in a;
-  std::memcpy(&a, addr, sizeof a);
+  if (addr->sa_family == AF_INET6) {
+    if (len < sizeof(sockaddr_in6)) return fail(EINVAL);
+    sockaddr_in6 a6;
+    std::memcpy(&a6, addr, sizeof a6);
+    const int kind = classify_v6(a6, &a);
+    if (kind < 0) return fail(-kind);
+    if (kind == 6) return bind6(s, a6);
+  } else if (addr->sa_family == AF_INET) {
+    std::memcpy(&a, addr, sizeof a);
+  } else {
+    return fail(EINVAL);
+  }
   if (s->bound || bad_addr(a)) return fail(EINVAL);
   if (ntohs(a.sin_port) == 1) return fail(EINVAL);  // RDS_FLAG_PROBE_PORT
   if (!is_local(a)) return fail(EADDRNOTAVAIL);
@@ -358,6 +432,11 @@ SV_EXPORT int svrds_getsockname(int fd, sockaddr* addr, socklen_t* len) {
   std::lock_guard lk(g().mu);
   Sock* s = sock_of(fd);
   if (!s) return fail(EBADF);
+  if (s->v6) {
+    std::memcpy(addr, &s->bound6, std::min<size_t>(*len, sizeof s->bound6));
+    *len = sizeof s->bound6;
+    return 0;
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   if (s->bound) a = s->bound_addr;

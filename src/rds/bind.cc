@@ -32,11 +32,27 @@ std::string path(const sockaddr_in& a) {
   return dir() + "/" + ip + "_" + std::to_string(ntohs(a.sin_port));
 }
 
+std::string path6(const sockaddr_in6& a) {
+  char ip[INET6_ADDRSTRLEN];
+  inet_ntop(AF_INET6, &a.sin6_addr, ip, sizeof ip);
+  return dir() + "/" + ip + "_" + std::to_string(ntohs(a.sin6_port));
+}
+
+int claim(const std::string& p, uint16_t cm_port, uint64_t gen);
+
 }  // namespace
 
 int registry_claim(const sockaddr_in& a, uint16_t cm_port, uint64_t gen) {
+  return claim(path(a), cm_port, gen);
+}
+
+int registry_claim6(const sockaddr_in6& a, uint16_t cm_port, uint64_t gen) {
+  return claim(path6(a), cm_port, gen);
+}
+
+namespace {
+int claim(const std::string& p, uint16_t cm_port, uint64_t gen) {
   mkdir(dir().c_str(), 01777);
-  const std::string p = path(a);
   int fd = open(p.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0666);
   if (fd < 0) return -errno;
   if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
@@ -52,6 +68,7 @@ int registry_claim(const sockaddr_in& a, uint16_t cm_port, uint64_t gen) {
   }
   return fd;
 }
+}  // namespace
 
 void registry_release(int lock_fd, const sockaddr_in&) {
   // No unlink: a racing binder may hold the old inode open; the lock is what matters.

@@ -106,6 +106,8 @@ struct Sock {
   int lib_fd = -1;  // our end of the socketpair
   bool bound = false;
   sockaddr_in bound_addr{};
+  bool v6 = false;  // bound to a real IPv6 address (bound6)
+  sockaddr_in6 bound6{};
   int lock_fd = -1;  // registry flock
   bool connected = false;
   sockaddr_in conn_addr{};
@@ -223,7 +225,10 @@ void sock_wake(Sock* s);
 
 // bind.cc: host registry of bound (ip, port) -> owning process' rdma_cm port
 int registry_claim(const sockaddr_in& a, uint16_t cm_port, uint64_t gen);  // fd or -errno
+int registry_claim6(const sockaddr_in6& a, uint16_t cm_port, uint64_t gen);
 void registry_release(int lock_fd, const sockaddr_in& a);
+// net/rds's v4/v6 address rules (af_rds.cc): 4 = v4-mapped (*v4 set), 6 = IPv6, or -EINVAL.
+int classify_v6(const sockaddr_in6& a, sockaddr_in* v4);
 // Finds the process owning (ip, port): its rdma_cm port (0 if nobody holds it) and its
 // generation number, which names the process whatever address reaches it.
 uint16_t registry_lookup(const sockaddr_in& a, uint64_t* gen = nullptr);

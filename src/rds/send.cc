@@ -184,9 +184,23 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   sockaddr_in dest{};
   if (msg->msg_name && msg->msg_namelen) {
     if (msg->msg_namelen < sizeof(sockaddr_in)) return fail(EINVAL);
-    std::memcpy(&dest, msg->msg_name, sizeof dest);
-    if (dest.sin_family != AF_INET) return fail(EINVAL);
+    const auto family = static_cast<const sockaddr*>(msg->msg_name)->sa_family;
+    if (family == AF_INET6) {
+      if (msg->msg_namelen < sizeof(sockaddr_in6)) return fail(EINVAL);
+      sockaddr_in6 d6;
+      std::memcpy(&d6, msg->msg_name, sizeof d6);
+      const int kind = classify_v6(d6, &dest);  // v4-mapped: the IPv4 address
+      if (kind < 0) return fail(-kind);
+      // A v4 socket cannot reach a v6 address (EOPNOTSUPP, send.c); our transport carries
+      // IPv4 only, so a v6 socket cannot either.
+      if (kind == 6) return fail(s->v6 ? ENETUNREACH : EOPNOTSUPP);
+    } else if (family == AF_INET) {
+      std::memcpy(&dest, msg->msg_name, sizeof dest);
+    } else {
+      return fail(EINVAL);
+    }
     if (bad_dest(dest)) return fail(EINVAL);
+    if (s->v6) return fail(EOPNOTSUPP);  // v6 socket, IPv4 destination
   } else if (s->connected) {
     dest = s->conn_addr;
   } else {

@@ -11,8 +11,6 @@
 // so the connection stays in the connecting state and everything sent stays on the send queue
 // (visible through RDS_INFO_SEND_MESSAGES), then SIGCONTs it and reads what arrived.
 //
-// Tests marked "KNOWN FAILURE" assert Linux behaviour the implementation does not have yet;
-// each says which function is wrong.
 #include <fcntl.h>
 #include <linux/rds.h>
 #include <signal.h>
@@ -1080,12 +1078,10 @@ TEST(RdsCongPoll, WithoutMonitorMapUpdateRaisesPollIn) {
 //    v4<->v6 mismatch on send is EOPNOTSUPP). Linux: net/rds bind.c rds_bind, send.c
 //    rds_sendmsg, af_rds.c rds_getname.
 //
-// KNOWN FAILURES. svrds_bind (src/rds/af_rds.cc) returns EAFNOSUPPORT for every AF_INET6
-// address ("IPv4 only so far") and svrds_sendmsg (src/rds/send.cc) returns EINVAL for every
-// AF_INET6 destination. Linux never answers EAFNOSUPPORT here: with CONFIG_IPV6 it validates
-// the v6 address (EINVAL for ::, multicast, short length, link-local without scope id, mapped
-// any/broadcast/multicast), binds ::1 to the loopback transport and v4-mapped addresses as
-// IPv4; without CONFIG_IPV6 AF_INET6 falls into the "else return -EINVAL" branch.
+// Linux never answers EAFNOSUPPORT here: with CONFIG_IPV6 it validates the v6 address (EINVAL
+// for ::, multicast, short length, link-local without scope id, mapped any/broadcast/multicast),
+// binds ::1 to the loopback transport and v4-mapped addresses as IPv4. softverbs does the same
+// (af_rds.cc classify_v6, bind6); its transport carries IPv4 only (see ENETUNREACH below).
 // =============================================================================================
 
 namespace {
@@ -1158,6 +1154,19 @@ TEST(RdsIpv6, BindLoopbackV6AndV4Mapped) {
   // A v6-bound socket cannot send to an IPv4 destination.
   EXPECT_EQ(send_with(s6, p6, "x", {}), -1);
   EXPECT_EQ(errno, EOPNOTSUPP);
+  // softverbs' transport carries IPv4 only: a v6 socket's send to a v6 peer is ENETUNREACH
+  // (Linux would carry it), and nothing is queued.
+  {
+    sockaddr_in6 d = addr6("::1", p6);
+    iovec v{const_cast<char*>("y"), 1};
+    msghdr m{};
+    m.msg_name = &d;
+    m.msg_namelen = sizeof d;
+    m.msg_iov = &v;
+    m.msg_iovlen = 1;
+    EXPECT_EQ(svrds_sendmsg(s6, &m, 0), -1);
+    EXPECT_EQ(errno, ENETUNREACH);
+  }
   // ::ffff:127.0.0.1 is the IPv4 address 127.0.0.1: getsockname says AF_INET, and the
   // same port through AF_INET is taken.
   int sm = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
