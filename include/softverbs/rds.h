@@ -32,6 +32,13 @@ int svrds_getsockname(int fd, struct sockaddr* addr, socklen_t* len);
 int svrds_getpeername(int fd, struct sockaddr* addr, socklen_t* len);
 int svrds_close(int fd);
 
+/* Busy polling (like Linux SO_BUSY_POLL): does the stack's completion work on the calling
+ * thread instead of waiting for its engine thread to be woken. Returns the number of
+ * completions handled (0 if there were none or another thread held the stack). The
+ * LD_PRELOAD shim calls it from poll() on RDS descriptors for up to
+ * SOFTVERBS_RDS_BUSY_POLL_US microseconds (default 0: off). */
+int svrds_busy_poll(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -448,6 +448,27 @@ void handle_wc(const ibv_wc& wc) {
     conn_down(c, "send error");
 }
 
+int drain_cq_locked() {
+  int total = 0;
+  ibv_wc wc[32];
+  for (int n; (n = ibv_poll_cq(g().cq, 32, wc)) > 0; total += n)
+    for (int i = 0; i < n; ++i) handle_wc(wc[i]);
+  return total;
+}
+
+// Work completions make possible: sends that waited for slots, acks that are due.
+void after_completions_locked() {
+  const auto t = std::chrono::steady_clock::now();
+  for (auto& [k, c] : g().conns) {
+    if (c->state != ConnState::up) continue;
+    if (!c->send_q.empty()) xmit(c);  // completions freed send slots
+    if (!c->ack_needed) continue;
+    if (c->ack_due == std::chrono::steady_clock::time_point{})
+      c->ack_due = t + std::chrono::microseconds(kAckDelayUs);
+    if (c->ack_now || c->ack_due <= t) conn_send_ack(c);
+  }
+}
+
 void engine_loop() {
   Global& G = g();
   uint64_t last_publish = 0;
@@ -486,9 +507,7 @@ void engine_loop() {
       if (ibv_get_cq_event(G.cq_ch, &cq, &ctx) == 0) ibv_ack_cq_events(cq, 1);
       ibv_req_notify_cq(G.cq, 0);
     }
-    ibv_wc wc[32];
-    for (int n; (n = ibv_poll_cq(G.cq, 32, wc)) > 0;)
-      for (int i = 0; i < n; ++i) handle_wc(wc[i]);
+    drain_cq_locked();
     for (rdma_cm_event* ev; rdma_get_cm_event(G.cm_ch, &ev) == 0;) {
       rdma_cm_event copy = *ev;
       // Ack first: destroying an id waits for its events to be acked.
@@ -516,15 +535,7 @@ void engine_loop() {
       info_publish();
       last_publish = now_ms();
     }
-    const auto t = std::chrono::steady_clock::now();
-    for (auto& [k, c] : G.conns) {
-      if (c->state != ConnState::up) continue;
-      if (!c->send_q.empty()) xmit(c);  // completions freed send slots
-      if (!c->ack_needed) continue;
-      if (c->ack_due == std::chrono::steady_clock::time_point{})
-        c->ack_due = t + std::chrono::microseconds(kAckDelayUs);
-      if (c->ack_now || c->ack_due <= t) conn_send_ack(c);
-    }
+    after_completions_locked();
   }
 }
 
@@ -646,3 +657,15 @@ uint32_t conn_id_of(Conn* c) {
 }
 
 }  // namespace sv::rds
+
+// Busy polling from an application thread: ibv_poll_cq on an empty CQ lets the device
+// receive on the caller's thread too, so a message can go from the wire to the socket with
+// no thread handoff. Never waits for the stack lock.
+extern "C" __attribute__((visibility("default"))) int svrds_busy_poll() {
+  sv::rds::Global& G = sv::rds::g();
+  std::unique_lock lk(G.mu, std::try_to_lock);
+  if (!lk.owns_lock() || !G.started) return 0;
+  const int n = sv::rds::drain_cq_locked();
+  if (n) sv::rds::after_completions_locked();
+  return n;
+}

@@ -1,12 +1,16 @@
 // LD_PRELOAD shim: unmodified programs that open socket(AF_RDS, SOCK_SEQPACKET, 0) get
 // softverbs RDS. Calls on RDS descriptors go to libsvrds; everything else goes on to the
 // next definition (libc). poll/epoll/select/fcntl need no shim: the descriptor is real.
+// poll() is interposed only for opt-in busy polling (SOFTVERBS_RDS_BUSY_POLL_US).
 #include <dlfcn.h>
+#include <poll.h>
 #include <softverbs/rds.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
 
 #define SHIM extern "C" __attribute__((visibility("default")))
 
@@ -119,4 +123,38 @@ SHIM int shutdown(int fd, int how) {
   }
   static auto real = next<int (*)(int, int)>("shutdown");
   return real(fd, how);
+}
+
+namespace {
+// Busy-poll budget in microseconds, like net.core.busy_poll (0: off, the default).
+long busy_poll_us() {
+  static const long us = [] {
+    const char* e = std::getenv("SOFTVERBS_RDS_BUSY_POLL_US");
+    return e ? std::strtol(e, nullptr, 10) : 0L;
+  }();
+  return us;
+}
+}  // namespace
+
+// With a busy-poll budget, a poll() that includes an RDS descriptor first spins: it does
+// the stack's completion work on this thread (svrds_busy_poll) and re-checks readiness,
+// then, if nothing is ready within the budget, blocks for the rest of the timeout.
+SHIM int poll(pollfd* fds, nfds_t n, int timeout) {
+  static auto real = next<int (*)(pollfd*, nfds_t, int)>("poll");
+  const long budget = busy_poll_us();
+  bool rds = false;
+  for (nfds_t i = 0; budget > 0 && i < n && !rds; ++i) rds = svrds_is_rds(fds[i].fd);
+  if (!rds || timeout == 0) return real(fds, n, timeout);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto until = t0 + std::chrono::microseconds(budget);
+  for (;;) {
+    svrds_busy_poll();
+    const int r = real(fds, n, 0);
+    if (r != 0) return r;
+    if (std::chrono::steady_clock::now() >= until) break;
+  }
+  if (timeout < 0) return real(fds, n, timeout);
+  const auto spent =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  return real(fds, n, timeout > spent.count() ? timeout - static_cast<int>(spent.count()) : 0);
 }

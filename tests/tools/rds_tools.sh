@@ -39,6 +39,10 @@ stress "-D 64K (alternate read/write) -v" -D 64K -d 2 -v
 stress "-D 1M -M 1 (read) -v" -D 1M -M 1 -v
 stress "-D 256K -M 2 (write) -I 3 -t 2 -v" -D 256K -M 2 -I 3 -t 2 -v
 stress "-D 64K --rdma-use-get-mr 1 --rdma-use-once 1 -v" -D 64K --rdma-use-get-mr 1 --rdma-use-once 1 -v
+# Busy polling (poll() in the shim does the stack's completion work on the app thread).
+export SOFTVERBS_RDS_BUSY_POLL_US=50
+stress "-d 4 -t 2 -D 64K -v, busy-polling" -d 4 -t 2 -D 64K -v
+unset SOFTVERBS_RDS_BUSY_POLL_US
 
 # rds-ping: a passive rds-stress holds 127.0.0.2, so its process answers port 0 there.
 timeout 30 "$BIN/rds-stress" -r 127.0.0.2 -p $PORT >"$TMP/p.log" 2>&1 &
