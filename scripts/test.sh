@@ -21,6 +21,10 @@ run_ctest() {  # run_ctest <build-dir> <label> [ctest args...]
   local out
   out=$(cd "$b" && ctest --output-on-failure --timeout 600 "$@" 2>&1)
   local rc=$?
+  echo "$out" >"$b/ctest-last.log"
+  if [ $rc -ne 0 ]; then  # what failed, and why (the full log is $b/ctest-last.log)
+    echo "$out" | grep -E -B2 -A14 'Failure$|\*\*\*Failed|FAIL |Timeout' | head -n 200
+  fi
   echo "$out" | tail -n 40
   local p f
   p=$(echo "$out" | sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2 \1/p' | awk '{print $1-$2}')
