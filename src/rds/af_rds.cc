@@ -461,6 +461,9 @@ SV_EXPORT int svrds_close(int fd) {
   if (!s) return fail(EBADF);
   // Closing cancels what this socket still has queued (rds(7) "Reliability").
   drop_to(s, nullptr, false);
+  // What it received counts as delivered (rds-api.md §5): tell the senders now rather than
+  // after the ack delay, in case the process is about to exit.
+  flush_acks_locked();
   for (auto& [k, c] : g().conns)
     for (auto* q : {&c->send_q, &c->retrans})
       for (Message* m : *q)

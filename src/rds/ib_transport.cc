@@ -577,6 +577,12 @@ int transport_start() {
   G.gen |= 1;
   G.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   std::atexit(info_unpublish);
+  // Our RDS stack dies with the process (the kernel's would not): ack what we received
+  // before exiting, or its senders would retransmit to nobody.
+  std::atexit([] {
+    std::lock_guard lk(g().mu);
+    flush_acks_locked();
+  });
   std::thread(engine_loop).detach();
   G.started = true;
   return 0;
@@ -650,6 +656,11 @@ int post_data_send(Conn* c, ibv_send_wr* wr) {
   if (sig) c->since_signal = 0;
   c->posted.push_back(wr->wr_id);
   return 0;
+}
+
+void flush_acks_locked() {
+  for (auto& [k, c] : g().conns)
+    if (c->state == ConnState::up && c->ack_needed) conn_send_ack(c);
 }
 
 uint32_t conn_id_of(Conn* c) {
