@@ -335,6 +335,7 @@ for s in A B; do
 done
 echo "  (DupRcvd = duplicate segments answered with a D-SACK; CsumErrs/HdrErrs = corrupted"
 echo "   segments caught by TCP/IP checksums; OFOQueue = segments that arrived out of order;"
+echo "   veth hands TSO super-packets over whole, so InSegs counts those, OutSegs wire segments;"
 echo "   full counters in $RUN/counters.log)"
 echo
 pass=0 fail=0
