@@ -84,12 +84,12 @@ int setup_qp(Conn* c, rdma_cm_id* id) {
   c->slot_owner.clear();
   c->posted.clear();
   c->since_signal = 0;
-  const uint64_t cid = g_id_of[c];
+  const uint32_t cid = g_id_of[c];
   for (int i = 0; i < kRecvBufs; ++i) {
     ibv_sge s{reinterpret_cast<uint64_t>(&c->rbuf[static_cast<size_t>(i) * kBufSize]),
               static_cast<uint32_t>(kBufSize), c->rmr->lkey};
     ibv_recv_wr wr{};
-    wr.wr_id = (cid << 32) | (kRecv << 24) | static_cast<uint64_t>(i);
+    wr.wr_id = make_wr_id(cid, c->inc, kRecv, static_cast<uint32_t>(i));
     wr.sg_list = &s;
     wr.num_sge = 1;
     ibv_recv_wr* bad;
@@ -192,6 +192,7 @@ void conn_down(Conn* c, const char* why) {
   }
   c->state = ConnState::down;
   destroy_id(c);
+  ++c->inc;  // whatever the old QP still completes is stale from here on
   conn_reset_queues(c);
   // Forget the peer's congestion map: it may have changed while we were down, and a stale
   // congested bit would refuse every send (ENOBUFS) so nothing is queued and nobody
@@ -218,6 +219,7 @@ void rdma_chan_down(Conn* c) {
     if (id->qp) rdma_destroy_qp(id);
     rdma_destroy_id(id);
   }
+  ++c->rinc;
   rdma_chan_reset_ops(c);
   if (!c->rdma_q.empty()) schedule_reconnect(c, kChanRdma);
 }
@@ -380,6 +382,8 @@ void handle_cm(rdma_cm_event* ev) {
       pc->state = ConnState::connecting;
       if (setup_qp(pc, id)) {
         pc->id = nullptr;
+        if (id->qp) rdma_destroy_qp(id);
+        ++pc->inc;
         rdma_reject(id, nullptr, 0);
         pc->state = ConnState::down;
         break;
@@ -415,12 +419,17 @@ void handle_cm(rdma_cm_event* ev) {
 }
 
 void handle_wc(const ibv_wc& wc) {
-  const auto cid = static_cast<uint32_t>(wc.wr_id >> 32);
-  const auto kind = (wc.wr_id >> 24) & 0xFF;
-  const auto idx = static_cast<uint32_t>(wc.wr_id & 0xFFFFFF);
+  const uint32_t cid = wr_cid(wc.wr_id);
+  const uint64_t kind = wr_kind(wc.wr_id);
+  const uint32_t idx = wr_idx(wc.wr_id);
   auto it = g_conn_by_id.find(cid);
   if (it == g_conn_by_id.end()) return;
   Conn* c = it->second;
+  // A completion of a QP already destroyed: its op or buffer was dealt with then.
+  if (wr_inc(wc.wr_id) != (kind == kRdma ? c->rinc : c->inc)) {
+    count("wc_stale");
+    return;
+  }
   if (kind == kRecv) {
     if (wc.status != IBV_WC_SUCCESS) {
       if (c->state == ConnState::up) conn_down(c, "recv error");
@@ -629,7 +638,7 @@ void conn_send_ack(Conn* c) {
   ibv_sge s{reinterpret_cast<uint64_t>(b), static_cast<uint32_t>(wire::kRdsHeaderLen),
             c->smr->lkey};
   ibv_send_wr wr{};
-  wr.wr_id = (static_cast<uint64_t>(g_id_of[c]) << 32) | (kAck << 24) | static_cast<uint64_t>(slot);
+  wr.wr_id = make_wr_id(g_id_of[c], c->inc, kAck, static_cast<uint32_t>(slot));
   wr.sg_list = &s;
   wr.num_sge = 1;
   wr.opcode = IBV_WR_SEND;

@@ -54,8 +54,7 @@ uint64_t masked_result(const RdmaOp* op, uint64_t v) {
 bool post_op(Conn* c, Message* m) {
   RdmaOp* op = pending_op(m);
   ibv_send_wr wr{};
-  const uint64_t wid =
-      (static_cast<uint64_t>(conn_id_of(c)) << 32) | (kRdma << 24) | (c->next_rdma_wr++ & 0xFFFFFF);
+  const uint64_t wid = make_wr_id(conn_id_of(c), c->rinc, kRdma, c->next_rdma_wr++);
   wr.wr_id = wid;
   wr.send_flags = IBV_SEND_SIGNALED;
   ibv_sge sge{};

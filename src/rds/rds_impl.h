@@ -142,6 +142,8 @@ struct Conn {
   uint64_t peer_gen = 0;
   ConnState state = ConnState::down;
   rdma_cm_id* id = nullptr;
+  uint8_t inc = 0;   // data QP incarnation (in its wr ids)
+  uint8_t rinc = 0;  // RDMA channel QP incarnation
   bool active = false;
   uint64_t next_tx_seq = 1;
   uint64_t next_rx_seq = 1;  // kept across reconnects so retransmits are recognised
@@ -247,8 +249,27 @@ int post_data_send(Conn* c, ibv_send_wr* wr);
 uint32_t conn_id_of(Conn* c);
 void rdma_chan_kick(Conn* c);  // connect the RDMA channel if it is down
 
-// WR ids: connection id << 32 | kind << 24 | index.
+// WR ids: connection id << 40 | QP incarnation << 32 | kind << 24 | index. The incarnation
+// tells a completion of the QP we destroyed from one of its successor: completions the old QP
+// generated after our last drain still sit in the shared CQ, and must neither re-post its
+// receive buffers (now the new QP's) nor be taken for the new QP's errors.
 enum WrKind : uint64_t { kRecv = 1, kSend = 2, kRdma = 3, kAck = 4 };
+inline uint64_t make_wr_id(uint32_t cid, uint8_t inc, WrKind kind, uint32_t idx) {
+  return (static_cast<uint64_t>(cid) << 40) | (static_cast<uint64_t>(inc) << 32) |
+         (static_cast<uint64_t>(kind) << 24) | (idx & 0xFFFFFF);
+}
+inline uint32_t wr_cid(uint64_t w) {
+  return static_cast<uint32_t>(w >> 40);
+}
+inline uint8_t wr_inc(uint64_t w) {
+  return static_cast<uint8_t>(w >> 32);
+}
+inline uint64_t wr_kind(uint64_t w) {
+  return (w >> 24) & 0xFF;
+}
+inline uint32_t wr_idx(uint64_t w) {
+  return static_cast<uint32_t>(w & 0xFFFFFF);
+}
 
 // send.cc
 void xmit(Conn* c);

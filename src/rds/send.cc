@@ -77,8 +77,7 @@ void xmit(Conn* c) {
       ibv_sge s{reinterpret_cast<uint64_t>(b), static_cast<uint32_t>(wire::kRdsHeaderLen + chunk),
                 c->smr->lkey};
       ibv_send_wr wr{};
-      wr.wr_id = (static_cast<uint64_t>(conn_id_of(c)) << 32) | (kSend << 24) |
-                 static_cast<uint64_t>(slot);
+      wr.wr_id = make_wr_id(conn_id_of(c), c->inc, kSend, static_cast<uint32_t>(slot));
       wr.sg_list = &s;
       wr.num_sge = 1;
       wr.opcode = IBV_WR_SEND;
@@ -119,7 +118,7 @@ void on_send_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
   for (;;) {
     const uint64_t w = c->posted.front();
     c->posted.pop_front();
-    c->free_slots.push_back(static_cast<int>(w & 0xFFFFFF));
+    c->free_slots.push_back(static_cast<int>(wr_idx(w)));
     c->slot_owner.erase(w);
     if (w == wr_id) break;
   }

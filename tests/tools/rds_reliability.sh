@@ -58,9 +58,13 @@ pb=$!
 pids+=($pb)
 # Forced connection resets while they run.
 resets=0
+# From both sides in turn: each side's engine sees its connections die under it, and both
+# race to reconnect.
 ( while kill -0 $pa 2>/dev/null || kill -0 $pb 2>/dev/null; do
     sleep 0.2
     ip netns exec $A ss -K dst 10.78.0.2 >/dev/null 2>&1
+    sleep 0.2
+    ip netns exec $B ss -K dst 10.78.0.1 >/dev/null 2>&1
   done ) &
 pids+=($!)
 wait $pa
