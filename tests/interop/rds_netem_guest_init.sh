@@ -72,13 +72,14 @@ nsenter --net=$NSA ss -Htn >/dev/null 2>/tmp/setup.err || fail "ss in $A: $(cat 
 say "BOOT ok t=$(up) netem: $NETEM"
 
 export LD_LIBRARY_PATH=/sv/lib
-export SOFTVERBS_RDS_DIR=/dev/shm/softverbs-rds-rel
+# Each side its own registry, as on two hosts: they find each other through the peer
+# host's RDS directory (rdma_cm port 18635), as tests/tools/rds_reliability.sh does.
 [ "$DEBUG" = 1 ] && export SOFTVERBS_DEBUG=1
 T0=$(up)
 say "START t=$T0 messages=$MSGS per side, $SOCKETS sockets per side, timeout ${TMO}s"
 # side a|b NETNS LOCAL PEER SEED: one rds_flows; its pid in /tmp/<side>.pid, exit code in .rc
 side() {
-  ( /usr/sbin/ip netns exec "$2" timeout $((TMO + 30)) /sv/bin/rds_flows --local "$3" --peer "$4" \
+  ( SOFTVERBS_RDS_DIR=/dev/shm/softverbs-rds-$1 /usr/sbin/ip netns exec "$2" timeout $((TMO + 30)) /sv/bin/rds_flows --local "$3" --peer "$4" \
       --port 7100 --sockets "$SOCKETS" --messages "$MSGS" --seed "$5" --timeout "$TMO" \
       >"/tmp/$1.log" 2>&1 &
     echo $! > "/tmp/$1.pid"
