@@ -396,9 +396,16 @@ SV_EXPORT int rdma_destroy_id(rdma_cm_id* i) {
     std::unique_lock lk(id->mu);
     id->cv.wait(lk, [id] { return id->outstanding == 0; });
   }
+  Endpoint* passive_ep = nullptr;
   {
+    // Under g_ids_mu the connect completion cannot be disposing of id->ep: it takes this lock,
+    // and once the id is out of g_ids it disposes of an active endpoint itself. So take the
+    // endpoint now; reading id->ep after the erase raced with that dispose (use after free).
     std::lock_guard reg(g_ids_mu);
     g_ids.erase(std::remove(g_ids.begin(), g_ids.end(), id), g_ids.end());
+    std::lock_guard lk(id->mu);
+    if (id->ep && id->ep->role() == Endpoint::Role::passive) passive_ep = id->ep;
+    id->ep = nullptr;
   }
   {
     // Events queued for this id but never retrieved die with it.
@@ -416,7 +423,7 @@ SV_EXPORT int rdma_destroy_id(rdma_cm_id* i) {
   if (id->bound_fd >= 0) close(id->bound_fd);
   // An active handshake still running finds the id gone and disposes of itself; a
   // passive one waiting for accept/reject is refused.
-  if (id->ep && id->ep->role() == Endpoint::Role::passive) id->ep->reject({});
+  if (passive_ep) passive_ep->reject({});
   if (id->own_channel) rdma_destroy_event_channel(&id->own_channel->ch);
   delete id;
   return 0;

@@ -131,7 +131,9 @@ prepare() {
       (cd "$W/debs" && { ls "${KPKG}_"*.deb >/dev/null 2>&1 || apt-get download "$KPKG" >>"$W/apt.log" 2>&1; }) ||
         die "apt-get download $KPKG failed (see $W/apt.log)"
       log "unpacking $KPKG"
-      rm -rf "$K" && dpkg-deb -x "$W/debs/${KPKG}_"*.deb "$K" && touch "$K/.done" || die "unpack $KPKG"
+      # The .deb has no modules.dep (depmod runs at install): make one for modprobe -d.
+      rm -rf "$K" && dpkg-deb -x "$W/debs/${KPKG}_"*.deb "$K" && depmod -b "$K" "$KV" &&
+        touch "$K/.done" || die "unpack $KPKG"
       has_kernel "$K" "$KV" || die "$KPKG has no sch_netem module"
     fi
   fi

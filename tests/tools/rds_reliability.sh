@@ -79,6 +79,9 @@ for log in /tmp/rel_a_$$.log /tmp/rel_b_$$.log; do
   n=$(tail -n 1 "$log" | sed -n 's/.* \([0-9]*\) directory lookups.*/\1/p')
   [ "${n:-0}" -gt 0 ] || { lookups_ok=0; echo "no directory lookup in $log"; }
 done
+if [ $ra -ne 0 ] || [ $rb -ne 0 ]; then
+  for log in /tmp/rel_a_$$.log /tmp/rel_b_$$.log; do echo "== $log"; tail -n 60 "$log"; done
+fi
 rm -f /tmp/rel_a_$$.log /tmp/rel_b_$$.log
 rm -rf "$DIR_A" "$DIR_B"
 if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $lookups_ok = 1 ]; then
