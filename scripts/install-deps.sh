@@ -9,6 +9,7 @@ PKGS=(
   ibverbs-utils rdmacm-utils perftest                          # unmodified binaries we must run
   iproute2 tshark                                              # netns hosts, frame captures
   nftables                                                     # packet loss where netem is absent
+  qemu-system-x86 busybox-static cpio kmod                     # a guest kernel with sch_netem
 )
 missing=()
 for p in "${PKGS[@]}"; do
