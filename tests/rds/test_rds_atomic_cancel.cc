@@ -247,19 +247,43 @@ int peer_collect(int n, char** ports) {
 }
 
 // The parent's handle on a peer process; the destructor kills it whatever happened.
+// Peer mode "region": binds one port, registers a region and prints its cookie, then
+// receives until killed (the test kills it under an atomic).
+int peer_region(const char* port_arg) {
+  const auto p = static_cast<uint16_t>(std::atoi(port_arg));
+  int fd = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
+  sockaddr_in a = addr(p);
+  if (fd < 0 || svrds_bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    dprintf(1, "error bind %u %s\n", p, strerror(errno));
+    return 2;
+  }
+  static uint64_t region[512];
+  uint64_t cookie = 0;
+  rds_get_mr_args g{
+      {reinterpret_cast<uint64_t>(region), sizeof region}, reinterpret_cast<uint64_t>(&cookie), 0};
+  if (svrds_setsockopt(fd, SOL_RDS, RDS_GET_MR, &g, sizeof g) != 0) return 2;
+  dprintf(1, "ready\ncookie %llu\n", static_cast<unsigned long long>(cookie));
+  for (;;) {
+    pollfd pf{fd, POLLIN, 0};
+    if (poll(&pf, 1, 200) <= 0) continue;
+    char b[256];
+    (void)svrds_recvfrom(fd, b, sizeof b, MSG_DONTWAIT, nullptr, nullptr);
+  }
+}
+
 struct Peer {
   pid_t pid = -1;
   int out = -1;
   std::string pending;
   bool stopped = false;
 
-  bool start(const std::vector<uint16_t>& ports) {
+  bool start(const std::vector<uint16_t>& ports, const std::string& mode = "collect") {
     int p[2];
     if (pipe2(p, O_CLOEXEC) < 0) return false;
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, p[1], 1);
-    std::vector<std::string> args{"rds_peer", "--rds-peer=collect"};
+    std::vector<std::string> args{"rds_peer", "--rds-peer=" + mode};
     for (uint16_t x : ports) args.push_back(std::to_string(x));
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -1073,6 +1097,42 @@ TEST(RdsCongPoll, WithoutMonitorMapUpdateRaisesPollIn) {
   svrds_close(rx);
 }
 
+// An atomic whose connection is lost under it may or may not have run at the peer: it reports
+// RDS_RDMA_DROPPED (seed 003: every op reports, failures included), it is not repeated (Writes
+// and Reads would be), and its message is not delivered.
+TEST(RdsAtomic, ConnectionLostUnderAnAtomicReportsDropped) {
+  const uint16_t pp = port(57), me = port(58);
+  Peer peer;
+  ASSERT_TRUE(peer.start({pp}, "region")) << "peer process did not come up";
+  std::string line;
+  ASSERT_TRUE(peer.next_line(line, 5000));
+  ASSERT_EQ(line.rfind("cookie ", 0), 0u) << line;
+  const uint64_t cookie = std::stoull(line.substr(7));
+  int tx = bound_socket(me);
+  alignas(8) uint64_t old = 0;
+  // The first atomic brings the RDMA channel up.
+  rds_atomic_args a = atomic_args(cookie, &old, 0, 1);
+  a.fadd.add = 5;
+  ASSERT_EQ(send_with(tx, pp, "one", {Cmsg::of(RDS_CMSG_ATOMIC_FADD, a)}), 3);
+  rds_rdma_notify n{};
+  ASSERT_TRUE(get_notify(tx, n, 5000));
+  EXPECT_EQ(n.user_token, 1u);
+  EXPECT_EQ(n.status, RDS_RDMA_SUCCESS);
+  // The second goes out to a peer that cannot answer, and the peer then dies.
+  ASSERT_TRUE(peer.stop());
+  rds_atomic_args b = atomic_args(cookie, &old, 0, 2);
+  b.fadd.add = 7;
+  ASSERT_EQ(send_with(tx, pp, "two", {Cmsg::of(RDS_CMSG_ATOMIC_FADD, b)}), 3);
+  EXPECT_FALSE(get_notify(tx, n, 300)) << "no answer from a stopped peer";
+  kill(peer.pid, SIGKILL);
+  EXPECT_EQ(peer.wait_exit(), 128 + SIGKILL);
+  ASSERT_TRUE(get_notify(tx, n, 10000)) << "the lost atomic must still report";
+  EXPECT_EQ(n.user_token, 2u);
+  EXPECT_EQ(n.status, RDS_RDMA_DROPPED);
+  EXPECT_FALSE(get_notify(tx, n, 300)) << "reported once";
+  svrds_close(tx);
+}
+
 // =============================================================================================
 // 5. IPv6 (rds-api.md §1.3: bind takes sockaddr_in or sockaddr_in6, v4 stored v4-mapped; §1.4:
 //    v4<->v6 mismatch on send is EOPNOTSUPP). Linux: net/rds bind.c rds_bind, send.c
@@ -1227,6 +1287,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], "--rds-peer=collect") == 0)
       return peer_collect(argc - i - 1, argv + i + 1);
+    else if (std::strcmp(argv[i], "--rds-peer=region") == 0 && i + 1 < argc)
+      return peer_region(argv[i + 1]);
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
