@@ -259,7 +259,11 @@ int build_rdma_op(const rds_rdma_args& a, std::unique_ptr<RdmaOp>* out) {
   op->bytes = a.remote_vec.bytes;
   const auto* iov = reinterpret_cast<const rds_iovec*>(a.local_vec_addr);
   uint64_t total = 0;
-  for (uint64_t i = 0; i < a.nr_local; ++i) total += iov[i].bytes;
+  for (uint64_t i = 0; i < a.nr_local; ++i) {
+    // An empty or wrapping iovec spans no pages: EINVAL (net/rds rdma.c rds_pages_in_vec).
+    if (iov[i].addr + iov[i].bytes <= iov[i].addr) return -EINVAL;
+    total += iov[i].bytes;
+  }
   if (total > a.remote_vec.bytes) return -EINVAL;
   if (a.nr_local > 16) return -EMSGSIZE;  // max_send_sge of our QPs
   for (uint64_t i = 0; i < a.nr_local; ++i) {

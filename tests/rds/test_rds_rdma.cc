@@ -100,6 +100,12 @@ TEST_P(RdsRdma, WriteLandsBeforeItsMessageAndNotifies) {
     off += part;
   }
   if (local.empty()) local.push_back({reinterpret_cast<uint64_t>(src.data()), 0});
+  if (n == 0) {
+    // A zero-byte local iovec spans no pages: EINVAL (net/rds rdma.c rds_pages_in_vec).
+    EXPECT_EQ(send_rdma(p.server, p.cport, cookie, true, local, 0, n, 42, "written"), -1);
+    EXPECT_EQ(errno, EINVAL);
+    return;
+  }
   ASSERT_EQ(send_rdma(p.server, p.cport, cookie, true, local, 0, n, 42, "written"), 7);
   std::vector<char> buf(64);
   ASSERT_EQ(recv_one(p.client, buf), 7);
@@ -120,6 +126,11 @@ TEST_P(RdsRdma, ReadBringsClientDataBeforeTheMessage) {
   for (size_t i = 0; i < n; ++i) client_buf[i] = static_cast<char>(i * 13 + 1);
   const uint64_t cookie = get_mr(p.client, client_buf.data(), n ? n : 1);
   std::vector<rds_iovec> local{{reinterpret_cast<uint64_t>(sink.data()), n}};
+  if (n == 0) {
+    EXPECT_EQ(send_rdma(p.server, p.cport, cookie, false, local, 0, n, 7, "read"), -1);
+    EXPECT_EQ(errno, EINVAL);
+    return;
+  }
   ASSERT_EQ(send_rdma(p.server, p.cport, cookie, false, local, 0, n, 7, "read"), 4);
   std::vector<char> buf(64);
   ASSERT_EQ(recv_one(p.client, buf), 4) << "the client learns the server pulled its data";
@@ -131,7 +142,7 @@ TEST_P(RdsRdma, ReadBringsClientDataBeforeTheMessage) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, RdsRdma,
-                         ::testing::Values(size_t{1}, size_t{4096}, size_t{100000},
+                         ::testing::Values(size_t{0}, size_t{1}, size_t{4096}, size_t{100000},
                                            size_t{1} << 20));
 
 TEST(RdsRdmaCookie, TravelsInBandWithRdmaMapAndDest) {
