@@ -30,6 +30,16 @@ void notify(Message* m, RdmaOp* op, int status) {
   }
 }
 
+// An op of m failed: the ones after it do not run (the message is dropped: both or neither),
+// and each still reports (seed 003).
+void fail_rest(Message* m) {
+  for (RdmaOp* op : {m->op.get(), m->atomic_op.get()})
+    if (op && op->status < 0 && !op->posted) {
+      op->status = RDS_RDMA_DROPPED;
+      notify(m, op, op->status);
+    }
+}
+
 // Fetch-and-add where each set bit of nocarry ends a field: no carry crosses it
 // (IB masked fetch-and-add).
 uint64_t masked_add(uint64_t v, uint64_t add, uint64_t nocarry) {
@@ -101,7 +111,16 @@ bool post_op(Conn* c, Message* m) {
     wr.next = &confirm;
   }
   ibv_send_wr* bad;
-  if (ibv_post_send(c->rid->qp, &wr, &bad)) return false;
+  if (const int e = ibv_post_send(c->rid->qp, &wr, &bad)) {
+    if (e == ENOMEM) return false;  // send queue full: try again after completions
+    // The device refuses the op itself (e.g. a misaligned atomic target, which a NIC would
+    // fail at completion): it fails alone, OTHER_ERROR, rather than block the queue.
+    op->status = RDS_RDMA_OTHER_ERROR;
+    notify(m, op, op->status);
+    fail_rest(m);
+    count("send_rdma_refused");
+    return true;
+  }
   c->rdma_owner[wid] = m;
   ++c->rinflight;
   op->posted = true;
@@ -129,6 +148,7 @@ void op_unfinished(Conn* c, Message* m) {
   if (op->atomic && !c->rculprit) {
     op->status = RDS_RDMA_DROPPED;
     notify(m, op, op->status);
+    fail_rest(m);
     count("send_rdma_dropped");
   }
 }
@@ -177,10 +197,14 @@ void rdma_post_pending(Conn* c) {
     rdma_chan_kick(c);
     return;
   }
+  bool refused = false;
   while (!c->rdma_q.empty() && c->rinflight < kRdmaDepth) {
-    if (!post_op(c, c->rdma_q.front())) return;
+    Message* m = c->rdma_q.front();
+    if (!post_op(c, m)) return;
     c->rdma_q.pop_front();
+    if (!op_in_flight(m)) refused = true;
   }
+  if (refused && c->state == ConnState::up) xmit(c);  // drop the refused ops' messages
 }
 
 bool on_rdma_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
@@ -208,7 +232,10 @@ bool on_rdma_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
     if (op_own_error(st)) c->rculprit = true;
     // Notify at completion, as net/rds ib_send.c does for NOTIFY_ME; failures too.
     if (op->status != RDS_RDMA_SUCCESS || op->notify) notify(m, op, op->status);
-    if (st != IBV_WC_SUCCESS) return true;
+    if (st != IBV_WC_SUCCESS) {
+      fail_rest(m);
+      return true;
+    }
     if (pending_op(m)) c->rdma_q.push_front(m);  // the atomic after the RDMA
     rdma_post_pending(c);
     return false;

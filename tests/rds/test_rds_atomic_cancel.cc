@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -670,6 +671,40 @@ TEST(RdsAtomic, RdmaArgsAndAtomicInOneMessageBothHappen) {
   EXPECT_EQ(load(&old), 1000u);
 }
 
+// Both or neither: when the message's RDMA fails (bad cookie), its atomic does not run (it
+// reports DROPPED) and the message is not delivered; the next message still is.
+TEST(RdsAtomic, FailedRdmaTakesItsAtomicAndMessageWithIt) {
+  Pair p(62);
+  Words region{};
+  const uint64_t cookie = share_region(p, region.w, sizeof region.w);
+  std::vector<char> src(16, 'W');
+  rds_iovec lv{reinterpret_cast<uint64_t>(src.data()), src.size()};
+  rds_rdma_args ra{};
+  ra.cookie = 0x0badc0deull;  // not a registered key
+  ra.remote_vec = {0, src.size()};
+  ra.local_vec_addr = reinterpret_cast<uint64_t>(&lv);
+  ra.nr_local = 1;
+  ra.flags = RDS_RDMA_READWRITE | RDS_RDMA_NOTIFY_ME;
+  ra.user_token = 411;
+  alignas(8) uint64_t old = 77;
+  rds_atomic_args a = atomic_args(cookie, &old, 0, 412);
+  a.fadd.add = 1;
+  ASSERT_EQ(send_with(p.server, p.cport, "neither",
+                      {Cmsg::of(RDS_CMSG_RDMA_ARGS, ra), Cmsg::of(RDS_CMSG_ATOMIC_FADD, a)}),
+            7);
+  std::map<uint64_t, int> status;
+  rds_rdma_notify note{};
+  for (int i = 0; i < 2 && get_notify(p.server, note); ++i) status[note.user_token] = note.status;
+  EXPECT_EQ(status,
+            (std::map<uint64_t, int>{{411, RDS_RDMA_REMOTE_ERROR}, {412, RDS_RDMA_DROPPED}}));
+  EXPECT_EQ(load(&region.w[0]), 0u) << "the atomic did not run";
+  EXPECT_EQ(load(&old), 77u);
+  ASSERT_EQ(send_with(p.server, p.cport, "next", {}), 4);
+  std::vector<char> buf(16);
+  ASSERT_EQ(recv_one(p.client, buf), 4);
+  EXPECT_EQ(std::string(buf.data(), 4), "next") << "\"neither\" is never delivered";
+}
+
 namespace {
 
 // Sends one FADD with `cookie` at `remote_off` and returns its notification status (-1 if none
@@ -707,6 +742,19 @@ TEST(RdsAtomic, OutsideTheRegionReportsRemoteError) {
   // The right key, 16 KiB past the registered pages.
   EXPECT_EQ(bad_atomic_status(p, cookie, 4096 * 4, 502), RDS_RDMA_REMOTE_ERROR);
   EXPECT_EQ(load(&region.w[0]), 0u);
+}
+
+// Any other failure of the op itself is RDS_RDMA_OTHER_ERROR (Linux rds_atomic_send_complete:
+// everything but IB_WC_REM_ACCESS_ERR). An atomic target must be 8-byte aligned; a misaligned
+// one is an invalid request, not an access error (our device refuses it when it is posted, a
+// NIC fails it at completion), and it must not block the ops behind it.
+TEST(RdsAtomic, MisalignedRemoteAddressReportsOtherError) {
+  Pair p(60);
+  Words region{};
+  const uint64_t cookie = share_region(p, region.w, sizeof region.w);
+  EXPECT_EQ(bad_atomic_status(p, cookie, 4, 504), RDS_RDMA_OTHER_ERROR);
+  EXPECT_EQ(load(&region.w[0]), 0u);
+  EXPECT_EQ(load(&region.w[1]), 0u);
 }
 
 TEST(RdsAtomic, FreedRegionReportsRemoteError) {
