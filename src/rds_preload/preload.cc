@@ -19,90 +19,127 @@ template <typename F>
 F next(const char* name) {
   return reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
 }
+
+// The next definitions, resolved once at load, before any thread exists: these are called
+// from every thread, the library's own included.
+int (*real_socket)(int, int, int) = nullptr;
+int (*real_bind)(int, const sockaddr*, socklen_t) = nullptr;
+int (*real_connect)(int, const sockaddr*, socklen_t) = nullptr;
+ssize_t (*real_sendmsg)(int, const msghdr*, int) = nullptr;
+ssize_t (*real_sendto)(int, const void*, size_t, int, const sockaddr*, socklen_t) = nullptr;
+ssize_t (*real_send)(int, const void*, size_t, int) = nullptr;
+ssize_t (*real_recvmsg)(int, msghdr*, int) = nullptr;
+ssize_t (*real_recvfrom)(int, void*, size_t, int, sockaddr*, socklen_t*) = nullptr;
+ssize_t (*real_recv)(int, void*, size_t, int) = nullptr;
+int (*real_setsockopt)(int, int, int, const void*, socklen_t) = nullptr;
+int (*real_getsockopt)(int, int, int, void*, socklen_t*) = nullptr;
+int (*real_getsockname)(int, sockaddr*, socklen_t*) = nullptr;
+int (*real_getpeername)(int, sockaddr*, socklen_t*) = nullptr;
+int (*real_close)(int) = nullptr;
+int (*real_listen)(int, int) = nullptr;
+int (*real_shutdown)(int, int) = nullptr;
+__attribute__((constructor)) void resolve_next() {
+  real_socket = next<int (*)(int, int, int)>("socket");
+  real_bind = next<int (*)(int, const sockaddr*, socklen_t)>("bind");
+  real_connect = next<int (*)(int, const sockaddr*, socklen_t)>("connect");
+  real_sendmsg = next<ssize_t (*)(int, const msghdr*, int)>("sendmsg");
+  real_sendto =
+      next<ssize_t (*)(int, const void*, size_t, int, const sockaddr*, socklen_t)>("sendto");
+  real_send = next<ssize_t (*)(int, const void*, size_t, int)>("send");
+  real_recvmsg = next<ssize_t (*)(int, msghdr*, int)>("recvmsg");
+  real_recvfrom = next<ssize_t (*)(int, void*, size_t, int, sockaddr*, socklen_t*)>("recvfrom");
+  real_recv = next<ssize_t (*)(int, void*, size_t, int)>("recv");
+  real_setsockopt = next<int (*)(int, int, int, const void*, socklen_t)>("setsockopt");
+  real_getsockopt = next<int (*)(int, int, int, void*, socklen_t*)>("getsockopt");
+  real_getsockname = next<int (*)(int, sockaddr*, socklen_t*)>("getsockname");
+  real_getpeername = next<int (*)(int, sockaddr*, socklen_t*)>("getpeername");
+  real_close = next<int (*)(int)>("close");
+  real_listen = next<int (*)(int, int)>("listen");
+  real_shutdown = next<int (*)(int, int)>("shutdown");
+}
 }  // namespace
 
 SHIM int socket(int domain, int type, int protocol) {
   if (domain == AF_RDS) return svrds_socket(domain, type, protocol);
-  static auto real = next<int (*)(int, int, int)>("socket");
+  auto* real = real_socket;
   return real(domain, type, protocol);
 }
 
 SHIM int bind(int fd, const sockaddr* a, socklen_t l) {
   if (svrds_is_rds(fd)) return svrds_bind(fd, a, l);
-  static auto real = next<int (*)(int, const sockaddr*, socklen_t)>("bind");
+  auto* real = real_bind;
   return real(fd, a, l);
 }
 
 SHIM int connect(int fd, const sockaddr* a, socklen_t l) {
   if (svrds_is_rds(fd)) return svrds_connect(fd, a, l);
-  static auto real = next<int (*)(int, const sockaddr*, socklen_t)>("connect");
+  auto* real = real_connect;
   return real(fd, a, l);
 }
 
 SHIM ssize_t sendmsg(int fd, const msghdr* m, int f) {
   if (svrds_is_rds(fd)) return svrds_sendmsg(fd, m, f);
-  static auto real = next<ssize_t (*)(int, const msghdr*, int)>("sendmsg");
+  auto* real = real_sendmsg;
   return real(fd, m, f);
 }
 
 SHIM ssize_t sendto(int fd, const void* b, size_t n, int f, const sockaddr* a, socklen_t l) {
   if (svrds_is_rds(fd)) return svrds_sendto(fd, b, n, f, a, l);
-  static auto real =
-      next<ssize_t (*)(int, const void*, size_t, int, const sockaddr*, socklen_t)>("sendto");
+  auto* real = real_sendto;
   return real(fd, b, n, f, a, l);
 }
 
 SHIM ssize_t send(int fd, const void* b, size_t n, int f) {
   if (svrds_is_rds(fd)) return svrds_sendto(fd, b, n, f, nullptr, 0);
-  static auto real = next<ssize_t (*)(int, const void*, size_t, int)>("send");
+  auto* real = real_send;
   return real(fd, b, n, f);
 }
 
 SHIM ssize_t recvmsg(int fd, msghdr* m, int f) {
   if (svrds_is_rds(fd)) return svrds_recvmsg(fd, m, f);
-  static auto real = next<ssize_t (*)(int, msghdr*, int)>("recvmsg");
+  auto* real = real_recvmsg;
   return real(fd, m, f);
 }
 
 SHIM ssize_t recvfrom(int fd, void* b, size_t n, int f, sockaddr* a, socklen_t* l) {
   if (svrds_is_rds(fd)) return svrds_recvfrom(fd, b, n, f, a, l);
-  static auto real = next<ssize_t (*)(int, void*, size_t, int, sockaddr*, socklen_t*)>("recvfrom");
+  auto* real = real_recvfrom;
   return real(fd, b, n, f, a, l);
 }
 
 SHIM ssize_t recv(int fd, void* b, size_t n, int f) {
   if (svrds_is_rds(fd)) return svrds_recvfrom(fd, b, n, f, nullptr, nullptr);
-  static auto real = next<ssize_t (*)(int, void*, size_t, int)>("recv");
+  auto* real = real_recv;
   return real(fd, b, n, f);
 }
 
 SHIM int setsockopt(int fd, int lvl, int name, const void* v, socklen_t l) {
   if (svrds_is_rds(fd)) return svrds_setsockopt(fd, lvl, name, v, l);
-  static auto real = next<int (*)(int, int, int, const void*, socklen_t)>("setsockopt");
+  auto* real = real_setsockopt;
   return real(fd, lvl, name, v, l);
 }
 
 SHIM int getsockopt(int fd, int lvl, int name, void* v, socklen_t* l) {
   if (svrds_is_rds(fd)) return svrds_getsockopt(fd, lvl, name, v, l);
-  static auto real = next<int (*)(int, int, int, void*, socklen_t*)>("getsockopt");
+  auto* real = real_getsockopt;
   return real(fd, lvl, name, v, l);
 }
 
 SHIM int getsockname(int fd, sockaddr* a, socklen_t* l) {
   if (svrds_is_rds(fd)) return svrds_getsockname(fd, a, l);
-  static auto real = next<int (*)(int, sockaddr*, socklen_t*)>("getsockname");
+  auto* real = real_getsockname;
   return real(fd, a, l);
 }
 
 SHIM int getpeername(int fd, sockaddr* a, socklen_t* l) {
   if (svrds_is_rds(fd)) return svrds_getpeername(fd, a, l);
-  static auto real = next<int (*)(int, sockaddr*, socklen_t*)>("getpeername");
+  auto* real = real_getpeername;
   return real(fd, a, l);
 }
 
 SHIM int close(int fd) {
   if (svrds_is_rds(fd)) return svrds_close(fd);
-  static auto real = next<int (*)(int)>("close");
+  auto* real = real_close;
   return real(fd);
 }
 
@@ -112,7 +149,7 @@ SHIM int listen(int fd, int backlog) {
     errno = EOPNOTSUPP;
     return -1;
   }
-  static auto real = next<int (*)(int, int)>("listen");
+  auto* real = real_listen;
   return real(fd, backlog);
 }
 
@@ -121,18 +158,22 @@ SHIM int shutdown(int fd, int how) {
     errno = EOPNOTSUPP;
     return -1;
   }
-  static auto real = next<int (*)(int, int)>("shutdown");
+  auto* real = real_shutdown;
   return real(fd, how);
 }
 
 namespace {
-// Busy-poll budget in microseconds, like net.core.busy_poll (0: off, the default).
+// Busy-poll budget in microseconds, like net.core.busy_poll (0: off, the default). Read once
+// at load, before any thread exists: poll() runs on every thread, the library's own included.
+long g_busy_poll_us = 0;
+int (*g_real_poll)(pollfd*, nfds_t, int) = nullptr;
+__attribute__((constructor)) void init_poll() {
+  const char* e = std::getenv("SOFTVERBS_RDS_BUSY_POLL_US");
+  g_busy_poll_us = e ? std::strtol(e, nullptr, 10) : 0L;
+  g_real_poll = next<int (*)(pollfd*, nfds_t, int)>("poll");
+}
 long busy_poll_us() {
-  static const long us = [] {
-    const char* e = std::getenv("SOFTVERBS_RDS_BUSY_POLL_US");
-    return e ? std::strtol(e, nullptr, 10) : 0L;
-  }();
-  return us;
+  return g_busy_poll_us;
 }
 }  // namespace
 
@@ -140,7 +181,7 @@ long busy_poll_us() {
 // the stack's completion work on this thread (svrds_busy_poll) and re-checks readiness,
 // then, if nothing is ready within the budget, blocks for the rest of the timeout.
 SHIM int poll(pollfd* fds, nfds_t n, int timeout) {
-  static auto real = next<int (*)(pollfd*, nfds_t, int)>("poll");
+  auto* real = g_real_poll;
   const long budget = busy_poll_us();
   bool rds = false;
   for (nfds_t i = 0; budget > 0 && i < n && !rds; ++i) rds = svrds_is_rds(fds[i].fd);
