@@ -59,6 +59,7 @@ struct CmId {
   int bound_fd = -1;  // bound, not yet listening
   Listener* listener = nullptr;
   Endpoint* ep = nullptr;  // handshake in flight or waiting for accept/reject
+  bool accepted = false;   // passive: accept() was called; on_passive_done owns ep now
   bool connected = false;
   bool disconnected = false;  // DISCONNECTED already queued
   uint8_t resp_res = 0, init_depth = 0;
@@ -404,7 +405,9 @@ SV_EXPORT int rdma_destroy_id(rdma_cm_id* i) {
     std::lock_guard reg(g_ids_mu);
     g_ids.erase(std::remove(g_ids.begin(), g_ids.end(), id), g_ids.end());
     std::lock_guard lk(id->mu);
-    if (id->ep && id->ep->role() == Endpoint::Role::passive) passive_ep = id->ep;
+    // A passive endpoint still waiting for accept/reject is refused here; once accepted, its
+    // completion (on_passive_done) finds the id gone and disposes of it.
+    if (id->ep && id->ep->role() == Endpoint::Role::passive && !id->accepted) passive_ep = id->ep;
     id->ep = nullptr;
   }
   {
@@ -701,6 +704,10 @@ SV_EXPORT int rdma_accept(rdma_cm_id* i, rdma_conn_param* param) {
     size_t len = std::min<size_t>(param->private_data_len,
                                   sv::wire::kMpaSiwMaxPrivData - sv::wire::kMpaV2WordLen);
     o.pdata.assign(p, p + len);
+  }
+  {
+    std::lock_guard lk(id->mu);
+    id->accepted = true;
   }
   ep->accept(std::move(o));
   return id->sync ? sync_wait(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
