@@ -82,11 +82,6 @@ namespace {
 // Never freed (a thread may still be waking on a closed socket's cv), never destroyed.
 std::vector<Sock*>& g_closed = *new std::vector<Sock*>();
 
-bool bad_addr(const sockaddr_in& a) {
-  const uint32_t h = ntohl(a.sin_addr.s_addr);
-  return h == INADDR_ANY || h == INADDR_BROADCAST || IN_MULTICAST(h);
-}
-
 }  // namespace
 
 namespace sv::rds {
@@ -99,7 +94,7 @@ int classify_v6(const sockaddr_in6& a, sockaddr_in* v4) {
     v4->sin_family = AF_INET;
     v4->sin_port = a.sin6_port;
     std::memcpy(&v4->sin_addr, &a.sin6_addr.s6_addr[12], 4);
-    return bad_addr(*v4) ? -EINVAL : 4;
+    return bad_unicast(*v4) ? -EINVAL : 4;
   }
   if (IN6_IS_ADDR_UNSPECIFIED(&a.sin6_addr) || IN6_IS_ADDR_MULTICAST(&a.sin6_addr)) return -EINVAL;
   if (IN6_IS_ADDR_LINKLOCAL(&a.sin6_addr) && a.sin6_scope_id == 0) return -EINVAL;
@@ -109,25 +104,36 @@ int classify_v6(const sockaddr_in6& a, sockaddr_in* v4) {
 
 namespace {
 
-bool is_local6(const sockaddr_in6& a) {
-  int fd = socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+// Whether this host (network namespace) has the address: a UDP socket can bind it.
+bool bindable(sockaddr_storage a, socklen_t len) {
+  if (a.ss_family == AF_INET)
+    reinterpret_cast<sockaddr_in*>(&a)->sin_port = 0;
+  else
+    reinterpret_cast<sockaddr_in6*>(&a)->sin6_port = 0;
+  int fd = socket(a.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
-  sockaddr_in6 b = a;
-  b.sin6_port = 0;
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&b), sizeof b) == 0;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), len) == 0;
   close(fd);
   return ok;
 }
 
-bool is_local(const sockaddr_in& a) {
-  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  sockaddr_in b = a;
-  b.sin_port = 0;
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&b), sizeof b) == 0;
-  close(fd);
-  return ok;
+bool is_local6(const sockaddr_in6& a) {
+  sockaddr_storage ss{};
+  std::memcpy(&ss, &a, sizeof a);
+  return bindable(ss, sizeof a);
 }
+
+}  // namespace
+
+bool sv::rds::is_local_ip(in_addr ip) {
+  sockaddr_storage ss{};
+  auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+  a->sin_family = AF_INET;
+  a->sin_addr = ip;
+  return bindable(ss, sizeof *a);
+}
+
+namespace {
 
 void free_mr(Sock* s, uint32_t rkey) {
   auto it = s->mrs.find(rkey);
@@ -247,9 +253,9 @@ SV_EXPORT int svrds_bind(int fd, const sockaddr* addr, socklen_t len) {
   } else {
     return fail(EINVAL);
   }
-  if (s->bound || bad_addr(a)) return fail(EINVAL);
+  if (s->bound || bad_unicast(a)) return fail(EINVAL);
   if (ntohs(a.sin_port) == 1) return fail(EINVAL);  // RDS_FLAG_PROBE_PORT
-  if (!is_local(a)) return fail(EADDRNOTAVAIL);
+  if (!is_local_ip(a.sin_addr)) return fail(EADDRNOTAVAIL);
   if (int r = transport_start()) return fail(-r);
   int lock = -1;
   if (a.sin_port) {
@@ -286,7 +292,7 @@ SV_EXPORT int svrds_connect(int fd, const sockaddr* addr, socklen_t len) {
   sockaddr_in a;
   std::memcpy(&a, addr, sizeof a);
   if (ntohl(a.sin_addr.s_addr) == INADDR_ANY) return fail(EDESTADDRREQ);
-  if (bad_addr(a)) return fail(EINVAL);
+  if (bad_unicast(a)) return fail(EINVAL);
   s->connected = true;
   s->conn_addr = a;
   return 0;

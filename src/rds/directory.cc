@@ -13,7 +13,6 @@
 // (net/rds recv.c, no socket bound). No directory reachable: retried with randomised
 // exponential backoff, as a connection would be.
 #include <arpa/inet.h>
-#include <ifaddrs.h>
 #include <sys/random.h>
 
 #include <algorithm>
@@ -74,9 +73,7 @@ void finish(Lookup& l, uint16_t cm_port, uint64_t gen) {
       release_message(m);
       continue;
     }
-    m->h.sequence = c->next_tx_seq++;
-    if (pending_op(m)) c->rdma_q.push_back(m);
-    c->send_q.push_back(m);
+    conn_enqueue(c, m);
   }
   l.waiting.clear();
   if (c) conn_kick(c);
@@ -176,18 +173,6 @@ void serve(rdma_cm_event* ev) {
 }
 
 }  // namespace
-
-bool is_local_ip(in_addr a) {
-  if ((ntohl(a.s_addr) >> 24) == 127) return true;
-  ifaddrs* ifs = nullptr;
-  if (getifaddrs(&ifs)) return false;
-  bool local = false;
-  for (ifaddrs* i = ifs; i && !local; i = i->ifa_next)
-    local = i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
-            reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == a.s_addr;
-  freeifaddrs(ifs);
-  return local;
-}
 
 uint16_t directory_cached(const sockaddr_in& d, uint64_t* gen) {
   auto it = g_cache.find(key_of(d));

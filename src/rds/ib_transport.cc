@@ -174,15 +174,22 @@ void conn_up(Conn* c, const ConnPriv* peer) {
 
 void handle_wc(const ibv_wc& wc);
 
+// Handles every completion already in the shared CQ; returns how many.
+int drain_cq_locked() {
+  int total = 0;
+  ibv_wc wc[32];
+  for (int n; (n = ibv_poll_cq(g().cq, 32, wc)) > 0; total += n)
+    for (int i = 0; i < n; ++i) handle_wc(wc[i]);
+  return total;
+}
+
 void conn_down(Conn* c, const char* why) {
   (void)why;
   if (c->tearing_down || (c->state == ConnState::down && !c->id)) return;
   // Completions generated before the disconnect event (the error that caused it, with
   // the failing op's status) must be seen before the queues are reset.
   c->tearing_down = true;
-  ibv_wc wc[32];
-  for (int n; (n = ibv_poll_cq(g().cq, 32, wc)) > 0;)
-    for (int i = 0; i < n; ++i) handle_wc(wc[i]);
+  drain_cq_locked();
   c->tearing_down = false;
   count("conn_reset");
   // A connect that never came up: the process we looked up may be gone.
@@ -201,15 +208,29 @@ void conn_down(Conn* c, const char* why) {
   if (!c->send_q.empty()) schedule_reconnect(c);
 }
 
+// Events after which an rdma_cm id (and its QP) is of no further use.
+bool cm_id_lost(rdma_cm_event_type e) {
+  switch (e) {
+    case RDMA_CM_EVENT_ADDR_ERROR:
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_REJECTED:
+    case RDMA_CM_EVENT_DISCONNECTED:
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+      return true;
+    default:
+      return false;
+  }
+}
+
 void rdma_chan_down(Conn* c) {
   if (c->rtearing_down || (c->rstate == ConnState::down && !c->rid)) return;
   c->rstate = ConnState::down;
   // Drain first: the failing op's own completion names the culprit, and the flushed ops
   // behind it must be seen before the QP is destroyed.
   c->rtearing_down = true;
-  ibv_wc wc[32];
-  for (int n; (n = ibv_poll_cq(g().cq, 32, wc)) > 0;)
-    for (int i = 0; i < n; ++i) handle_wc(wc[i]);
+  drain_cq_locked();
   c->rtearing_down = false;
   count("rdma_chan_reset");
   if (c->rid) {
@@ -267,16 +288,8 @@ void handle_rdma_cm(Conn* c, rdma_cm_event* ev) {
       count("rdma_chan_up");
       rdma_post_pending(c);
       break;
-    case RDMA_CM_EVENT_ADDR_ERROR:
-    case RDMA_CM_EVENT_ROUTE_ERROR:
-    case RDMA_CM_EVENT_CONNECT_ERROR:
-    case RDMA_CM_EVENT_UNREACHABLE:
-    case RDMA_CM_EVENT_REJECTED:
-    case RDMA_CM_EVENT_DISCONNECTED:
-    case RDMA_CM_EVENT_DEVICE_REMOVAL:
-      rdma_chan_down(c);
-      break;
     default:
+      if (cm_id_lost(ev->event)) rdma_chan_down(c);
       break;
   }
 }
@@ -307,17 +320,10 @@ void handle_cm(rdma_cm_event* ev) {
     return;
   }
   if (g_passive_rids.count(ev->id)) {
-    switch (ev->event) {
-      case RDMA_CM_EVENT_DISCONNECTED:
-      case RDMA_CM_EVENT_CONNECT_ERROR:
-      case RDMA_CM_EVENT_UNREACHABLE:
-      case RDMA_CM_EVENT_DEVICE_REMOVAL:
-        g_passive_rids.erase(ev->id);
-        rdma_destroy_qp(ev->id);
-        rdma_destroy_id(ev->id);
-        break;
-      default:
-        break;
+    if (cm_id_lost(ev->event)) {
+      g_passive_rids.erase(ev->id);
+      rdma_destroy_qp(ev->id);
+      rdma_destroy_id(ev->id);
     }
     return;
   }
@@ -404,16 +410,8 @@ void handle_cm(rdma_cm_event* ev) {
         conn_up(c, p && ev->param.conn.private_data_len >= sizeof(ConnPriv) ? p : nullptr);
       }
       break;
-    case RDMA_CM_EVENT_ADDR_ERROR:
-    case RDMA_CM_EVENT_ROUTE_ERROR:
-    case RDMA_CM_EVENT_CONNECT_ERROR:
-    case RDMA_CM_EVENT_UNREACHABLE:
-    case RDMA_CM_EVENT_REJECTED:
-    case RDMA_CM_EVENT_DISCONNECTED:
-    case RDMA_CM_EVENT_DEVICE_REMOVAL:
-      if (c && c->id == id) conn_down(c, rdma_event_str(ev->event));
-      break;
     default:
+      if (cm_id_lost(ev->event) && c && c->id == id) conn_down(c, rdma_event_str(ev->event));
       break;
   }
 }
@@ -457,14 +455,6 @@ void handle_wc(const ibv_wc& wc) {
     conn_down(c, "send error");
 }
 
-int drain_cq_locked() {
-  int total = 0;
-  ibv_wc wc[32];
-  for (int n; (n = ibv_poll_cq(g().cq, 32, wc)) > 0; total += n)
-    for (int i = 0; i < n; ++i) handle_wc(wc[i]);
-  return total;
-}
-
 // Work completions make possible: sends that waited for slots, acks that are due.
 void after_completions_locked() {
   const auto t = std::chrono::steady_clock::now();
@@ -484,23 +474,18 @@ void engine_loop() {
   for (;;) {
     int timeout = 500;  // also the rds-info publication period
     {
-      std::lock_guard lk(G.mu);
-      if (!g_timers.empty()) {
-        auto d = std::chrono::duration_cast<std::chrono::milliseconds>(
-            g_timers.begin()->first - std::chrono::steady_clock::now());
-        timeout = std::min<int>(timeout, d.count() < 0 ? 0 : static_cast<int>(d.count()) + 1);
-      }
-    }
-    if (const int d = directory_wait_ms(); d >= 0) timeout = std::min(timeout, d);
-    {
+      // The earliest of: a reconnect timer, a directory retry or claim, a delayed ack.
       std::lock_guard lk(G.mu);
       const auto t = std::chrono::steady_clock::now();
-      for (auto& [k, c] : G.conns) {
-        if (!c->ack_needed || c->ack_due == std::chrono::steady_clock::time_point{}) continue;
-        const auto us =
-            std::chrono::duration_cast<std::chrono::microseconds>(c->ack_due - t).count();
+      auto until = [&](std::chrono::steady_clock::time_point when) {
+        const auto us = std::chrono::duration_cast<std::chrono::microseconds>(when - t).count();
         timeout = std::min<int>(timeout, us <= 0 ? 0 : static_cast<int>((us + 999) / 1000));
-      }
+      };
+      if (!g_timers.empty()) until(g_timers.begin()->first);
+      if (const int d = directory_wait_ms(); d >= 0) timeout = std::min(timeout, d);
+      for (auto& [k, c] : G.conns)
+        if (c->ack_needed && c->ack_due != std::chrono::steady_clock::time_point{})
+          until(c->ack_due);
     }
     pollfd p[3] = {{G.cq_ch->fd, POLLIN, 0}, {G.cm_ch->fd, POLLIN, 0}, {G.wake_fd, POLLIN, 0}};
     ::poll(p, 3, timeout);

@@ -229,6 +229,11 @@ void sock_wake(Sock* s);
 int registry_claim(const sockaddr_in& a, uint16_t cm_port, uint64_t gen);  // fd or -errno
 int registry_claim6(const sockaddr_in6& a, uint16_t cm_port, uint64_t gen);
 void registry_release(int lock_fd, const sockaddr_in& a);
+// Not a unicast address: ANY, broadcast, multicast (EINVAL for bind, connect and sendmsg).
+inline bool bad_unicast(const sockaddr_in& a) {
+  const uint32_t h = ntohl(a.sin_addr.s_addr);
+  return h == INADDR_ANY || h == INADDR_BROADCAST || IN_MULTICAST(h);
+}
 // net/rds's v4/v6 address rules (af_rds.cc): 4 = v4-mapped (*v4 set), 6 = IPv6, or -EINVAL.
 int classify_v6(const sockaddr_in6& a, sockaddr_in* v4);
 // Finds the process owning (ip, port): its rdma_cm port (0 if nobody holds it) and its
@@ -272,6 +277,7 @@ inline uint32_t wr_idx(uint64_t w) {
 }
 
 // send.cc
+void conn_enqueue(Conn* c, Message* m);  // sequence m and queue it (and its ops) on c
 void xmit(Conn* c);
 void on_ack(Conn* c, uint64_t ack);
 void on_send_complete(Conn* c, uint64_t wr_id, ibv_wc_status st);
@@ -307,7 +313,7 @@ void cong_map_received(Conn* c, const std::byte* map, size_t len);
 
 // directory.cc: owners of (ip, port) on other hosts
 inline constexpr uint16_t kRdsCmPort = 18635;  // RDS_CM_PORT, where Linux RDS/IB listens
-bool is_local_ip(in_addr a);
+bool is_local_ip(in_addr a);                   // this host has the address (af_rds.cc)
 uint16_t directory_cached(const sockaddr_in& d, uint64_t* gen);  // 0: not known
 bool directory_pending(const sockaddr_in& d);                    // messages to d wait for a lookup
 void directory_defer(Message* m);                       // hold m until its destination is known

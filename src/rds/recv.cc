@@ -27,10 +27,9 @@ Sock* find_bound(const in_addr& local, uint16_t port) {
 void queue_pong(Conn* c, uint16_t to_port) {
   auto* m = new Message();
   m->queued_to_sock = false;
-  m->h.sequence = c->next_tx_seq++;
   m->h.sport = 0;
   m->h.dport = to_port;
-  c->send_q.push_back(m);
+  conn_enqueue(c, m);
   count("send_pong");
 }
 

@@ -11,14 +11,6 @@
 #include "softverbs/rds.h"
 
 namespace sv::rds {
-namespace {
-
-bool bad_dest(const sockaddr_in& d) {
-  const uint32_t a = ntohl(d.sin_addr.s_addr);
-  return a == INADDR_ANY || a == INADDR_BROADCAST || IN_MULTICAST(a);
-}
-
-}  // namespace
 
 void queue_notify(Sock* s, uint64_t token, int status) {
   rds_rdma_notify n{};
@@ -42,6 +34,14 @@ void release_message(Message* m) {
   }
   ops_release(m);
   delete m;
+}
+
+void conn_enqueue(Conn* c, Message* m) {
+  // Sequence numbers are per connection, taken when the message joins it (net/rds
+  // rds_send_queue_rm); gaps are normal.
+  m->h.sequence = c->next_tx_seq++;
+  if (pending_op(m)) c->rdma_q.push_back(m);
+  c->send_q.push_back(m);
 }
 
 void xmit(Conn* c) {
@@ -198,7 +198,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
     } else {
       return fail(EINVAL);
     }
-    if (bad_dest(dest)) return fail(EINVAL);
+    if (bad_unicast(dest)) return fail(EINVAL);
     if (s->v6) return fail(EOPNOTSUPP);  // v6 socket, IPv4 destination
   } else if (s->connected) {
     dest = s->conn_addr;
@@ -346,9 +346,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
     directory_defer(m.release());  // sequenced when it joins the connection
     return static_cast<ssize_t>(len);
   }
-  m->h.sequence = c->next_tx_seq++;
-  if (pending_op(m.get())) c->rdma_q.push_back(m.get());
-  c->send_q.push_back(m.release());
+  conn_enqueue(c, m.release());
   conn_kick(c);
   return static_cast<ssize_t>(len);
 }

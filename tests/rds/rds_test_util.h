@@ -2,6 +2,7 @@
 #pragma once
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <linux/rds.h>
 #include <poll.h>
 #include <softverbs/rds.h>
 #include <unistd.h>
@@ -54,6 +55,61 @@ inline ssize_t recv_one(int fd, std::vector<char>& buf, sockaddr_in* from = null
   socklen_t fl = sizeof(sockaddr_in);
   return svrds_recvfrom(fd, buf.data(), buf.size(), flags | MSG_DONTWAIT,
                         reinterpret_cast<sockaddr*>(from), from ? &fl : nullptr);
+}
+
+// RDS_GET_MR on [addr, addr+len): the cookie.
+inline uint64_t get_mr(int fd, void* addr, size_t len, uint64_t flags = 0) {
+  uint64_t cookie = 0;
+  rds_get_mr_args g{
+      {reinterpret_cast<uint64_t>(addr), len}, reinterpret_cast<uint64_t>(&cookie), flags};
+  EXPECT_EQ(svrds_setsockopt(fd, SOL_RDS, RDS_GET_MR, &g, sizeof g), 0) << strerror(errno);
+  return cookie;
+}
+
+// recvmsg of one control-only message (RDMA notification, congestion update): the first
+// SOL_RDS cmsg of type `type`, its payload copied to `out`. False on timeout or anything else.
+inline bool recv_cmsg(int fd, int type, void* out, size_t len, int ms) {
+  if (!(wait_for(fd, POLLIN, ms) & POLLIN)) return false;
+  alignas(cmsghdr) char ctl[CMSG_SPACE(64)];
+  char d;
+  iovec v{&d, 1};
+  msghdr m{};
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl;
+  m.msg_controllen = CMSG_SPACE(len);
+  if (svrds_recvmsg(fd, &m, MSG_DONTWAIT) != 0) return false;
+  cmsghdr* cm = CMSG_FIRSTHDR(&m);
+  if (!cm || cm->cmsg_level != SOL_RDS || cm->cmsg_type != type) return false;
+  std::memcpy(out, CMSG_DATA(cm), len);
+  return true;
+}
+
+// One RDS_CMSG_RDMA_STATUS notification (bounded wait).
+inline bool get_notify(int fd, rds_rdma_notify& n, int ms = 5000) {
+  return recv_cmsg(fd, RDS_CMSG_RDMA_STATUS, &n, sizeof n, ms);
+}
+
+// One RDS_CMSG_CONG_UPDATE (bounded wait): the port-group mask.
+inline bool get_cong_update(int fd, uint64_t& mask, int ms = 5000) {
+  return recv_cmsg(fd, RDS_CMSG_CONG_UPDATE, &mask, sizeof mask, ms);
+}
+
+// One of this process' RDS_INFO_COUNTERS (0 if absent).
+inline uint64_t counter(int fd, const char* name) {
+  socklen_t len = 0;
+  char probe[1];
+  svrds_getsockopt(fd, SOL_RDS, RDS_INFO_COUNTERS, probe, &len);
+  std::vector<char> buf(len);
+  const int each = svrds_getsockopt(fd, SOL_RDS, RDS_INFO_COUNTERS, buf.data(), &len);
+  if (each <= 0) return 0;
+  for (size_t off = 0; off + sizeof(rds_info_counter) <= len; off += static_cast<size_t>(each)) {
+    rds_info_counter c;
+    std::memcpy(&c, buf.data() + off, sizeof c);
+    if (std::strncmp(reinterpret_cast<const char*>(c.name), name, sizeof c.name) == 0)
+      return c.value;
+  }
+  return 0;
 }
 
 }  // namespace rdstest

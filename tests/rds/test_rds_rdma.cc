@@ -13,14 +13,6 @@ using namespace rdstest;
 
 namespace {
 
-uint64_t get_mr(int fd, void* addr, size_t len, uint64_t flags = 0) {
-  uint64_t cookie = 0;
-  rds_get_mr_args g{
-      {reinterpret_cast<uint64_t>(addr), len}, reinterpret_cast<uint64_t>(&cookie), flags};
-  EXPECT_EQ(svrds_setsockopt(fd, SOL_RDS, RDS_GET_MR, &g, sizeof g), 0) << strerror(errno);
-  return cookie;
-}
-
 // Sends `msg` with an RDMA op on `cookie` from the server socket.
 ssize_t send_rdma(int fd, uint16_t dport, uint64_t cookie, bool write,
                   std::vector<rds_iovec>& local, uint64_t remote_off, uint64_t bytes,
@@ -48,24 +40,6 @@ ssize_t send_rdma(int fd, uint16_t dport, uint64_t cookie, bool write,
   cm->cmsg_len = CMSG_LEN(sizeof ra);
   std::memcpy(CMSG_DATA(cm), &ra, sizeof ra);
   return svrds_sendmsg(fd, &m, 0);
-}
-
-// Reads one RDS_CMSG_RDMA_STATUS notification (bounded wait).
-bool get_notify(int fd, rds_rdma_notify& n) {
-  if (!(wait_for(fd, POLLIN) & POLLIN)) return false;
-  char ctl[CMSG_SPACE(sizeof(rds_rdma_notify))];
-  char d;
-  iovec v{&d, 1};
-  msghdr m{};
-  m.msg_iov = &v;
-  m.msg_iovlen = 1;
-  m.msg_control = ctl;
-  m.msg_controllen = sizeof ctl;
-  if (svrds_recvmsg(fd, &m, MSG_DONTWAIT) != 0) return false;
-  cmsghdr* cm = CMSG_FIRSTHDR(&m);
-  if (!cm || cm->cmsg_level != SOL_RDS || cm->cmsg_type != RDS_CMSG_RDMA_STATUS) return false;
-  std::memcpy(&n, CMSG_DATA(cm), sizeof n);
-  return true;
 }
 
 struct Pair {
@@ -240,23 +214,6 @@ TEST(RdsRdmaCookie, BadCookieFailsTheOpWithRemoteError) {
   ASSERT_EQ(send_to(p.server, p.cport, "after", 5), 5);
   std::vector<char> buf(16);
   EXPECT_EQ(recv_one(p.client, buf), 5);
-}
-
-// One of this process' RDS_INFO_COUNTERS (0 if absent).
-uint64_t counter(int fd, const char* name) {
-  socklen_t len = 0;
-  char probe[1];
-  svrds_getsockopt(fd, SOL_RDS, RDS_INFO_COUNTERS, probe, &len);
-  std::vector<char> buf(len);
-  const int each = svrds_getsockopt(fd, SOL_RDS, RDS_INFO_COUNTERS, buf.data(), &len);
-  if (each <= 0) return 0;
-  for (size_t off = 0; off + sizeof(rds_info_counter) <= len; off += static_cast<size_t>(each)) {
-    rds_info_counter c;
-    std::memcpy(&c, buf.data() + off, sizeof c);
-    if (std::strncmp(reinterpret_cast<const char*>(c.name), name, sizeof c.name) == 0)
-      return c.value;
-  }
-  return 0;
 }
 
 // The rule: a bad cookie fails that operation, not the connection other sockets
