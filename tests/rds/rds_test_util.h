@@ -57,6 +57,21 @@ inline ssize_t recv_one(int fd, std::vector<char>& buf, sockaddr_in* from = null
                         reinterpret_cast<sockaddr*>(from), from ? &fl : nullptr);
 }
 
+// Two bound sockets of this process on consecutive ports of its block: a "client" that owns
+// memory and a "server" that performs RDMA on it.
+struct Pair {
+  int client, server;
+  uint16_t cport, sport;
+  explicit Pair(int base) : cport(port(base)), sport(port(base + 1)) {
+    client = bound_socket(cport);
+    server = bound_socket(sport);
+  }
+  ~Pair() {
+    svrds_close(client);
+    svrds_close(server);
+  }
+};
+
 // RDS_GET_MR on [addr, addr+len): the cookie.
 inline uint64_t get_mr(int fd, void* addr, size_t len, uint64_t flags = 0) {
   uint64_t cookie = 0;

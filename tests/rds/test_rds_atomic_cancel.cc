@@ -135,19 +135,6 @@ bool all_acked(int fd, uint16_t sport, uint16_t dport) {
   });
 }
 
-struct Pair {
-  int client, server;
-  uint16_t cport, sport;
-  explicit Pair(int base) : cport(port(base)), sport(port(base + 1)) {
-    client = bound_socket(cport);
-    server = bound_socket(sport);
-  }
-  ~Pair() {
-    svrds_close(client);
-    svrds_close(server);
-  }
-};
-
 // The client (memory owner) registers `len` bytes at `region` and ships the cookie to the
 // server in a message, as rds-stress does; returns the cookie the server received.
 uint64_t share_region(Pair& p, void* region, size_t len) {

@@ -42,19 +42,6 @@ ssize_t send_rdma(int fd, uint16_t dport, uint64_t cookie, bool write,
   return svrds_sendmsg(fd, &m, 0);
 }
 
-struct Pair {
-  int client, server;
-  uint16_t cport, sport;
-  explicit Pair(int base) : cport(port(base)), sport(port(base + 1)) {
-    client = bound_socket(cport);
-    server = bound_socket(sport);
-  }
-  ~Pair() {
-    svrds_close(client);
-    svrds_close(server);
-  }
-};
-
 }  // namespace
 
 class RdsRdma : public ::testing::TestWithParam<size_t> {};
