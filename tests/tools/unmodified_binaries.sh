@@ -48,7 +48,15 @@ run_pair() {
   [[ $name =~ $FILTER ]] || return 0
   "${SRV[@]}" timeout 60 bash -c "$PRE $scmd" >"$TMP/s.log" 2>&1 &
   local spid=$!
-  sleep 0.6
+  # Start the client once the server listens (bounded): a fixed pause was too short under the
+  # sanitizers, and perftest 4.5's client mishandles a refused first connect (it reuses the
+  # cm id it destroyed).
+  local bin=${scmd%% *} i
+  for i in $(seq 100); do
+    "${SRV[@]}" ss -Hltnp 2>/dev/null | grep -q "\"$bin\"" && break
+    sleep 0.1
+  done
+  sleep 0.1
   "${CLI[@]}" timeout 60 bash -c "$PRE $ccmd" >"$TMP/c.log" 2>&1
   local crc=$?
   wait $spid
