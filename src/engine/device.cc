@@ -9,6 +9,7 @@
 #include <string>
 
 #include "engine/log.h"
+#include "util/fork_local.h"
 
 namespace sv {
 bool debug_enabled() {
@@ -61,8 +62,9 @@ static bool netdev_selected(const std::string& ifname) {
 }
 
 void refresh_gids(Device* d) {
-  static std::mutex mu;
-  std::lock_guard lk(mu);
+  // Per process generation: a thread of a forking parent may have held it (fork_local.h).
+  static ForkLocal<std::mutex> mu;
+  std::lock_guard lk(mu.get());
   d->gids.clear();
   d->gid_addrs.clear();
   for (const auto& h : transport::host_addresses()) {

@@ -15,6 +15,7 @@
 
 #include "engine/log.h"
 #include "engine/qp.h"
+#include "util/fork_local.h"
 #include "wire/be.h"
 
 namespace sv::engine {
@@ -320,9 +321,12 @@ struct Registry {
   std::multimap<uint32_t, Endpoint*> parked;  // dst_qpn -> passive endpoints waiting for RTR
 };
 
+// A forked child gets its own listener (and so its own QPN space); the parent's listening
+// socket is closed in the child with the rest of the progress thread's sockets.
+ForkLocal<Registry> g_reg;
+
 Registry& reg() {
-  static Registry* r = new Registry();
-  return *r;
+  return g_reg.get();
 }
 
 bool crc_wanted() {

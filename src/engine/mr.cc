@@ -2,11 +2,18 @@
 
 #include <sys/random.h>
 
+#include "util/fork_local.h"
+
 namespace sv::engine {
 
+namespace {
+// Never destroyed: engine threads may outlive main. A forked child starts with an empty table:
+// its parent's regions are not its own (util/fork_local.h).
+ForkLocal<KeyTable> g_keys;
+}  // namespace
+
 KeyTable& KeyTable::get() {
-  static KeyTable* t = new KeyTable();  // never destroyed: engine threads may outlive main
-  return *t;
+  return g_keys.get();
 }
 
 KeyTable::KeyTable() : slot_(kSlots, nullptr), key_(kSlots, 0) {

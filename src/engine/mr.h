@@ -13,6 +13,11 @@
 #include <shared_mutex>
 #include <vector>
 
+namespace sv {
+template <class T>
+class ForkLocal;
+}
+
 namespace sv::engine {
 
 struct Pd {
@@ -52,6 +57,7 @@ class KeyTable {
   std::shared_lock<std::shared_mutex> read_guard() const { return std::shared_lock(mu_); }
 
  private:
+  friend class sv::ForkLocal<KeyTable>;
   KeyTable();
   static constexpr uint32_t kSlots = 1u << 16;
   mutable std::shared_mutex mu_;

@@ -5,17 +5,47 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <future>
+#include <vector>
 
 #include "engine/log.h"
+#include "util/fork_local.h"
 
 namespace sv::engine {
 
+namespace {
+// Leaked on purpose: the thread runs until the process exits, and static destructors must
+// not tear down state it is using. A forked child gets a progress thread of its own.
+ForkLocal<Progress> g_progress(&Progress::release_after_fork);
+}  // namespace
+
 Progress& Progress::get() {
-  // Leaked on purpose: the thread runs until the process exits, and static destructors
-  // must not tear down state it is using.
-  static Progress* p = new Progress();
-  return *p;
+  return g_progress.get();
+}
+
+void Progress::release_after_fork(Progress& p) {
+  // Every socket the engine owns is in this epoll set while it is open (listeners, MPA
+  // handshakes, QP streams). The child closes its copies, so a QP or listener the parent
+  // closes is really closed (peers see the FIN), and the child never reads the parent's
+  // streams. The kernel lists the set in fdinfo ("tfd: N ..."), with the parent's numbers,
+  // which are the child's too.
+  std::vector<int> fds;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/fdinfo/%d", p.epfd_);
+  if (FILE* f = std::fopen(path, "re")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f))
+      if (std::strncmp(line, "tfd:", 4) == 0)
+        fds.push_back(static_cast<int>(std::strtol(line + 4, nullptr, 10)));
+    std::fclose(f);  // before closing: its descriptor must not be taken for one of them
+  }
+  for (int fd : fds)
+    if (fd >= 0 && fd != p.epfd_ && fd != p.evfd_) close(fd);
+  close(p.evfd_);
+  close(p.epfd_);
 }
 
 Progress::Progress() {

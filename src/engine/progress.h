@@ -13,6 +13,11 @@
 #include <mutex>
 #include <thread>
 
+namespace sv {
+template <class T>
+class ForkLocal;
+}
+
 namespace sv::engine {
 
 class Progress {
@@ -23,6 +28,8 @@ class Progress {
   };
 
   static Progress& get();
+  // fork(): in the child, close the parent's engine sockets (util/fork_local.h).
+  static void release_after_fork(Progress& p);
   bool on_thread() const { return std::this_thread::get_id() == tid_; }
 
   // Registration helpers: must run on the progress thread.
@@ -38,6 +45,7 @@ class Progress {
   void post_after(std::chrono::milliseconds delay, std::function<void()> fn);
 
  private:
+  friend class sv::ForkLocal<Progress>;
   Progress();
   void loop();
   void wake();

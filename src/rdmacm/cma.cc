@@ -25,6 +25,7 @@
 
 #include "engine/iw_cm.h"
 #include "engine/qp.h"
+#include "util/fork_local.h"
 
 #define SV_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -70,13 +71,17 @@ struct CmId {
 // Live ids. A QP may outlive its id (rdma_destroy_id before ibv_destroy_qp) and an id
 // may outlive its QP (ibv_destroy_qp instead of rdma_destroy_qp), so the QP's disconnect
 // hook and the endpoint callbacks (progress thread) find their id through this set and
-// hold g_ids_mu while they use it; rdma_destroy_id removes the id first.
-// Never destroyed: progress-thread callbacks may run while exit() destroys statics.
-std::mutex& g_ids_mu = *new std::mutex();
-std::vector<CmId*>& g_ids = *new std::vector<CmId*>();
+// hold g_live.get().mu while they use it; rdma_destroy_id removes the id first.
+// Never destroyed: progress-thread callbacks may run while exit() destroys statics. A forked
+// child starts with none: its parent's ids are not its own (util/fork_local.h).
+struct LiveIds {
+  std::mutex mu;
+  std::vector<CmId*> ids;
+};
+sv::ForkLocal<LiveIds> g_live;
 
 bool alive(CmId* id) {
-  return std::find(g_ids.begin(), g_ids.end(), id) != g_ids.end();
+  return std::find(g_live.get().ids.begin(), g_live.get().ids.end(), id) != g_live.get().ids.end();
 }
 
 Channel* chan(rdma_event_channel* c) {
@@ -86,16 +91,21 @@ CmId* cmid(rdma_cm_id* i) {
   return reinterpret_cast<CmId*>(i);
 }
 
-ibv_context* g_verbs() {
-  // One device context shared by every rdma_cm_id, as librdmacm keeps one per device.
-  static ibv_context* ctx = [] {
+// One device context shared by every rdma_cm_id, as librdmacm keeps one per device (and a
+// forked child opens its own).
+struct SharedContext {
+  ibv_context* ctx = nullptr;
+  SharedContext() {
     int n = 0;
     ibv_device** l = ibv_get_device_list(&n);
-    ibv_context* c = n > 0 ? ibv_open_device(l[0]) : nullptr;
+    ctx = n > 0 ? ibv_open_device(l[0]) : nullptr;
     ibv_free_device_list(l);
-    return c;
-  }();
-  return ctx;
+  }
+};
+sv::ForkLocal<SharedContext> g_shared_ctx;
+
+ibv_context* g_verbs() {
+  return g_shared_ctx.get().ctx;
 }
 
 void queue_event(CmId* id, rdma_cm_event_type type, int status,
@@ -174,7 +184,7 @@ void qp_connect(CmId* id, Endpoint* ep) {
 void on_qp_disconnect(void* p) {
   auto* id = static_cast<CmId*>(p);
   bool fire = false;
-  std::lock_guard reg(g_ids_mu);
+  std::lock_guard reg(g_live.get().mu);
   if (!alive(id)) return;
   {
     std::lock_guard lk(id->mu);
@@ -188,7 +198,7 @@ void on_qp_disconnect(void* p) {
 
 void on_passive_done(Endpoint* ep, int err) {
   auto* child = static_cast<CmId*>(ep->user);
-  std::lock_guard reg(g_ids_mu);
+  std::lock_guard reg(g_live.get().mu);
   if (!alive(child)) {
     ep->dispose();
     return;
@@ -213,7 +223,7 @@ void on_passive_done(Endpoint* ep, int err) {
 
 void on_passive_request(Endpoint* ep) {
   auto* lid = static_cast<CmId*>(ep->user);
-  std::lock_guard reg(g_ids_mu);
+  std::lock_guard reg(g_live.get().mu);
   if (!alive(lid) || !lid->listener) {
     ep->reject({});
     return;
@@ -227,7 +237,7 @@ void on_passive_request(Endpoint* ep) {
   child->id.qp_type = IBV_QPT_RC;
   child->id.pd = lid->id.pd;
   child->ep = ep;
-  g_ids.push_back(child);
+  g_live.get().ids.push_back(child);
   set_src(child, sv::transport::local_addr(ep->fd()));
   set_dst(child, sv::transport::peer_addr(ep->fd()));
   const auto& o = ep->outcome();
@@ -382,8 +392,8 @@ SV_EXPORT int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** out, void
   id->id.ps = ps;
   id->id.qp_type = IBV_QPT_RC;
   {
-    std::lock_guard reg(g_ids_mu);
-    g_ids.push_back(id);
+    std::lock_guard reg(g_live.get().mu);
+    g_live.get().ids.push_back(id);
   }
   *out = &id->id;
   return 0;
@@ -399,11 +409,13 @@ SV_EXPORT int rdma_destroy_id(rdma_cm_id* i) {
   }
   Endpoint* passive_ep = nullptr;
   {
-    // Under g_ids_mu the connect completion cannot be disposing of id->ep: it takes this lock,
-    // and once the id is out of g_ids it disposes of an active endpoint itself. So take the
-    // endpoint now; reading id->ep after the erase raced with that dispose (use after free).
-    std::lock_guard reg(g_ids_mu);
-    g_ids.erase(std::remove(g_ids.begin(), g_ids.end(), id), g_ids.end());
+    // Under g_live.get().mu the connect completion cannot be disposing of id->ep: it takes this
+    // lock, and once the id is out of g_live.get().ids it disposes of an active endpoint itself. So
+    // take the endpoint now; reading id->ep after the erase raced with that dispose (use after
+    // free).
+    std::lock_guard reg(g_live.get().mu);
+    g_live.get().ids.erase(std::remove(g_live.get().ids.begin(), g_live.get().ids.end(), id),
+                           g_live.get().ids.end());
     std::lock_guard lk(id->mu);
     // A passive endpoint still waiting for accept/reject is refused here; once accepted, its
     // completion (on_passive_done) finds the id gone and disposes of it.
@@ -638,7 +650,7 @@ SV_EXPORT int rdma_connect(rdma_cm_id* i, rdma_conn_param* param) {
   // Endpoint::connect even returns, and it clears id->ep under this lock.
   std::unique_lock hold(id->mu);
   id->ep = Endpoint::connect(dst, from, std::move(o), [id](Endpoint* ep, int err) {
-    std::lock_guard reg(g_ids_mu);
+    std::lock_guard reg(g_live.get().mu);
     if (!alive(id)) {  // destroyed while connecting
       ep->dispose();
       return;

@@ -22,8 +22,10 @@ namespace sv::rds {
 // Which descriptors are RDS sockets, readable without the global lock: the LD_PRELOAD
 // shim asks on every socket call, including calls the library itself makes while
 // holding g.mu (close of an internal fd, for one).
+// 1: ours; 2: inherited across fork() (fork_release below).
 constexpr int kMaxFd = 1 << 16;
 std::atomic<uint8_t> g_is_rds[kMaxFd];
+constexpr uint8_t kInherited = 2;
 
 // Our own I/O on the socketpair goes straight to the kernel: under the shim, send/recv on
 // app_fd would be taken for RDS calls.
@@ -35,6 +37,18 @@ ssize_t raw_recv(int fd, void* b, size_t n, int flags) {
 }
 int raw_close(int fd) {
   return static_cast<int>(syscall(SYS_close, fd));
+}
+
+int no_sock(int fd) {
+  return fd >= 0 && fd < kMaxFd && g_is_rds[fd].load() == kInherited ? EBADFD : EBADF;
+}
+
+void sock_fork_release(Sock* s) {
+  // The child's copies of our ends: the parent's stack keeps its own. The registry flock
+  // belongs to the open file, which the parent still holds, so closing ours frees nothing.
+  if (s->lib_fd >= 0) raw_close(s->lib_fd);
+  if (s->lock_fd >= 0) raw_close(s->lock_fd);
+  if (s->app_fd >= 0 && s->app_fd < kMaxFd) g_is_rds[s->app_fd] = kInherited;
 }
 
 Sock* sock_of(int fd) {
@@ -238,7 +252,7 @@ int bind6(Sock* s, const sockaddr_in6& a6) {
 SV_EXPORT int svrds_bind(int fd, const sockaddr* addr, socklen_t len) {
   std::lock_guard lk(g().mu);
   Sock* s = sock_of(fd);
-  if (!s) return fail(EBADF);
+  if (!s) return fail(no_sock(fd));
   if (!addr || len < sizeof(sockaddr_in)) return fail(EINVAL);
   sockaddr_in a;
   if (addr->sa_family == AF_INET6) {
@@ -278,15 +292,14 @@ SV_EXPORT int svrds_bind(int fd, const sockaddr* addr, socklen_t len) {
   // Port 0 of this address answers pings; the first process there takes it.
   sockaddr_in ping = a;
   ping.sin_port = 0;
-  int pl = registry_claim(ping, g().cm_port, g().gen);
-  (void)pl;  // held for the life of the process if we got it
+  if (int pl = registry_claim(ping, g().cm_port, g().gen); pl >= 0) g().ping_locks.push_back(pl);
   return 0;
 }
 
 SV_EXPORT int svrds_connect(int fd, const sockaddr* addr, socklen_t len) {
   std::lock_guard lk(g().mu);
   Sock* s = sock_of(fd);
-  if (!s) return fail(EBADF);
+  if (!s) return fail(no_sock(fd));
   if (!addr || len < sizeof(sockaddr_in)) return fail(EINVAL);
   if (addr->sa_family != AF_INET) return fail(EAFNOSUPPORT);
   sockaddr_in a;
@@ -313,7 +326,7 @@ SV_EXPORT int svrds_setsockopt(int fd, int level, int optname, const void* optva
                                socklen_t optlen) {
   std::lock_guard lk(g().mu);
   Sock* s = sock_of(fd);
-  if (!s) return fail(EBADF);
+  if (!s) return fail(no_sock(fd));
   auto as_int = [&](int* out) {
     if (!optval || optlen < sizeof(int)) return false;
     std::memcpy(out, optval, sizeof(int));
@@ -408,7 +421,7 @@ SV_EXPORT int svrds_setsockopt(int fd, int level, int optname, const void* optva
 SV_EXPORT int svrds_getsockopt(int fd, int level, int optname, void* optval, socklen_t* optlen) {
   std::lock_guard lk(g().mu);
   Sock* s = sock_of(fd);
-  if (!s) return fail(EBADF);
+  if (!s) return fail(no_sock(fd));
   if (!optval || !optlen) return fail(EFAULT);
   auto put_int = [&](int v) {
     if (*optlen < sizeof(int)) return fail(EINVAL);
@@ -437,7 +450,7 @@ SV_EXPORT int svrds_getsockopt(int fd, int level, int optname, void* optval, soc
 SV_EXPORT int svrds_getsockname(int fd, sockaddr* addr, socklen_t* len) {
   std::lock_guard lk(g().mu);
   Sock* s = sock_of(fd);
-  if (!s) return fail(EBADF);
+  if (!s) return fail(no_sock(fd));
   if (s->v6) {
     std::memcpy(addr, &s->bound6, std::min<size_t>(*len, sizeof s->bound6));
     *len = sizeof s->bound6;
@@ -454,7 +467,7 @@ SV_EXPORT int svrds_getsockname(int fd, sockaddr* addr, socklen_t* len) {
 SV_EXPORT int svrds_getpeername(int fd, sockaddr* addr, socklen_t* len) {
   std::lock_guard lk(g().mu);
   Sock* s = sock_of(fd);
-  if (!s) return fail(EBADF);
+  if (!s) return fail(no_sock(fd));
   if (!s->connected) return fail(ENOTCONN);
   std::memcpy(addr, &s->conn_addr, std::min<size_t>(*len, sizeof s->conn_addr));
   *len = sizeof s->conn_addr;
@@ -462,9 +475,13 @@ SV_EXPORT int svrds_getpeername(int fd, sockaddr* addr, socklen_t* len) {
 }
 
 SV_EXPORT int svrds_close(int fd) {
+  if (fd >= 0 && fd < kMaxFd && g_is_rds[fd].load() == kInherited) {
+    g_is_rds[fd] = 0;
+    return raw_close(fd);
+  }
   std::lock_guard lk(g().mu);
   Sock* s = sock_of(fd);
-  if (!s) return fail(EBADF);
+  if (!s) return fail(no_sock(fd));
   // Closing cancels what this socket still has queued (rds(7) "Reliability").
   drop_to(s, nullptr, false);
   // What it received counts as delivered (rds-api.md §5): tell the senders now rather than

@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "rds/rds_impl.h"
+#include "util/fork_local.h"
 
 namespace sv::rds {
 namespace {
@@ -90,7 +91,12 @@ struct Cached {
   uint16_t port;
   uint64_t gen;
 };
-auto& g_cache = *new std::map<std::pair<uint32_t, uint16_t>, Cached>();
+using Cache = std::map<std::pair<uint32_t, uint16_t>, Cached>;
+// A forked child closes its copies of the parent's descriptors and starts empty.
+void close_cached(Cache& c) {
+  for (auto& [k, v] : c) close(v.fd);
+}
+ForkLocal<Cache> g_cache_(&close_cached);
 
 bool parse(const char* buf, uint16_t* port, uint64_t* gen) {
   char* end = nullptr;
@@ -99,16 +105,16 @@ bool parse(const char* buf, uint16_t* port, uint64_t* gen) {
   return *port != 0;
 }
 
-void uncache(std::map<std::pair<uint32_t, uint16_t>, Cached>::iterator it) {
+void uncache(Cache::iterator it) {
   close(it->second.fd);
-  g_cache.erase(it);
+  g_cache_.get().erase(it);
 }
 }  // namespace
 
 uint16_t registry_lookup(const sockaddr_in& a, uint64_t* gen) {
   const auto key = std::make_pair(a.sin_addr.s_addr, a.sin_port);
   char buf[48] = {};
-  if (auto it = g_cache.find(key); it != g_cache.end()) {
+  if (auto it = g_cache_.get().find(key); it != g_cache_.get().end()) {
     const ssize_t n = pread(it->second.fd, buf, sizeof buf - 1, 0);
     if (n > 0 && it->second.content == std::string_view(buf, static_cast<size_t>(n))) {
       if (gen) *gen = it->second.gen;
@@ -130,14 +136,14 @@ uint16_t registry_lookup(const sockaddr_in& a, uint64_t* gen) {
     close(fd);
     return 0;
   }
-  if (g_cache.size() >= 1024) uncache(g_cache.begin());
-  g_cache.emplace(key, Cached{fd, std::string(buf, static_cast<size_t>(n)), port, g});
+  if (g_cache_.get().size() >= 1024) uncache(g_cache_.get().begin());
+  g_cache_.get().emplace(key, Cached{fd, std::string(buf, static_cast<size_t>(n)), port, g});
   if (gen) *gen = g;
   return port;
 }
 
 void registry_forget(uint64_t gen) {
-  for (auto it = g_cache.begin(); it != g_cache.end();) {
+  for (auto it = g_cache_.get().begin(); it != g_cache_.get().end();) {
     auto next = std::next(it);
     if (it->second.gen == gen) uncache(it);
     it = next;

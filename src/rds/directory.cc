@@ -22,6 +22,7 @@
 #include <map>
 
 #include "rds/rds_impl.h"
+#include "util/fork_local.h"
 
 namespace sv::rds {
 namespace {
@@ -55,17 +56,24 @@ uint64_t key_of(const sockaddr_in& a) {
   return (static_cast<uint64_t>(a.sin_addr.s_addr) << 16) | a.sin_port;
 }
 
-// Process-lifetime tables (see ib_transport.cc: the engine thread outlives static dtors).
-auto& g_lookups = *new std::map<uint64_t, Lookup>();
-auto& g_by_id = *new std::map<rdma_cm_id*, uint64_t>();
-auto& g_cache = *new std::map<uint64_t, Resolved>();
-rdma_cm_id* g_dir_id = nullptr;
-auto g_next_claim = std::chrono::steady_clock::time_point{};
+// Process-lifetime tables (see ib_transport.cc: the engine thread outlives static dtors);
+// a forked child starts with none (util/fork_local.h).
+struct DirState {
+  std::map<uint64_t, Lookup> lookups;
+  std::map<rdma_cm_id*, uint64_t> by_id;
+  std::map<uint64_t, Resolved> cache;
+  rdma_cm_id* dir_id = nullptr;
+  std::chrono::steady_clock::time_point next_claim{};
+};
+ForkLocal<DirState> g_dir;
+DirState& D() {
+  return g_dir.get();
+}
 
 void start_lookup(Lookup& l);
 
 void finish(Lookup& l, uint16_t cm_port, uint64_t gen) {
-  if (cm_port) g_cache[key_of(l.dest)] = Resolved{cm_port, gen};
+  if (cm_port) D().cache[key_of(l.dest)] = Resolved{cm_port, gen};
   Conn* c = cm_port ? conn_get(gen, l.dest, cm_port) : nullptr;
   for (Message* m : l.waiting) {
     if (!c) {
@@ -81,7 +89,7 @@ void finish(Lookup& l, uint16_t cm_port, uint64_t gen) {
 
 void drop_id(Lookup& l) {
   if (!l.id) return;
-  g_by_id.erase(l.id);
+  D().by_id.erase(l.id);
   if (l.id->qp) rdma_destroy_qp(l.id);
   rdma_destroy_id(l.id);
   l.id = nullptr;
@@ -104,7 +112,7 @@ void start_lookup(Lookup& l) {
     retry_later(l);
     return;
   }
-  g_by_id[l.id] = key_of(l.dest);
+  D().by_id[l.id] = key_of(l.dest);
   sockaddr_in dir = l.dest;
   dir.sin_port = htons(kRdsCmPort);
   count("dir_lookup");
@@ -175,19 +183,19 @@ void serve(rdma_cm_event* ev) {
 }  // namespace
 
 uint16_t directory_cached(const sockaddr_in& d, uint64_t* gen) {
-  auto it = g_cache.find(key_of(d));
-  if (it == g_cache.end()) return 0;
+  auto it = D().cache.find(key_of(d));
+  if (it == D().cache.end()) return 0;
   *gen = it->second.gen;
   return it->second.cm_port;
 }
 
 bool directory_pending(const sockaddr_in& d) {
-  auto it = g_lookups.find(key_of(d));
-  return it != g_lookups.end() && !it->second.waiting.empty();
+  auto it = D().lookups.find(key_of(d));
+  return it != D().lookups.end() && !it->second.waiting.empty();
 }
 
 void directory_defer(Message* m) {
-  Lookup& l = g_lookups[key_of(m->dest)];
+  Lookup& l = D().lookups[key_of(m->dest)];
   l.waiting.push_back(m);
   if (l.waiting.size() == 1 && !l.id) {
     l.dest = m->dest;
@@ -197,20 +205,20 @@ void directory_defer(Message* m) {
 }
 
 void directory_forget(uint64_t gen) {
-  for (auto it = g_cache.begin(); it != g_cache.end();)
-    it = it->second.gen == gen ? g_cache.erase(it) : std::next(it);
+  for (auto it = D().cache.begin(); it != D().cache.end();)
+    it = it->second.gen == gen ? D().cache.erase(it) : std::next(it);
 }
 
 std::vector<std::deque<Message*>*> directory_queues() {
   std::vector<std::deque<Message*>*> v;
-  for (auto& [k, l] : g_lookups) v.push_back(&l.waiting);
+  for (auto& [k, l] : D().lookups) v.push_back(&l.waiting);
   return v;
 }
 
 int directory_wait_ms() {
   const auto now = std::chrono::steady_clock::now();
-  auto next = g_dir_id ? std::chrono::steady_clock::time_point::max() : g_next_claim;
-  for (auto& [k, l] : g_lookups)
+  auto next = D().dir_id ? std::chrono::steady_clock::time_point::max() : D().next_claim;
+  for (auto& [k, l] : D().lookups)
     if (!l.id && !l.waiting.empty()) next = std::min(next, l.retry_at);
   if (next == std::chrono::steady_clock::time_point::max()) return -1;
   if (next <= now) return 0;
@@ -220,33 +228,34 @@ int directory_wait_ms() {
 }
 
 bool directory_handles(rdma_cm_event* ev) {
-  if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST && g_dir_id && ev->listen_id == g_dir_id) {
+  if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST && D().dir_id && ev->listen_id == D().dir_id) {
     serve(ev);
     return true;
   }
-  auto it = g_by_id.find(ev->id);
-  if (it == g_by_id.end()) return false;
-  on_lookup_event(g_lookups[it->second], ev);
+  auto it = D().by_id.find(ev->id);
+  if (it == D().by_id.end()) return false;
+  on_lookup_event(D().lookups[it->second], ev);
   return true;
 }
 
 void directory_tick() {
   const auto now = std::chrono::steady_clock::now();
-  for (auto& [k, l] : g_lookups)
+  for (auto& [k, l] : D().lookups)
     if (!l.id && !l.waiting.empty() && l.retry_at <= now) start_lookup(l);
   // Claim the host's directory port if nobody holds it (its holder may have exited).
-  if (g_dir_id || now < g_next_claim) return;
-  g_next_claim = now + std::chrono::seconds(1);
-  if (rdma_create_id(g().cm_ch, &g_dir_id, nullptr, RDMA_PS_TCP)) {
-    g_dir_id = nullptr;
+  if (D().dir_id || now < D().next_claim) return;
+  D().next_claim = now + std::chrono::seconds(1);
+  if (rdma_create_id(g().cm_ch, &D().dir_id, nullptr, RDMA_PS_TCP)) {
+    D().dir_id = nullptr;
     return;
   }
   sockaddr_in any{};
   any.sin_family = AF_INET;
   any.sin_port = htons(kRdsCmPort);
-  if (rdma_bind_addr(g_dir_id, reinterpret_cast<sockaddr*>(&any)) || rdma_listen(g_dir_id, 64)) {
-    rdma_destroy_id(g_dir_id);
-    g_dir_id = nullptr;
+  if (rdma_bind_addr(D().dir_id, reinterpret_cast<sockaddr*>(&any)) ||
+      rdma_listen(D().dir_id, 64)) {
+    rdma_destroy_id(D().dir_id);
+    D().dir_id = nullptr;
     return;
   }
   count("dir_serving");

@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -23,6 +24,7 @@
 #include <thread>
 
 #include "rds/rds_impl.h"
+#include "util/fork_local.h"
 
 namespace sv::rds {
 namespace {
@@ -40,18 +42,6 @@ struct ConnPriv {
   uint64_t ack_seq;  // last in-order sequence the sender received from us (like dp_ack_seq)
   uint64_t gen;
 };
-
-// Process-lifetime tables, never destroyed: the detached engine thread may still be using
-// them while exit() runs static destructors.
-auto& g_conn_by_id = *new std::map<uint32_t, Conn*>();
-uint32_t g_next_conn_id = 1;
-auto& g_id_of = *new std::map<Conn*, uint32_t>();
-// Reconnect timers: (connection, which channel).
-auto& g_timers =
-    *new std::multimap<std::chrono::steady_clock::time_point, std::pair<Conn*, uint16_t>>();
-// RDMA channels: ours (active, by id) and the peers' (passive: we only respond on them).
-auto& g_rid_conn = *new std::map<rdma_cm_id*, Conn*>();
-auto& g_passive_rids = *new std::set<rdma_cm_id*>();
 
 uint64_t now_ms() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -84,7 +74,7 @@ int setup_qp(Conn* c, rdma_cm_id* id) {
   c->slot_owner.clear();
   c->posted.clear();
   c->since_signal = 0;
-  const uint32_t cid = g_id_of[c];
+  const uint32_t cid = g().id_of[c];
   for (int i = 0; i < kRecvBufs; ++i) {
     ibv_sge s{reinterpret_cast<uint64_t>(&c->rbuf[static_cast<size_t>(i) * kBufSize]),
               static_cast<uint32_t>(kBufSize), c->rmr->lkey};
@@ -140,8 +130,8 @@ void schedule_reconnect(Conn* c, uint16_t chan = kChanData) {
   uint32_t r;
   if (getrandom(&r, sizeof r, 0) != sizeof r) r = 7;
   const int delay = attempts == 0 ? 0 : static_cast<int>(r % static_cast<uint32_t>(backoff)) + 1;
-  g_timers.emplace(std::chrono::steady_clock::now() + std::chrono::milliseconds(delay),
-                   std::make_pair(c, chan));
+  g().timers.emplace(std::chrono::steady_clock::now() + std::chrono::milliseconds(delay),
+                     std::make_pair(c, chan));
   uint64_t one = 1;
   ssize_t w = write(g().wake_fd, &one, sizeof one);
   (void)w;
@@ -236,7 +226,7 @@ void rdma_chan_down(Conn* c) {
   if (c->rid) {
     rdma_cm_id* id = c->rid;
     c->rid = nullptr;
-    g_rid_conn.erase(id);
+    g().rid_conn.erase(id);
     if (id->qp) rdma_destroy_qp(id);
     rdma_destroy_id(id);
   }
@@ -252,7 +242,7 @@ void rdma_chan_connect(Conn* c) {
     schedule_reconnect(c, kChanRdma);
     return;
   }
-  g_rid_conn[c->rid] = c;
+  g().rid_conn[c->rid] = c;
   c->rstate = ConnState::connecting;
   ++c->rconnects;
   count("rdma_chan_connect_attempts");
@@ -308,20 +298,20 @@ void accept_rdma_chan(rdma_cm_id* id) {
     rdma_reject(id, nullptr, 0);
     return;
   }
-  g_passive_rids.insert(id);
+  g().passive_rids.insert(id);
   count("rdma_chan_accepted");
 }
 
 void handle_cm(rdma_cm_event* ev) {
   Global& G = g();
   if (directory_handles(ev)) return;
-  if (auto it = g_rid_conn.find(ev->id); it != g_rid_conn.end()) {
+  if (auto it = g().rid_conn.find(ev->id); it != g().rid_conn.end()) {
     handle_rdma_cm(it->second, ev);
     return;
   }
-  if (g_passive_rids.count(ev->id)) {
+  if (g().passive_rids.count(ev->id)) {
     if (cm_id_lost(ev->event)) {
-      g_passive_rids.erase(ev->id);
+      g().passive_rids.erase(ev->id);
       rdma_destroy_qp(ev->id);
       rdma_destroy_id(ev->id);
     }
@@ -420,8 +410,8 @@ void handle_wc(const ibv_wc& wc) {
   const uint32_t cid = wr_cid(wc.wr_id);
   const uint64_t kind = wr_kind(wc.wr_id);
   const uint32_t idx = wr_idx(wc.wr_id);
-  auto it = g_conn_by_id.find(cid);
-  if (it == g_conn_by_id.end()) return;
+  auto it = g().conn_by_id.find(cid);
+  if (it == g().conn_by_id.end()) return;
   Conn* c = it->second;
   // A completion of a QP already destroyed: its op or buffer was dealt with then.
   if (wr_inc(wc.wr_id) != (kind == kRdma ? c->rinc : c->inc)) {
@@ -481,7 +471,7 @@ void engine_loop() {
         const auto us = std::chrono::duration_cast<std::chrono::microseconds>(when - t).count();
         timeout = std::min<int>(timeout, us <= 0 ? 0 : static_cast<int>((us + 999) / 1000));
       };
-      if (!g_timers.empty()) until(g_timers.begin()->first);
+      if (!g().timers.empty()) until(g().timers.begin()->first);
       if (const int d = directory_wait_ms(); d >= 0) timeout = std::min(timeout, d);
       for (auto& [k, c] : G.conns)
         if (c->ack_needed && c->ack_due != std::chrono::steady_clock::time_point{})
@@ -515,9 +505,9 @@ void engine_loop() {
       handle_cm(&copy);
     }
     const auto now = std::chrono::steady_clock::now();
-    while (!g_timers.empty() && g_timers.begin()->first <= now) {
-      auto [c, chan] = g_timers.begin()->second;
-      g_timers.erase(g_timers.begin());
+    while (!g().timers.empty() && g().timers.begin()->first <= now) {
+      auto [c, chan] = g().timers.begin()->second;
+      g().timers.erase(g().timers.begin());
       if (chan == kChanRdma) {
         if (!c->rdma_q.empty()) rdma_chan_connect(c);
       } else if (c->state == ConnState::down && !c->send_q.empty()) {
@@ -535,9 +525,31 @@ void engine_loop() {
 
 }  // namespace
 
+namespace {
+// fork(): the child gets a stack of its own on first use (util/fork_local.h): new generation,
+// rdma_cm port, device context and engine thread. What it inherited of the parent's stack is
+// never touched again; its descriptors are closed here, and its sockets fail with EBADFD
+// (af_rds.cc) but for close().
+void release_after_fork(Global& G) {
+  for (auto& [fd, s] : G.socks) sock_fork_release(s);
+  for (int fd : G.ping_locks) close(fd);
+  if (G.wake_fd >= 0) close(G.wake_fd);
+}
+ForkLocal<Global> g_stack(&release_after_fork);
+
+// The child walks the parent's tables: hold the stack lock across fork() so they are whole.
+void fork_prepare() {
+  if (Global* G = g_stack.peek()) G->mu.lock();
+}
+void fork_parent() {
+  if (Global* G = g_stack.peek()) G->mu.unlock();
+}
+}  // namespace
+
 Global& g() {
-  static Global* x = new Global();
-  return *x;
+  static const int hooks = pthread_atfork(fork_prepare, fork_parent, nullptr);
+  (void)hooks;
+  return g_stack.get();
 }
 
 void count(const char* name, uint64_t n) {
@@ -591,9 +603,9 @@ Conn* conn_get(uint64_t key, const sockaddr_in& peer_ip, uint16_t cm_port) {
   c->peer.sin_family = AF_INET;
   c->peer.sin_addr = peer_ip.sin_addr;
   c->peer.sin_port = htons(cm_port);
-  const uint32_t id = g_next_conn_id++;
-  g_conn_by_id[id] = c;
-  g_id_of[c] = id;
+  const uint32_t id = g().next_conn_id++;
+  g().conn_by_id[id] = c;
+  g().id_of[c] = id;
   G.conns[key] = c;
   count("conn_created");
   return c;
@@ -623,7 +635,7 @@ void conn_send_ack(Conn* c) {
   ibv_sge s{reinterpret_cast<uint64_t>(b), static_cast<uint32_t>(wire::kRdsHeaderLen),
             c->smr->lkey};
   ibv_send_wr wr{};
-  wr.wr_id = make_wr_id(g_id_of[c], c->inc, kAck, static_cast<uint32_t>(slot));
+  wr.wr_id = make_wr_id(g().id_of[c], c->inc, kAck, static_cast<uint32_t>(slot));
   wr.sg_list = &s;
   wr.num_sge = 1;
   wr.opcode = IBV_WR_SEND;
@@ -658,7 +670,7 @@ void flush_acks_locked() {
 }
 
 uint32_t conn_id_of(Conn* c) {
-  return g_id_of[c];
+  return g().id_of[c];
 }
 
 }  // namespace sv::rds

@@ -38,6 +38,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -209,6 +210,15 @@ struct Global {
   std::vector<uint8_t> lcong = std::vector<uint8_t>(kCongMapBytes, 0);
   // counters (rds-info -c)
   std::map<std::string, uint64_t> counters;
+  // ib_transport.cc: connection ids (in wr ids), reconnect timers (connection, channel),
+  // RDMA channels: ours (active, by id) and the peers' (passive: we only respond on them).
+  std::map<uint32_t, Conn*> conn_by_id;
+  std::map<Conn*, uint32_t> id_of;
+  uint32_t next_conn_id = 1;
+  std::multimap<std::chrono::steady_clock::time_point, std::pair<Conn*, uint16_t>> timers;
+  std::map<rdma_cm_id*, Conn*> rid_conn;
+  std::set<rdma_cm_id*> passive_rids;
+  std::vector<int> ping_locks;  // registry flocks on (ip, 0) we hold: we answer pings there
 };
 
 Global& g();
@@ -222,7 +232,11 @@ void count(const char* name, uint64_t n = 1);
 
 // af_rds.cc
 Sock* sock_of(int fd);
-void sock_update_poll(Sock* s);  // POLLIN/POLLOUT state of app_fd
+// errno for a descriptor sock_of does not know: EBADFD if it is an RDS socket inherited
+// across fork() (it belongs to the parent's stack and only close() works on it), else EBADF.
+int no_sock(int fd);
+void sock_fork_release(Sock* s);  // in a forked child: let go of the parent's socket
+void sock_update_poll(Sock* s);   // POLLIN/POLLOUT state of app_fd
 void sock_wake(Sock* s);
 
 // bind.cc: host registry of bound (ip, port) -> owning process' rdma_cm port

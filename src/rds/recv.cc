@@ -120,7 +120,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
   Global& G = g();
   std::unique_lock lk(G.mu);
   Sock* s = sock_of(fd);
-  if (!s) return fail(EBADF);
+  if (!s) return fail(no_sock(fd));
   if (flags & MSG_OOB) return 0;
   const bool nb = (flags & MSG_DONTWAIT) || (fcntl(s->app_fd, F_GETFL) & O_NONBLOCK);
   if (s->cong_poll) {  // the congestion-update POLLIN has been seen

@@ -171,7 +171,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   Global& G = g();
   std::unique_lock lk(G.mu);
   Sock* s = sock_of(fd);
-  if (!s) return fail(EBADF);
+  if (!s) return fail(no_sock(fd));
   // 1. flags
   // MSG_CMSG_COMPAT (0x80000000) is kernel-internal; user space can't pass it.
   if (flags & ~(MSG_DONTWAIT | MSG_NOSIGNAL)) return fail(EOPNOTSUPP);

@@ -11,39 +11,6 @@
 
 using namespace rdstest;
 
-namespace {
-
-// Sends `msg` with an RDMA op on `cookie` from the server socket.
-ssize_t send_rdma(int fd, uint16_t dport, uint64_t cookie, bool write,
-                  std::vector<rds_iovec>& local, uint64_t remote_off, uint64_t bytes,
-                  uint64_t token, const char* msg, uint64_t extra_flags = RDS_RDMA_NOTIFY_ME) {
-  rds_rdma_args ra{};
-  ra.cookie = cookie;
-  ra.remote_vec = {remote_off, bytes};
-  ra.local_vec_addr = reinterpret_cast<uint64_t>(local.data());
-  ra.nr_local = local.size();
-  ra.flags = (write ? RDS_RDMA_READWRITE : 0) | extra_flags;
-  ra.user_token = token;
-  char ctl[CMSG_SPACE(sizeof ra)] = {};
-  iovec v{const_cast<char*>(msg), std::strlen(msg)};
-  sockaddr_in d = addr(dport);
-  msghdr m{};
-  m.msg_name = &d;
-  m.msg_namelen = sizeof d;
-  m.msg_iov = &v;
-  m.msg_iovlen = 1;
-  m.msg_control = ctl;
-  m.msg_controllen = sizeof ctl;
-  cmsghdr* cm = CMSG_FIRSTHDR(&m);
-  cm->cmsg_level = SOL_RDS;
-  cm->cmsg_type = RDS_CMSG_RDMA_ARGS;
-  cm->cmsg_len = CMSG_LEN(sizeof ra);
-  std::memcpy(CMSG_DATA(cm), &ra, sizeof ra);
-  return svrds_sendmsg(fd, &m, 0);
-}
-
-}  // namespace
-
 class RdsRdma : public ::testing::TestWithParam<size_t> {};
 
 TEST_P(RdsRdma, WriteLandsBeforeItsMessageAndNotifies) {

@@ -1,0 +1,170 @@
+// fork(): rds-stress's parent binds and configures an RDS socket, then forks its tasks. A
+// child must be able to create and use new RDS sockets (and, beneath them, new verbs
+// contexts) whatever the parent did; the parent is unaffected. A socket the child inherited
+// belongs to the parent's stack: every call on it but close() fails with EBADFD.
+#include <sys/wait.h>
+
+#include <dirent.h>
+#include <cstdio>
+#include <set>
+#include <string>
+
+#include "rds_test_util.h"
+
+using namespace rdstest;
+
+namespace {
+
+// One RDMA WRITE from `server` into memory `client` registered, and its message: true when
+// the data landed before the message was read and the op reported success.
+bool rdma_round(int client, uint16_t cport, int server, char fill) {
+  std::vector<char> target(4096, 'T'), src(4096, fill);
+  const uint64_t cookie = get_mr(client, target.data(), target.size());
+  std::vector<rds_iovec> local{{reinterpret_cast<uint64_t>(src.data()), src.size()}};
+  if (send_rdma(server, cport, cookie, true, local, 0, src.size(), 7, "w") != 1) return false;
+  std::vector<char> buf(16);
+  if (recv_one(client, buf) != 1) return false;
+  rds_rdma_notify n{};
+  return target == src && get_notify(server, n) && n.status == RDS_RDMA_SUCCESS;
+}
+
+bool message_round(int from, int to, uint16_t to_port, const char* text) {
+  if (send_to(from, to_port, text, std::strlen(text)) != static_cast<ssize_t>(std::strlen(text)))
+    return false;
+  std::vector<char> buf(64);
+  const ssize_t n = recv_one(to, buf);
+  return n == static_cast<ssize_t>(std::strlen(text)) && std::memcmp(buf.data(), text, n) == 0;
+}
+
+// Inodes of this process' TCP sockets (listening or connected), from /proc/net/tcp{,6}.
+std::set<std::string> tcp_socket_inodes() {
+  std::set<std::string> tcp;
+  for (const char* f : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    FILE* p = std::fopen(f, "r");
+    if (!p) continue;
+    char line[512];
+    if (!std::fgets(line, sizeof line, p)) {
+      std::fclose(p);
+      continue;
+    }
+    while (std::fgets(line, sizeof line, p)) {
+      char inode[32];
+      // sl local rem st tx:rx tr:tm retrnsmt uid timeout inode
+      if (std::sscanf(line, "%*s %*s %*s %*s %*s %*s %*s %*s %*s %31s", inode) == 1)
+        tcp.insert(inode);
+    }
+    std::fclose(p);
+  }
+  std::set<std::string> mine;
+  DIR* d = opendir("/proc/self/fd");
+  while (dirent* e = readdir(d)) {
+    char target[64] = {};
+    const std::string path = std::string("/proc/self/fd/") + e->d_name;
+    if (readlink(path.c_str(), target, sizeof target - 1) <= 0) continue;
+    std::string t(target);
+    if (t.rfind("socket:[", 0) != 0) continue;
+    const std::string ino = t.substr(8, t.size() - 9);
+    if (tcp.count(ino)) mine.insert(ino);
+  }
+  closedir(d);
+  return mine;
+}
+
+template <class Fn>
+pid_t spawn(Fn fn) {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(fn());
+  return pid;
+}
+
+// The child's exit status (0 = pass), or -1 if it hung for 30 s.
+int wait_child(pid_t pid) {
+  for (int i = 0; i < 3000; ++i) {
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    usleep(10000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+template <class Fn>
+int in_child(Fn fn) {
+  return wait_child(spawn(fn));
+}
+
+}  // namespace
+
+TEST(RdsFork, ChildOfAParentThatUsedRdsAndRdmaGetsAStackOfItsOwn) {
+  Pair p(0);
+  // The parent's stack is fully up: engine thread, connection, RDMA channel, registered MRs.
+  ASSERT_TRUE(message_round(p.client, p.server, p.sport, "before fork"));
+  ASSERT_TRUE(rdma_round(p.client, p.cport, p.server, 'p'));
+  const uint16_t c1 = port(2), c2 = port(3);
+  const int rc = in_child([&] {
+    // Inherited sockets belong to the parent: EBADFD, but close() frees the descriptor.
+    if (svrds_sendto(p.client, "x", 1, 0, nullptr, 0) != -1 || errno != EBADFD) return 10;
+    int v = 0;
+    socklen_t vl = sizeof v;
+    if (svrds_getsockopt(p.server, SOL_RDS, RDS_RECVERR, &v, &vl) != -1 || errno != EBADFD)
+      return 11;
+    if (svrds_close(p.client) != 0) return 12;
+    if (svrds_close(p.client) != -1 || errno != EBADF) return 13;
+    // None of the parent's TCP streams or listeners stay open here (else a QP the parent
+    // closes would never be seen closed by its peer).
+    if (!tcp_socket_inodes().empty()) return 14;
+    // New sockets: messages and RDMA both ways through a new device context.
+    const int a = bound_socket(c1), b = bound_socket(c2);
+    if (a < 0 || b < 0) return 15;
+    if (!message_round(a, b, c2, "child a->b")) return 16;
+    if (!message_round(b, a, c1, "child b->a")) return 17;
+    if (!rdma_round(a, c1, b, 'c')) return 18;
+    // The parent's ports are still the parent's.
+    sockaddr_in taken = addr(p.sport);
+    const int t = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
+    if (svrds_bind(t, reinterpret_cast<sockaddr*>(&taken), sizeof taken) != -1 ||
+        errno != EADDRINUSE)
+      return 19;
+    svrds_close(t);
+    svrds_close(a);
+    svrds_close(b);
+    return 0;
+  });
+  EXPECT_EQ(rc, 0) << "child failed at check " << rc;
+  // The parent is unaffected: same sockets, same connection, RDMA still works.
+  EXPECT_TRUE(message_round(p.client, p.server, p.sport, "after fork"));
+  EXPECT_TRUE(message_round(p.server, p.client, p.cport, "reply"));
+  EXPECT_TRUE(rdma_round(p.client, p.cport, p.server, 'q'));
+  // A child's child too (fork of a fork), while the parent's stack is busy.
+  const int rc2 = in_child([&] {
+    return in_child([&] {
+      const int a = bound_socket(port(4)), b = bound_socket(port(5));
+      return message_round(a, b, port(5), "grandchild") ? 0 : 20;
+    });
+  });
+  EXPECT_EQ(rc2, 0);
+}
+
+TEST(RdsFork, ChildTalksToItsParent) {
+  // rds-stress's tasks talk to sockets of other processes: here the child sends to the
+  // parent's socket and the parent answers the child's.
+  const uint16_t pp = port(8), cp = port(9);  // port() depends on the pid
+  const int parent = bound_socket(pp);
+  ASSERT_TRUE(message_round(parent, parent, pp, "self"));
+  const pid_t child = spawn([&] {
+    const int me = bound_socket(cp);
+    if (send_to(me, pp, "ping", 4) != 4) return 30;
+    std::vector<char> buf(16);
+    if (recv_one(me, buf) != 4 || std::memcmp(buf.data(), "pong", 4) != 0) return 31;
+    return 0;
+  });
+  // The parent serves while the child runs: answer its ping, then collect its status.
+  std::vector<char> buf(16);
+  sockaddr_in from{};
+  EXPECT_EQ(recv_one(parent, buf, &from), 4);
+  EXPECT_EQ(ntohs(from.sin_port), cp);
+  EXPECT_EQ(send_to(parent, cp, "pong", 4), 4);
+  EXPECT_EQ(wait_child(child), 0);
+  svrds_close(parent);
+}
