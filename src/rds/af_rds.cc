@@ -289,11 +289,18 @@ SV_EXPORT int svrds_bind(int fd, const sockaddr* addr, socklen_t len) {
   s->lock_fd = lock;
   s->bound = true;
   s->bound_addr = a;
-  // Port 0 of this address answers pings; the first process there takes it.
-  sockaddr_in ping = a;
-  ping.sin_port = 0;
-  if (int pl = registry_claim(ping, g().cm_port, g().gen); pl >= 0) g().ping_locks.push_back(pl);
+  ping_claim(a.sin_addr);
   return 0;
+}
+
+void sv::rds::ping_claim(in_addr ip) {
+  Global& G = g();
+  if (G.ping_locks.count(ip.s_addr)) return;
+  sockaddr_in ping{};
+  ping.sin_family = AF_INET;
+  ping.sin_addr = ip;
+  // Held for the life of the process; EADDRINUSE: another process answers there.
+  if (int fd = registry_claim(ping, G.cm_port, G.gen); fd >= 0) G.ping_locks[ip.s_addr] = fd;
 }
 
 SV_EXPORT int svrds_connect(int fd, const sockaddr* addr, socklen_t len) {

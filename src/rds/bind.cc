@@ -4,6 +4,7 @@
 // the process dies, so a crashed owner frees its ports). The file holds the owner's
 // rdma_cm port, so a sender can find the process to connect to.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -111,12 +112,50 @@ void uncache(Cache::iterator it) {
 }
 }  // namespace
 
+namespace {
+uint16_t lookup_file(const sockaddr_in& a, uint64_t* gen);
+
+// Port 0 nobody holds: the first live owner of any port on the address (a readdir, only
+// for pings to an address whose ping holder has exited).
+uint16_t any_owner_on(in_addr ip, uint64_t* gen) {
+  char text[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &ip, text, sizeof text);
+  const std::string prefix = std::string(text) + "_";
+  DIR* d = opendir(dir().c_str());
+  if (!d) return 0;
+  uint16_t found = 0;
+  while (dirent* e = readdir(d)) {
+    const std::string_view name(e->d_name);
+    if (name.substr(0, prefix.size()) != prefix) continue;
+    char* end = nullptr;
+    const unsigned long p = std::strtoul(e->d_name + prefix.size(), &end, 10);
+    if (*end || p == 0 || p > 65535) continue;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr = ip;
+    a.sin_port = htons(static_cast<uint16_t>(p));
+    if ((found = lookup_file(a, gen))) break;
+  }
+  closedir(d);
+  return found;
+}
+}  // namespace
+
 uint16_t registry_lookup(const sockaddr_in& a, uint64_t* gen) {
+  const uint16_t port = lookup_file(a, gen);
+  return port || a.sin_port ? port : any_owner_on(a.sin_addr, gen);
+}
+
+namespace {
+uint16_t lookup_file(const sockaddr_in& a, uint64_t* gen) {
   const auto key = std::make_pair(a.sin_addr.s_addr, a.sin_port);
   char buf[48] = {};
   if (auto it = g_cache_.get().find(key); it != g_cache_.get().end()) {
     const ssize_t n = pread(it->second.fd, buf, sizeof buf - 1, 0);
-    if (n > 0 && it->second.content == std::string_view(buf, static_cast<size_t>(n))) {
+    // A ping holder that exited leaves its number behind: for port 0 (pings only, so the
+    // cost is off the data path) check that somebody still holds the lock.
+    const bool dead = !a.sin_port && flock(it->second.fd, LOCK_SH | LOCK_NB) == 0;
+    if (!dead && n > 0 && it->second.content == std::string_view(buf, static_cast<size_t>(n))) {
       if (gen) *gen = it->second.gen;
       return it->second.port;
     }
@@ -141,6 +180,7 @@ uint16_t registry_lookup(const sockaddr_in& a, uint64_t* gen) {
   if (gen) *gen = g;
   return port;
 }
+}  // namespace
 
 void registry_forget(uint64_t gen) {
   for (auto it = g_cache_.get().begin(); it != g_cache_.get().end();) {

@@ -74,17 +74,19 @@ void start_lookup(Lookup& l);
 
 void finish(Lookup& l, uint16_t cm_port, uint64_t gen) {
   if (cm_port) D().cache[key_of(l.dest)] = Resolved{cm_port, gen};
-  Conn* c = cm_port ? conn_get(gen, l.dest, cm_port) : nullptr;
+  std::vector<Conn*> kick;
   for (Message* m : l.waiting) {
-    if (!c) {
+    if (!cm_port) {
       count("send_drop_no_sock");
       release_message(m);
       continue;
     }
+    Conn* c = conn_get(gen, m->src, l.dest, cm_port);  // each source address its connection
     conn_enqueue(c, m);
+    if (std::find(kick.begin(), kick.end(), c) == kick.end()) kick.push_back(c);
   }
   l.waiting.clear();
-  if (c) conn_kick(c);
+  for (Conn* c : kick) conn_kick(c);
 }
 
 void drop_id(Lookup& l) {

@@ -6,8 +6,7 @@
 //   down --(send queued / peer connects)--> connecting --ESTABLISHED--> up
 //   up/connecting --(error, DISCONNECTED, REJECTED)--> down, retransmit list back on
 //   the send queue; reconnect after a random exponential backoff if anything is queued.
-// Racing connects: the process with the smaller (ip, rdma_cm port) wins; the other
-// side's request is rejected and it waits for ours (net/rds "smaller address initiates").
+// Racing connects (both ends connect at once): see the CONNECT_REQUEST case in handle_cm.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -148,7 +147,11 @@ void start_connect(Conn* c) {
   c->active = true;
   ++c->reconnects;
   count("conn_connect_attempts");
-  if (rdma_resolve_addr(c->id, nullptr, reinterpret_cast<sockaddr*>(&c->peer), 2000)) {
+  // From our address: the peer checks that the connection comes from where it claims.
+  sockaddr_in src = c->local;
+  src.sin_port = 0;
+  if (rdma_resolve_addr(c->id, reinterpret_cast<sockaddr*>(&src),
+                        reinterpret_cast<sockaddr*>(&c->peer), 2000)) {
     conn_down(c, "resolve_addr");
   }
 }
@@ -246,7 +249,10 @@ void rdma_chan_connect(Conn* c) {
   c->rstate = ConnState::connecting;
   ++c->rconnects;
   count("rdma_chan_connect_attempts");
-  if (rdma_resolve_addr(c->rid, nullptr, reinterpret_cast<sockaddr*>(&c->peer), 2000))
+  sockaddr_in src = c->local;
+  src.sin_port = 0;
+  if (rdma_resolve_addr(c->rid, reinterpret_cast<sockaddr*>(&src),
+                        reinterpret_cast<sockaddr*>(&c->peer), 2000))
     rdma_chan_down(c);
 }
 
@@ -321,10 +327,7 @@ void handle_cm(rdma_cm_event* ev) {
   auto* c = static_cast<Conn*>(id->context);
   switch (ev->event) {
     case RDMA_CM_EVENT_ADDR_RESOLVED:
-      if (c && c->id == id) {
-        c->local = *reinterpret_cast<sockaddr_in*>(rdma_get_local_addr(id));
-        if (rdma_resolve_route(id, 2000)) conn_down(c, "resolve_route");
-      }
+      if (c && c->id == id && rdma_resolve_route(id, 2000)) conn_down(c, "resolve_route");
       break;
     case RDMA_CM_EVENT_ROUTE_RESOLVED:
       if (c && c->id == id) {
@@ -354,6 +357,16 @@ void handle_cm(rdma_cm_event* ev) {
         accept_rdma_chan(id);
         break;
       }
+      // The peer names the address its sockets send from; the connection must really come
+      // from there (net/rds accepts a connection for the address pair it arrives on).
+      const auto* from = reinterpret_cast<const sockaddr_in*>(rdma_get_peer_addr(id));
+      const auto* to = reinterpret_cast<const sockaddr_in*>(rdma_get_local_addr(id));
+      if (from->sin_family != AF_INET || to->sin_family != AF_INET ||
+          from->sin_addr.s_addr != p->ip) {
+        rdma_reject(id, nullptr, 0);
+        count("conn_reject_bad_addr");
+        break;
+      }
       sockaddr_in peer{};
       peer.sin_family = AF_INET;
       peer.sin_addr.s_addr = p->ip;
@@ -361,10 +374,14 @@ void handle_cm(rdma_cm_event* ev) {
       const uint64_t mine = G.gen;
       const uint64_t theirs = be64toh(p->gen);
       // A process sending to its own sockets connects to itself: the accepting half is a
-      // connection object of its own (Linux RDS would use its loop transport here).
-      Conn* pc = conn_get(theirs == mine ? (theirs & ~1ull) : theirs, peer, ntohs(p->cm_port));
+      // connection object of its own (Linux RDS would use its loop transport here), keyed
+      // by a generation no process has (they are odd).
+      Conn* pc = conn_get(theirs == mine ? (theirs & ~1ull) : theirs, to->sin_addr, peer,
+                          ntohs(p->cm_port));
+      // Both ends connecting at once: the connection the process with the smaller
+      // generation number initiated is kept, the other refused (by it) or replaced.
       if (theirs != mine && pc->state == ConnState::connecting && pc->active && mine < theirs) {
-        rdma_reject(id, nullptr, 0);  // our own attempt wins the race
+        rdma_reject(id, nullptr, 0);
         count("conn_connect_raced");
         break;
       }
@@ -374,7 +391,6 @@ void handle_cm(rdma_cm_event* ev) {
       id->context = pc;
       pc->id = id;
       pc->active = false;
-      pc->local = *reinterpret_cast<sockaddr_in*>(rdma_get_local_addr(id));
       pc->state = ConnState::connecting;
       if (setup_qp(pc, id)) {
         pc->id = nullptr;
@@ -532,7 +548,7 @@ namespace {
 // (af_rds.cc) but for close().
 void release_after_fork(Global& G) {
   for (auto& [fd, s] : G.socks) sock_fork_release(s);
-  for (int fd : G.ping_locks) close(fd);
+  for (auto& [ip, fd] : G.ping_locks) close(fd);
   if (G.wake_fd >= 0) close(G.wake_fd);
 }
 ForkLocal<Global> g_stack(&release_after_fork);
@@ -594,15 +610,18 @@ int transport_start() {
   return 0;
 }
 
-Conn* conn_get(uint64_t key, const sockaddr_in& peer_ip, uint16_t cm_port) {
+Conn* conn_get(uint64_t peer_gen, in_addr laddr, const sockaddr_in& faddr, uint16_t cm_port) {
   Global& G = g();
+  const ConnKey key{peer_gen, laddr.s_addr, faddr.sin_addr.s_addr};
   auto it = G.conns.find(key);
   if (it != G.conns.end()) return it->second;
   auto* c = new Conn();
-  c->peer_gen = key;
+  c->peer_gen = peer_gen;
   c->peer.sin_family = AF_INET;
-  c->peer.sin_addr = peer_ip.sin_addr;
+  c->peer.sin_addr = faddr.sin_addr;
   c->peer.sin_port = htons(cm_port);
+  c->local.sin_family = AF_INET;
+  c->local.sin_addr = laddr;
   const uint32_t id = g().next_conn_id++;
   g().conn_by_id[id] = c;
   g().id_of[c] = id;

@@ -89,6 +89,7 @@ struct Message {
   wire::RdsHeader h;
   std::vector<std::byte> payload;
   Sock* sock = nullptr;  // sending socket (null for acks/pongs)
+  in_addr src{};         // the sending socket's bound address: it picks the connection
   sockaddr_in dest{};
   // RDMA_ARGS and/or one atomic: they run in that order, before the message is sent.
   std::unique_ptr<RdmaOp> op, atomic_op;
@@ -136,8 +137,19 @@ struct Sock {
 
 enum class ConnState : uint8_t { down, connecting, up };
 
+// A connection joins (local address, peer address) of this process and one peer process,
+// as net/rds keys rds_connection by (laddr, faddr): the RDS header carries ports only, so
+// the addresses a message was sent from and to are the connection's (recvmsg's source
+// address, the receiver's socket lookup).
+struct ConnKey {
+  uint64_t gen;    // the peer process' generation number
+  uint32_t laddr;  // network order
+  uint32_t faddr;
+  auto operator<=>(const ConnKey&) const = default;
+};
+
 struct Conn {
-  // Peer process: its address and rdma_cm port.
+  // Peer process: the address its sockets are bound to and its rdma_cm port; our address.
   sockaddr_in peer{};
   sockaddr_in local{};
   uint64_t peer_gen = 0;
@@ -194,7 +206,7 @@ struct Conn {
 struct Global {
   std::mutex mu;
   std::map<int, Sock*> socks;       // app_fd -> socket
-  std::map<uint64_t, Conn*> conns;  // peer key -> connection
+  std::map<ConnKey, Conn*> conns;
   // verbs objects
   ibv_context* verbs = nullptr;
   ibv_pd* pd = nullptr;
@@ -218,7 +230,7 @@ struct Global {
   std::multimap<std::chrono::steady_clock::time_point, std::pair<Conn*, uint16_t>> timers;
   std::map<rdma_cm_id*, Conn*> rid_conn;
   std::set<rdma_cm_id*> passive_rids;
-  std::vector<int> ping_locks;  // registry flocks on (ip, 0) we hold: we answer pings there
+  std::map<uint32_t, int> ping_locks;  // ip -> our registry flock on (ip, 0): pings come here
 };
 
 Global& g();
@@ -236,6 +248,9 @@ Sock* sock_of(int fd);
 // across fork() (it belongs to the parent's stack and only close() works on it), else EBADF.
 int no_sock(int fd);
 void sock_fork_release(Sock* s);  // in a forked child: let go of the parent's socket
+// Port 0 of an address answers pings (rds-ping). Whoever is bound there may take it; a
+// sender finds a holder, or failing that any process bound on the address (bind.cc).
+void ping_claim(in_addr ip);
 void sock_update_poll(Sock* s);   // POLLIN/POLLOUT state of app_fd
 void sock_wake(Sock* s);
 
@@ -251,15 +266,16 @@ inline bool bad_unicast(const sockaddr_in& a) {
 // net/rds's v4/v6 address rules (af_rds.cc): 4 = v4-mapped (*v4 set), 6 = IPv6, or -EINVAL.
 int classify_v6(const sockaddr_in6& a, sockaddr_in* v4);
 // Finds the process owning (ip, port): its rdma_cm port (0 if nobody holds it) and its
-// generation number, which names the process whatever address reaches it.
+// generation number, which names the process whatever address reaches it. Port 0 with no
+// holder: any process with a socket bound on ip (it answers pings as the kernel would).
 uint16_t registry_lookup(const sockaddr_in& a, uint64_t* gen = nullptr);
 void registry_forget(uint64_t gen);  // that process is gone: drop cached answers
 
 // ib_transport.cc
 int transport_start();  // lazily: device, PD, CQ, listener, engine thread
-// Connections are keyed by the peer process' generation number: one process may reach
-// us from several addresses, and must still be one connection with one sequence space.
-Conn* conn_get(uint64_t peer_gen, const sockaddr_in& peer_ip, uint16_t cm_port);
+// The connection from our address laddr to the peer process `peer_gen` at faddr (whose
+// rdma_cm listener is on cm_port), created down if new.
+Conn* conn_get(uint64_t peer_gen, in_addr laddr, const sockaddr_in& faddr, uint16_t cm_port);
 void conn_kick(Conn* c);  // xmit what can be sent
 void conn_send_ack(Conn* c);
 void flush_acks_locked();  // send every pending (delayed) ack now

@@ -14,14 +14,13 @@
 namespace sv::rds {
 namespace {
 
+// The socket bound to exactly (the address the sender sent to, port), as rds_find_bound.
 Sock* find_bound(const in_addr& local, uint16_t port) {
-  Sock* any = nullptr;
-  for (auto& [fd, s] : g().socks) {
-    if (!s->bound || ntohs(s->bound_addr.sin_port) != port) continue;
-    if (s->bound_addr.sin_addr.s_addr == local.s_addr) return s;
-    any = s;
-  }
-  return any;
+  for (auto& [fd, s] : g().socks)
+    if (s->bound && !s->v6 && ntohs(s->bound_addr.sin_port) == port &&
+        s->bound_addr.sin_addr.s_addr == local.s_addr)
+      return s;
+  return nullptr;
 }
 
 void queue_pong(Conn* c, uint16_t to_port) {
@@ -51,6 +50,7 @@ void deliver(Conn* c, const wire::RdsHeader& h, std::vector<std::byte>&& data) {
     // Ping to port 0: the "kernel" answers from port 0 (net/rds recv.c, rds_send_pong).
     count("recv_ping");
     if (h.sport != 0) queue_pong(c, h.sport);
+    ping_claim(c->local.sin_addr);  // the holder is gone: answer here from now on
     return;
   }
   Sock* s = find_bound(c->local.sin_addr, h.dport);

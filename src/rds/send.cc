@@ -257,6 +257,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
 
   auto m = std::make_unique<Message>();
   m->sock = s;
+  m->src = s->bound_addr.sin_addr;
   m->dest = dest;
   m->h.sport = ntohs(s->bound_addr.sin_port);
   m->h.dport = ntohs(dest.sin_port);
@@ -305,7 +306,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
     ops_release(m.get());
     return static_cast<ssize_t>(len);
   }
-  Conn* c = cm_port ? conn_get(peer_gen, dest, cm_port) : nullptr;
+  Conn* c = cm_port ? conn_get(peer_gen, s->bound_addr.sin_addr, dest, cm_port) : nullptr;
   // 8. congestion of the destination port, before the send buffer (net/rds send.c).
   const uint16_t dport = ntohs(dest.sin_port);
   while (c && cong_port_blocked(c, dport)) {
