@@ -1,6 +1,6 @@
 // rds-info: display RDS state like rds-tools' rds-info, through getsockopt(RDS_INFO_*)
 // on an unbound RDS socket. Flags: -c counters, -k sockets, -n connections, -r recv
-// queues, -s send queues, -t retransmit queues; none = everything.
+// queues, -s send queues, -t retransmit queues, -I IB (RC) connections; none = everything.
 // Written against <linux/rds.h> and the socket API; linked with the softverbs shim.
 #include <arpa/inet.h>
 #include <linux/rds.h>
@@ -65,9 +65,12 @@ void messages(int fd, int id, const char* title) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool c = false, k = false, n = false, r = false, s = false, t = false;
-  for (int o; (o = getopt(argc, argv, "cknrstv")) != -1;) {
+  bool c = false, k = false, n = false, r = false, s = false, t = false, ib = false;
+  for (int o; (o = getopt(argc, argv, "cknrstIv")) != -1;) {
     switch (o) {
+      case 'I':
+        ib = true;
+        break;
       case 'c':
         c = true;
         break;
@@ -89,11 +92,11 @@ int main(int argc, char** argv) {
       case 'v':
         break;
       default:
-        std::fprintf(stderr, "usage: rds-info [-c] [-k] [-n] [-r] [-s] [-t] [-v]\n");
+        std::fprintf(stderr, "usage: rds-info [-c] [-k] [-n] [-r] [-s] [-t] [-I] [-v]\n");
         return 2;
     }
   }
-  if (!(c || k || n || r || s || t)) c = k = n = r = s = t = true;
+  if (!(c || k || n || r || s || t || ib)) c = k = n = r = s = t = ib = true;
   int fd = socket(AF_RDS, SOCK_SEQPACKET, 0);
   if (fd < 0) {
     std::perror("rds-info: socket(AF_RDS)");
@@ -134,6 +137,25 @@ int main(int argc, char** argv) {
   if (r) messages(fd, RDS_INFO_RECV_MESSAGES, "Receive Message Queue");
   if (s) messages(fd, RDS_INFO_SEND_MESSAGES, "Send Message Queue");
   if (t) messages(fd, RDS_INFO_RETRANS_MESSAGES, "Retransmit Message Queue");
+  if (ib) {
+    auto b = fetch(fd, RDS_INFO_IB_CONNECTIONS, &each);
+    std::printf("\nRDS IB Connections:\n%15s %15s %32s %32s %6s %6s %4s %8s\n", "LocalAddr",
+                "RemoteAddr", "LocalDev", "RemoteDev", "SendWR", "RecvWR", "SGE", "MRs");
+    auto gid = [](const uint8_t* g) {
+      std::string out;
+      char b[8];
+      for (int i = 0; i < 16; i += 2) {
+        std::snprintf(b, sizeof b, "%s%02x%02x", i ? ":" : "", g[i], g[i + 1]);
+        out += b;
+      }
+      return out;
+    };
+    each_record<rds_info_rdma_connection>(b, each, [&](const rds_info_rdma_connection& x) {
+      std::printf("%15s %15s %32s %32s %6u %6u %4u %8u\n", ip(x.src_addr).c_str(),
+                  ip(x.dst_addr).c_str(), gid(x.src_gid).c_str(), gid(x.dst_gid).c_str(),
+                  x.max_send_wr, x.max_recv_wr, x.max_send_sge, x.rdma_mr_max);
+    });
+  }
   close(fd);
   return 0;
 }

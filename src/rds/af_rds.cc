@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 
 #include "rds/rds_impl.h"
@@ -206,6 +208,8 @@ SV_EXPORT int svrds_socket(int domain, int type, int protocol) {
   auto* s = new Sock();
   s->app_fd = sv[0];
   s->lib_fd = sv[1];
+  struct stat st {};
+  if (fstat(sv[0], &st) == 0) s->inum = st.st_ino;  // as sock_i_ino: ls -l /proc/PID/fd shows it
   std::lock_guard lk(g().mu);
   g().socks[s->app_fd] = s;
   if (s->app_fd < kMaxFd) g_is_rds[s->app_fd] = 1;
@@ -429,9 +433,18 @@ SV_EXPORT int svrds_getsockopt(int fd, int level, int optname, void* optval, soc
   std::lock_guard lk(g().mu);
   Sock* s = sock_of(fd);
   if (!s) return fail(no_sock(fd));
-  if (!optval || !optlen) return fail(EFAULT);
+  if (!optlen) return fail(EFAULT);
+  if (level == SOL_RDS && optname >= RDS_INFO_FIRST && optname <= RDS_INFO_LAST) {
+    // net/rds info.c: a zero length probes the size (ENOSPC + the bytes needed), whatever
+    // optval is; lengths that could wrap are EINVAL.
+    if (*optlen > static_cast<socklen_t>(INT_MAX) - 4095) return fail(EINVAL);
+    if (!optval && *optlen) return fail(EFAULT);
+    const int r = info_get(optname, optval, optlen);
+    return r < 0 ? fail(-r) : r;
+  }
   auto put_int = [&](int v) {
     if (*optlen < sizeof(int)) return fail(EINVAL);
+    if (!optval) return fail(EFAULT);
     std::memcpy(optval, &v, sizeof v);
     *optlen = sizeof(int);
     return 0;
@@ -447,10 +460,6 @@ SV_EXPORT int svrds_getsockopt(int fd, int level, int optname, void* optval, soc
   if (level != SOL_RDS) return fail(ENOPROTOOPT);
   if (optname == RDS_RECVERR) return put_int(s->recverr);
   if (optname == SO_RDS_TRANSPORT) return put_int(s->bound ? RDS_TRANS_IB : RDS_TRANS_NONE);
-  if (optname >= RDS_INFO_FIRST && optname <= RDS_INFO_LAST) {
-    const int r = info_get(optname, optval, optlen);
-    return r < 0 ? fail(-r) : r;
-  }
   return fail(ENOPROTOOPT);
 }
 

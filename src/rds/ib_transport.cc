@@ -581,6 +581,8 @@ int transport_start() {
   G.verbs = devs[0];
   rdma_free_devices(devs);
   G.pd = ibv_alloc_pd(G.verbs);
+  ibv_device_attr da{};
+  if (ibv_query_device(G.verbs, &da) == 0) G.mr_max = static_cast<uint32_t>(da.max_mr);
   G.cq_ch = ibv_create_comp_channel(G.verbs);
   G.cq = G.pd && G.cq_ch ? ibv_create_cq(G.verbs, 16384, nullptr, G.cq_ch, 0) : nullptr;
   G.cm_ch = rdma_create_event_channel();

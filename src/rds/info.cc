@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "rds/rds_impl.h"
@@ -23,19 +24,41 @@
 namespace sv::rds {
 namespace {
 
-void add_messages(std::vector<rds_info_message>& v, Conn* c, const std::deque<Message*>& q) {
+// RDS6_INFO_* report IPv4 addresses v4-mapped, as net/rds does.
+in6_addr mapped(uint32_t v4) {
+  in6_addr a{};
+  a.s6_addr[10] = a.s6_addr[11] = 0xff;
+  std::memcpy(&a.s6_addr[12], &v4, 4);
+  return a;
+}
+
+template <class Rec>
+void add_messages(std::vector<Rec>& v, Conn* c, const std::deque<Message*>& q) {
   for (Message* m : q) {
-    rds_info_message r{};
+    Rec r{};
     r.seq = m->h.sequence;
     r.len = m->h.len;
-    r.laddr = c->local.sin_addr.s_addr;
-    r.faddr = c->peer.sin_addr.s_addr;
+    if constexpr (std::is_same_v<Rec, rds_info_message>) {
+      r.laddr = c->local.sin_addr.s_addr;
+      r.faddr = c->peer.sin_addr.s_addr;
+    } else {
+      r.laddr = mapped(c->local.sin_addr.s_addr);
+      r.faddr = mapped(c->peer.sin_addr.s_addr);
+    }
     r.lport = htons(m->h.sport);
     r.fport = htons(m->h.dport);
     r.flags = (m->h.flags & wire::kRdsFlagAckRequired) ? RDS_INFO_MESSAGE_FLAG_ACK : 0;
     v.push_back(r);
   }
 }
+
+uint8_t conn_flags(const Conn* c) {
+  return (c->state == ConnState::up ? RDS_INFO_CONNECTION_FLAG_CONNECTED : 0) |
+         (c->state == ConnState::connecting ? RDS_INFO_CONNECTION_FLAG_CONNECTING : 0) |
+         (!c->send_q.empty() ? RDS_INFO_CONNECTION_FLAG_SENDING : 0);
+}
+
+constexpr char kTransport[] = "softverbs";
 
 }  // namespace
 
@@ -48,9 +71,12 @@ std::string info_dir() {
   return std::string(d && *d ? d : "/dev/shm/softverbs-rds") + "/info";
 }
 
-constexpr int kInfoIds[] = {RDS_INFO_COUNTERS,         RDS_INFO_SOCKETS,
-                            RDS_INFO_CONNECTIONS,      RDS_INFO_SEND_MESSAGES,
-                            RDS_INFO_RETRANS_MESSAGES, RDS_INFO_RECV_MESSAGES};
+constexpr int kInfoIds[] = {
+    RDS_INFO_COUNTERS,       RDS_INFO_SOCKETS,           RDS_INFO_CONNECTIONS,
+    RDS_INFO_SEND_MESSAGES,  RDS_INFO_RETRANS_MESSAGES,  RDS_INFO_RECV_MESSAGES,
+    RDS_INFO_IB_CONNECTIONS, RDS6_INFO_SOCKETS,          RDS6_INFO_CONNECTIONS,
+    RDS6_INFO_SEND_MESSAGES, RDS6_INFO_RETRANS_MESSAGES, RDS6_INFO_RECV_MESSAGES,
+    RDS6_INFO_IB_CONNECTIONS};
 
 void info_publish() {
   // File: repeated [int id][int each][u32 bytes][records].
@@ -171,6 +197,7 @@ int local_records(int optname, std::vector<char>& out, int* each) {
     case RDS_INFO_SOCKETS: {
       std::vector<rds_info_socket> v;
       for (auto& [fd, s] : G.socks) {
+        if (s->v6) continue;  // RDS6_INFO_SOCKETS lists it
         rds_info_socket r{};
         r.sndbuf = s->sndbuf;
         r.rcvbuf = s->rcvbuf;
@@ -178,7 +205,22 @@ int local_records(int optname, std::vector<char>& out, int* each) {
         r.bound_port = s->bound_addr.sin_port;
         r.connected_addr = s->conn_addr.sin_addr.s_addr;
         r.connected_port = s->conn_addr.sin_port;
-        r.inum = static_cast<uint64_t>(fd);
+        r.inum = s->inum;
+        v.push_back(r);
+      }
+      return as_bytes(v, out, each);
+    }
+    case RDS6_INFO_SOCKETS: {
+      std::vector<rds6_info_socket> v;
+      for (auto& [fd, s] : G.socks) {
+        rds6_info_socket r{};
+        r.sndbuf = s->sndbuf;
+        r.rcvbuf = s->rcvbuf;
+        r.bound_addr = s->v6 ? s->bound6.sin6_addr : mapped(s->bound_addr.sin_addr.s_addr);
+        r.bound_port = s->bound_addr.sin_port;
+        r.connected_addr = mapped(s->conn_addr.sin_addr.s_addr);
+        r.connected_port = s->conn_addr.sin_port;
+        r.inum = s->inum;
         v.push_back(r);
       }
       return as_bytes(v, out, each);
@@ -191,13 +233,62 @@ int local_records(int optname, std::vector<char>& out, int* each) {
         r.next_rx_seq = c->next_rx_seq;
         r.laddr = c->local.sin_addr.s_addr;
         r.faddr = c->peer.sin_addr.s_addr;
-        std::strncpy(reinterpret_cast<char*>(r.transport), "softverbs", sizeof r.transport - 1);
-        r.flags = (c->state == ConnState::up ? RDS_INFO_CONNECTION_FLAG_CONNECTED : 0) |
-                  (c->state == ConnState::connecting ? RDS_INFO_CONNECTION_FLAG_CONNECTING : 0) |
-                  (!c->send_q.empty() ? RDS_INFO_CONNECTION_FLAG_SENDING : 0);
+        std::strncpy(reinterpret_cast<char*>(r.transport), kTransport, sizeof r.transport - 1);
+        r.flags = conn_flags(c);
         v.push_back(r);
       }
       return as_bytes(v, out, each);
+    }
+    case RDS6_INFO_CONNECTIONS: {
+      std::vector<rds6_info_connection> v;
+      for (auto& [k, c] : G.conns) {
+        rds6_info_connection r{};
+        r.next_tx_seq = c->next_tx_seq;
+        r.next_rx_seq = c->next_rx_seq;
+        r.laddr = mapped(c->local.sin_addr.s_addr);
+        r.faddr = mapped(c->peer.sin_addr.s_addr);
+        std::strncpy(reinterpret_cast<char*>(r.transport), kTransport, sizeof r.transport - 1);
+        r.flags = conn_flags(c);
+        v.push_back(r);
+      }
+      return as_bytes(v, out, each);
+    }
+    case RDS_INFO_IB_CONNECTIONS:
+    case RDS6_INFO_IB_CONNECTIONS: {
+      // The RC QP of each connection (net/rds ib.c rds_ib_conn_info_visitor): GIDs only once
+      // it is up; ours are the addresses, IPv4-mapped as the device's GID table has them.
+      std::vector<rds_info_rdma_connection> v4;
+      std::vector<rds6_info_rdma_connection> v6;
+      for (auto& [k, c] : G.conns) {
+        rds6_info_rdma_connection r{};
+        r.src_addr = mapped(c->local.sin_addr.s_addr);
+        r.dst_addr = mapped(c->peer.sin_addr.s_addr);
+        if (c->state == ConnState::up) {
+          std::memcpy(r.src_gid, &r.src_addr, sizeof r.src_gid);
+          std::memcpy(r.dst_gid, &r.dst_addr, sizeof r.dst_gid);
+        }
+        r.max_send_wr = kSendSlots + 64;
+        r.max_recv_wr = kRecvBufs + 1;
+        r.max_send_sge = 16;
+        r.rdma_mr_max = G.mr_max;
+        r.rdma_mr_size = static_cast<uint32_t>(kMaxMsgSize / 4096);  // pages per mapping
+        if (optname == RDS6_INFO_IB_CONNECTIONS) {
+          v6.push_back(r);
+          continue;
+        }
+        rds_info_rdma_connection r4{};
+        r4.src_addr = c->local.sin_addr.s_addr;
+        r4.dst_addr = c->peer.sin_addr.s_addr;
+        std::memcpy(r4.src_gid, r.src_gid, sizeof r4.src_gid);
+        std::memcpy(r4.dst_gid, r.dst_gid, sizeof r4.dst_gid);
+        r4.max_send_wr = r.max_send_wr;
+        r4.max_recv_wr = r.max_recv_wr;
+        r4.max_send_sge = r.max_send_sge;
+        r4.rdma_mr_max = r.rdma_mr_max;
+        r4.rdma_mr_size = r.rdma_mr_size;
+        v4.push_back(r4);
+      }
+      return optname == RDS_INFO_IB_CONNECTIONS ? as_bytes(v4, out, each) : as_bytes(v6, out, each);
     }
     case RDS_INFO_SEND_MESSAGES:
     case RDS_INFO_RETRANS_MESSAGES: {
@@ -206,20 +297,42 @@ int local_records(int optname, std::vector<char>& out, int* each) {
         add_messages(v, c, optname == RDS_INFO_SEND_MESSAGES ? c->send_q : c->retrans);
       return as_bytes(v, out, each);
     }
-    case RDS_INFO_RECV_MESSAGES: {
-      std::vector<rds_info_message> v;
-      for (auto& [fd, s] : G.socks)
-        for (const Incoming& in : s->rq) {
-          rds_info_message r{};
-          r.len = static_cast<uint32_t>(in.data.size());
-          r.laddr = s->bound_addr.sin_addr.s_addr;
-          r.lport = s->bound_addr.sin_port;
-          r.faddr = in.from.sin_addr.s_addr;
-          r.fport = in.from.sin_port;
-          v.push_back(r);
-        }
+    case RDS6_INFO_SEND_MESSAGES:
+    case RDS6_INFO_RETRANS_MESSAGES: {
+      std::vector<rds6_info_message> v;
+      for (auto& [k, c] : G.conns)
+        add_messages(v, c, optname == RDS6_INFO_SEND_MESSAGES ? c->send_q : c->retrans);
       return as_bytes(v, out, each);
     }
+    case RDS_INFO_RECV_MESSAGES:
+    case RDS6_INFO_RECV_MESSAGES: {
+      std::vector<rds_info_message> v;
+      std::vector<rds6_info_message> v6;
+      for (auto& [fd, s] : G.socks)
+        for (const Incoming& in : s->rq) {
+          rds6_info_message r{};
+          r.len = static_cast<uint32_t>(in.data.size());
+          r.laddr = s->v6 ? s->bound6.sin6_addr : mapped(s->bound_addr.sin_addr.s_addr);
+          r.lport = s->bound_addr.sin_port;
+          r.faddr = mapped(in.from.sin_addr.s_addr);
+          r.fport = in.from.sin_port;
+          if (optname == RDS6_INFO_RECV_MESSAGES) {
+            v6.push_back(r);
+          } else if (!s->v6) {
+            rds_info_message r4{};
+            r4.len = r.len;
+            r4.laddr = s->bound_addr.sin_addr.s_addr;
+            r4.lport = r.lport;
+            r4.faddr = in.from.sin_addr.s_addr;
+            r4.fport = r.fport;
+            v.push_back(r4);
+          }
+        }
+      return optname == RDS_INFO_RECV_MESSAGES ? as_bytes(v, out, each) : as_bytes(v6, out, each);
+    }
+    // RDS_INFO_TCP_SOCKETS / RDS6_INFO_TCP_SOCKETS: there is no RDS/TCP transport here, as
+    // on a host with rds_rdma and no rds_tcp loaded. RDS_INFO_CONNECTION_STATS and
+    // RDS_INFO_IWARP_CONNECTIONS have no handler in upstream Linux either.
     default:
       return -ENOPROTOOPT;
   }

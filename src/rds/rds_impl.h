@@ -104,8 +104,9 @@ struct Incoming {
 };
 
 struct Sock {
-  int app_fd = -1;  // handed to the application
-  int lib_fd = -1;  // our end of the socketpair
+  int app_fd = -1;    // handed to the application
+  int lib_fd = -1;    // our end of the socketpair
+  uint64_t inum = 0;  // RDS_INFO_SOCKETS: the inode of app_fd, unique on the host
   bool bound = false;
   sockaddr_in bound_addr{};
   bool v6 = false;  // bound to a real IPv6 address (bound6)
@@ -205,7 +206,7 @@ struct Conn {
 
 struct Global {
   std::mutex mu;
-  std::map<int, Sock*> socks;       // app_fd -> socket
+  std::map<int, Sock*> socks;  // app_fd -> socket
   std::map<ConnKey, Conn*> conns;
   // verbs objects
   ibv_context* verbs = nullptr;
@@ -215,6 +216,7 @@ struct Global {
   rdma_event_channel* cm_ch = nullptr;
   rdma_cm_id* listen_id = nullptr;
   uint16_t cm_port = 0;  // our rdma_cm listen port (host byte order)
+  uint32_t mr_max = 0;   // the device's max_mr (RDS_INFO_IB_CONNECTIONS)
   uint64_t gen = 0;      // random per process: a restarted peer is a new peer
   int wake_fd = -1;
   bool started = false;
@@ -251,7 +253,7 @@ void sock_fork_release(Sock* s);  // in a forked child: let go of the parent's s
 // Port 0 of an address answers pings (rds-ping). Whoever is bound there may take it; a
 // sender finds a holder, or failing that any process bound on the address (bind.cc).
 void ping_claim(in_addr ip);
-void sock_update_poll(Sock* s);   // POLLIN/POLLOUT state of app_fd
+void sock_update_poll(Sock* s);  // POLLIN/POLLOUT state of app_fd
 void sock_wake(Sock* s);
 
 // bind.cc: host registry of bound (ip, port) -> owning process' rdma_cm port

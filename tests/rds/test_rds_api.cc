@@ -3,6 +3,10 @@
 #include <fcntl.h>
 #include <linux/rds.h>
 
+#include <sys/stat.h>
+
+#include <map>
+
 #include "rds_test_util.h"
 
 using namespace rdstest;
@@ -208,14 +212,27 @@ TEST(RdsSockopt, Errors) {
 
 TEST(RdsInfo, ProbeThenFetch) {
   int fd = bound_socket(port(7));
+  // rds-info's probe: a NULL buffer with length 0 answers ENOSPC and the length needed
+  // (net/rds rds_info_getsockopt), as does a buffer too short.
   socklen_t len = 0;
   EXPECT_EQ(svrds_getsockopt(fd, SOL_RDS, RDS_INFO_SOCKETS, nullptr, &len), -1);
-  EXPECT_EQ(errno, EFAULT);
+  EXPECT_EQ(errno, ENOSPC);
+  ASSERT_GE(len, sizeof(rds_info_socket));
   char tiny[1];
   len = 0;
   EXPECT_EQ(svrds_getsockopt(fd, SOL_RDS, RDS_INFO_SOCKETS, tiny, &len), -1);
   EXPECT_EQ(errno, ENOSPC);
   ASSERT_GE(len, sizeof(rds_info_socket));
+  // A NULL buffer with a length is EFAULT; a length that could wrap is EINVAL; no length
+  // pointer is EFAULT.
+  socklen_t some = 64;
+  EXPECT_EQ(svrds_getsockopt(fd, SOL_RDS, RDS_INFO_SOCKETS, nullptr, &some), -1);
+  EXPECT_EQ(errno, EFAULT);
+  socklen_t huge = 0xFFFFFFF0u;
+  EXPECT_EQ(svrds_getsockopt(fd, SOL_RDS, RDS_INFO_SOCKETS, tiny, &huge), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(svrds_getsockopt(fd, SOL_RDS, RDS_INFO_SOCKETS, tiny, nullptr), -1);
+  EXPECT_EQ(errno, EFAULT);
   // Other processes' snapshots may grow between the probe and the fetch: retry like
   // rds-info does.
   std::vector<char> buf;
@@ -319,4 +336,117 @@ TEST(RdsData, SendBufferFullIsEagainAndPollOutReturns) {
   EXPECT_TRUE(wait_for(a, POLLOUT) & POLLOUT);
   svrds_close(a);
   svrds_close(b);
+}
+
+namespace {
+// One RDS_INFO_* table as rds-info reads it: probe with NULL/0, then fetch (retrying while
+// other processes' snapshots grow). Returns the record size, or -errno.
+int info_table(int fd, int id, std::vector<char>& buf) {
+  socklen_t len = 0;
+  int each = svrds_getsockopt(fd, SOL_RDS, id, nullptr, &len);
+  for (int tries = 0; tries < 20 && each < 0; ++tries) {
+    if (errno != ENOSPC) return -errno;
+    buf.resize(len + 4096);
+    len = static_cast<socklen_t>(buf.size());
+    each = svrds_getsockopt(fd, SOL_RDS, id, buf.data(), &len);
+  }
+  buf.resize(each < 0 ? 0 : len);
+  return each;
+}
+
+template <class Rec>
+std::vector<Rec> records(int fd, int id) {
+  std::vector<char> buf;
+  const int each = info_table(fd, id, buf);
+  EXPECT_EQ(each, static_cast<int>(sizeof(Rec))) << "id " << id;
+  std::vector<Rec> v;
+  for (size_t off = 0; each > 0 && off + sizeof(Rec) <= buf.size(); off += sizeof(Rec)) {
+    Rec r;
+    std::memcpy(&r, buf.data() + off, sizeof r);
+    v.push_back(r);
+  }
+  return v;
+}
+}  // namespace
+
+TEST(RdsInfo, EverySocketHasItsOwnInodeAsProcShowsIt) {
+  const int a = bound_socket(port(40)), b = bound_socket(port(41));
+  std::map<uint16_t, uint64_t> inum;
+  for (const auto& r : records<rds_info_socket>(a, RDS_INFO_SOCKETS))
+    if (r.bound_port == htons(port(40)) || r.bound_port == htons(port(41)))
+      inum[ntohs(r.bound_port)] = r.inum;
+  ASSERT_EQ(inum.size(), 2u);
+  EXPECT_NE(inum[port(40)], inum[port(41)]);
+  // The inode is the descriptor's, as /proc/self/fd shows it (socket:[N]).
+  struct stat st {};
+  ASSERT_EQ(fstat(a, &st), 0);
+  EXPECT_EQ(inum[port(40)], st.st_ino);
+  // RDS6_INFO_SOCKETS lists IPv4 sockets too, v4-mapped.
+  bool found = false;
+  for (const auto& r : records<rds6_info_socket>(a, RDS6_INFO_SOCKETS))
+    if (r.bound_port == htons(port(40))) {
+      found = true;
+      const in6_addr bound = r.bound_addr;
+      EXPECT_EQ(bound.s6_addr[10], 0xff);  // ::ffff:a.b.c.d
+      EXPECT_EQ(bound.s6_addr[11], 0xff);
+      EXPECT_EQ(r.inum, st.st_ino);
+    }
+  EXPECT_TRUE(found);
+  svrds_close(a);
+  svrds_close(b);
+}
+
+TEST(RdsInfo, IbConnectionsListOurRcConnections) {
+  // A connection from 127.0.0.2 to 127.0.0.1 (this process to itself).
+  const int a = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
+  sockaddr_in la = addr(port(42), "127.0.0.2");
+  ASSERT_EQ(svrds_bind(a, reinterpret_cast<sockaddr*>(&la), sizeof la), 0);
+  const int b = bound_socket(port(43));
+  ASSERT_EQ(send_to(a, port(43), "hi", 2), 2);
+  std::vector<char> got(8);
+  ASSERT_EQ(recv_one(b, got), 2);
+  const uint32_t two = la.sin_addr.s_addr, one = addr(0).sin_addr.s_addr;
+  bool found = false;
+  for (const auto& r : records<rds_info_rdma_connection>(a, RDS_INFO_IB_CONNECTIONS)) {
+    if (r.src_addr != two || r.dst_addr != one) continue;
+    found = true;
+    EXPECT_GT(r.max_send_wr, 0u);
+    EXPECT_GT(r.max_recv_wr, 0u);
+    EXPECT_GT(r.max_send_sge, 0u);
+    EXPECT_GT(r.rdma_mr_max, 0u);
+    // GIDs once connected: the addresses, IPv4-mapped as the device's GID table has them.
+    EXPECT_EQ(r.src_gid[10], 0xff);
+    EXPECT_EQ(std::memcmp(&r.src_gid[12], &two, 4), 0);
+    EXPECT_EQ(std::memcmp(&r.dst_gid[12], &one, 4), 0);
+  }
+  EXPECT_TRUE(found) << "no IB connection 127.0.0.2 -> 127.0.0.1";
+  found = false;
+  for (const auto& r : records<rds6_info_rdma_connection>(a, RDS6_INFO_IB_CONNECTIONS))
+    found |= std::memcmp(&r.src_addr.s6_addr[12], &two, 4) == 0 &&
+             std::memcmp(&r.dst_addr.s6_addr[12], &one, 4) == 0;
+  EXPECT_TRUE(found);
+  // And the plain connection table agrees.
+  found = false;
+  for (const auto& r : records<rds_info_connection>(a, RDS_INFO_CONNECTIONS))
+    found |= r.laddr == two && r.faddr == one && (r.flags & RDS_INFO_CONNECTION_FLAG_CONNECTED);
+  EXPECT_TRUE(found);
+  svrds_close(a);
+  svrds_close(b);
+}
+
+TEST(RdsInfo, TablesUpstreamLinuxLacksHereAreEnoprotoopt) {
+  // No RDS/TCP transport (as a host with rds_rdma and no rds_tcp), and ids upstream never
+  // registers; UEK-only ids beyond RDS_INFO_LAST.
+  const int fd = bound_socket(port(44));
+  std::vector<char> buf;
+  for (int id : {RDS_INFO_TCP_SOCKETS, RDS6_INFO_TCP_SOCKETS, RDS_INFO_CONNECTION_STATS,
+                 RDS_INFO_IWARP_CONNECTIONS, RDS_INFO_LAST + 3})
+    EXPECT_EQ(info_table(fd, id, buf), -ENOPROTOOPT) << "id " << id;
+  for (int id :
+       {RDS_INFO_COUNTERS, RDS_INFO_CONNECTIONS, RDS_INFO_SEND_MESSAGES, RDS_INFO_RETRANS_MESSAGES,
+        RDS_INFO_RECV_MESSAGES, RDS_INFO_SOCKETS, RDS_INFO_IB_CONNECTIONS, RDS6_INFO_CONNECTIONS,
+        RDS6_INFO_SEND_MESSAGES, RDS6_INFO_RETRANS_MESSAGES, RDS6_INFO_RECV_MESSAGES,
+        RDS6_INFO_SOCKETS, RDS6_INFO_IB_CONNECTIONS})
+    EXPECT_GT(info_table(fd, id, buf), 0) << "id " << id;
+  svrds_close(fd);
 }

@@ -60,6 +60,23 @@ else
   echo "FAIL rds-ping"
   cat "$TMP/ping.log"
 fi
+# rds-info while the pair runs: its RC connections both ways (-I), the connection table (-n)
+# and the sockets (-k), each socket with its own inode.
+"$BIN/rds-info" -I >"$TMP/info_I.log" 2>&1
+"$BIN/rds-info" -n >"$TMP/info_n.log" 2>&1
+"$BIN/rds-info" -k >"$TMP/info_k.log" 2>&1
+inodes=$(awk '$1 ~ /^127\.0\.0\.[12]$/ {print $7}' "$TMP/info_k.log" | sort)
+if grep -Eq '127\.0\.0\.1 +127\.0\.0\.2 +0000:0000:0000:0000:0000:ffff:7f00:0001' "$TMP/info_I.log" &&
+   grep -Eq '127\.0\.0\.2 +127\.0\.0\.1 ' "$TMP/info_I.log" &&
+   grep -Eq '127\.0\.0\.1 +127\.0\.0\.2 .*C$' "$TMP/info_n.log" &&
+   [ -n "$inodes" ] && [ "$(echo "$inodes" | uniq -d)" = "" ]; then
+  pass=$((pass + 1))
+  echo "PASS rds-info -I -n -k: $(grep -c '^ *127' "$TMP/info_I.log") IB connections, $(echo "$inodes" | wc -l) sockets"
+else
+  fail=$((fail + 1))
+  echo "FAIL rds-info"
+  cat "$TMP/info_I.log" "$TMP/info_n.log" "$TMP/info_k.log"
+fi
 wait
 
 # The seed's block server: reads by RDMA WRITE + immediate reply, writes by RDMA READ +
