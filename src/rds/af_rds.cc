@@ -65,7 +65,8 @@ void sock_wake(Sock* s) {
 void sock_update_poll(Sock* s) {
   if (s->lib_fd < 0) return;
   // POLLIN: readable while data, notifications or congestion updates are queued.
-  const bool readable = !s->rq.empty() || !s->notify.empty() || s->cong_notify || s->cong_poll;
+  const bool readable = !s->rq.empty() || !s->notify.empty() || !s->zcookies.empty() ||
+                        s->cong_notify || s->cong_poll;
   if (readable && !s->token) {
     const char b = 1;
     if (raw_send(s->lib_fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1) s->token = true;
@@ -343,8 +344,30 @@ SV_EXPORT int svrds_setsockopt(int fd, int level, int optname, const void* optva
     std::memcpy(out, optval, sizeof(int));
     return true;
   };
+  // Receive timestamps (net/rds af_rds.c rds_enable_recvtstamp: also at SOL_RDS, where a
+  // length other than an int is EFAULT; the generic SOL_SOCKET path says EINVAL).
+  auto set_tstamp = [&](bool at_rds) {
+    int v;
+    if (at_rds ? optlen != sizeof(int) || !optval : !as_int(&v))
+      return fail(at_rds ? EFAULT : EINVAL);
+    std::memcpy(&v, optval, sizeof v);
+    if (optname == SO_TIMESTAMP_NEW || optname == SO_TIMESTAMPNS_NEW) s->tstamp_new = true;
+    if (optname == SO_TIMESTAMP_OLD || optname == SO_TIMESTAMPNS_OLD) s->tstamp_new = false;
+    s->rcvtstamp = v != 0;
+    return 0;
+  };
   if (level == SOL_SOCKET) {
     int v;
+    if (optname == SO_TIMESTAMP_OLD || optname == SO_TIMESTAMP_NEW ||
+        optname == SO_TIMESTAMPNS_OLD || optname == SO_TIMESTAMPNS_NEW)
+      return set_tstamp(false);
+    if (optname == SO_ZEROCOPY) {
+      // sock_setsockopt: RDS is one of the families that may set it; 0 or 1 only.
+      if (!as_int(&v)) return fail(EINVAL);
+      if (v < 0 || v > 1) return fail(EINVAL);
+      s->zerocopy = v == 1;
+      return 0;
+    }
     if (optname == SO_SNDBUF || optname == SO_RCVBUF) {
       if (!as_int(&v)) return fail(EINVAL);
       // The kernel doubles the value and RDS uses half of it: the value as given.
@@ -415,6 +438,24 @@ SV_EXPORT int svrds_setsockopt(int fd, int level, int optname, const void* optva
       if (!s->cong_monitor) s->cong_mask = s->cong_notify = 0;
       return 0;
     }
+    case SO_TIMESTAMP_OLD:
+    case SO_TIMESTAMP_NEW:
+      return set_tstamp(true);
+    case SO_RDS_MSG_RXPATH_LATENCY: {
+      // net/rds recv.c rds_recv_track_latency: every misuse is EFAULT.
+      rds_rx_trace_so t;
+      if (!optval || optlen != sizeof t) return fail(EFAULT);
+      std::memcpy(&t, optval, sizeof t);
+      if (t.rx_traces > RDS_MSG_RX_DGRAM_TRACE_MAX) return fail(EFAULT);
+      for (int i = 0; i < t.rx_traces; ++i)
+        if (t.rx_trace_pos[i] >= RDS_MSG_RX_DGRAM_TRACE_MAX) {
+          s->rx_traces = 0;
+          return fail(EFAULT);
+        }
+      s->rx_traces = t.rx_traces;
+      std::memcpy(s->rx_trace_pos, t.rx_trace_pos, sizeof s->rx_trace_pos);
+      return 0;
+    }
     case SO_RDS_TRANSPORT: {
       int v;
       if (!optval || optlen != sizeof(int)) return fail(EINVAL);
@@ -455,6 +496,9 @@ SV_EXPORT int svrds_getsockopt(int fd, int level, int optname, void* optval, soc
     if (optname == SO_TYPE) return put_int(SOCK_SEQPACKET);
     if (optname == SO_DOMAIN) return put_int(AF_RDS);
     if (optname == SO_ERROR) return put_int(0);
+    if (optname == SO_ZEROCOPY) return put_int(s->zerocopy);
+    if (optname == SO_TIMESTAMP_OLD) return put_int(s->rcvtstamp && !s->tstamp_new);
+    if (optname == SO_TIMESTAMP_NEW) return put_int(s->rcvtstamp && s->tstamp_new);
     return fail(ENOPROTOOPT);
   }
   if (level != SOL_RDS) return fail(ENOPROTOOPT);

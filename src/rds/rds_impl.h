@@ -33,6 +33,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <ctime>
 #include <deque>
 #include <map>
 #include <memory>
@@ -58,6 +59,7 @@ inline constexpr int kAckEvery = 8;            // max_unacked_packets
 inline constexpr int kAckDelayUs = 1000;       // a lone ack waits this long for a reply to ride
 inline constexpr int kSignalEvery = 16;        // max_unsignaled_wrs (net/rds ib_send.c)
 inline constexpr size_t kCongMapBytes = 8192;  // RDS_CONG_MAP_BYTES: 65536 ports
+inline constexpr size_t kMaxZcopySge = 15;     // payload SGEs per SEND (the data QP has 16)
 
 struct Sock;
 struct Conn;
@@ -95,13 +97,29 @@ struct Message {
   std::unique_ptr<RdmaOp> op, atomic_op;
   bool queued_to_sock = true;  // counted in sock->snd_bytes
   uint32_t frags_posted = 0;
+  // MSG_ZEROCOPY: the payload stays in the sender's buffers, registered (one MR per iovec)
+  // and gathered straight into each SEND; the cookie completes when the message is released
+  // (acked, cancelled or dropped), as the kernel's zcopy notifier fires when the last
+  // reference goes.
+  bool zcopy = false;
+  uint32_t zcookie = 0;
+  std::vector<ibv_sge> zsge;  // the payload's regions, in order
+  std::vector<ibv_mr*> zmrs;
 };
+
+// Receive path trace points (net/rds i_rx_lat_trace): header seen, delivery started,
+// queued to the socket, handed to recvmsg. CLOCK_MONOTONIC ns.
+enum RxTrace { kRxHdr = 0, kRxStart, kRxEnd, kRxCmsg, kRxPoints };
 
 struct Incoming {
   sockaddr_in from{};
   std::vector<std::byte> data;
   std::optional<uint64_t> rdma_dest;
+  timespec rx_tstamp{};  // CLOCK_REALTIME when queued, if the socket asked (SO_TIMESTAMP)
+  uint64_t lat[kRxPoints] = {};
 };
+
+uint64_t mono_ns();
 
 struct Sock {
   int app_fd = -1;    // handed to the application
@@ -117,6 +135,12 @@ struct Sock {
   uint32_t sndbuf = kDefaultSndBuf, rcvbuf = kDefaultRcvBuf;
   uint64_t snd_bytes = 0, rcv_bytes = 0;
   bool recverr = false;
+  bool rcvtstamp = false;   // SO_TIMESTAMP: a receive timestamp on every datagram
+  bool tstamp_new = false;  // ... as SO_TIMESTAMP_NEW (64-bit) rather than a timeval
+  uint8_t rx_traces = 0;    // SO_RDS_MSG_RXPATH_LATENCY
+  uint8_t rx_trace_pos[RDS_MSG_RX_DGRAM_TRACE_MAX] = {};
+  bool zerocopy = false;                   // SO_ZEROCOPY
+  std::deque<rds_zcopy_cookies> zcookies;  // completed MSG_ZEROCOPY sends, 8 per entry
   bool cong_monitor = false;
   uint64_t cong_mask = 0, cong_notify = 0;
   std::deque<Incoming> rq;
@@ -194,6 +218,7 @@ struct Conn {
   uint32_t next_rdma_wr = 0;
   // reassembly
   wire::RdsHeader cur{};
+  uint64_t cur_hdr_ns = 0;  // when its first fragment arrived (RDS_CMSG_RXPATH_LATENCY)
   std::vector<std::byte> cur_data;
   size_t cur_have = 0;
   bool in_msg = false;
@@ -315,6 +340,7 @@ void on_ack(Conn* c, uint64_t ack);
 void on_send_complete(Conn* c, uint64_t wr_id, ibv_wc_status st);
 void conn_reset_queues(Conn* c);  // connection went down
 void queue_notify(Sock* s, uint64_t token, int status);
+void queue_zcookie(Sock* s, uint32_t cookie);  // a MSG_ZEROCOPY send's buffers are free
 void release_message(Message* m);
 
 // rdma.cc

@@ -32,7 +32,8 @@ void queue_pong(Conn* c, uint16_t to_port) {
   count("send_pong");
 }
 
-void deliver(Conn* c, const wire::RdsHeader& h, std::vector<std::byte>&& data) {
+void deliver(Conn* c, const wire::RdsHeader& h, std::vector<std::byte>&& data, uint64_t hdr_ns) {
+  const uint64_t start_ns = mono_ns();
   // Dedupe purely by sequence (rds-api.md §7.2): anything already seen is a duplicate,
   // whether or not the sender flagged it as retransmitted.
   if (h.sequence < c->next_rx_seq) {
@@ -73,6 +74,10 @@ void deliver(Conn* c, const wire::RdsHeader& h, std::vector<std::byte>&& data) {
   in.from.sin_port = htons(h.sport);
   in.data = std::move(data);
   in.rdma_dest = h.ext_rdma_dest;
+  if (s->rcvtstamp) clock_gettime(CLOCK_REALTIME, &in.rx_tstamp);
+  in.lat[kRxHdr] = hdr_ns;
+  in.lat[kRxStart] = start_ns;
+  in.lat[kRxEnd] = mono_ns();
   s->rcv_bytes += in.data.size();
   s->rq.push_back(std::move(in));
   cong_rcvbuf_delta(s);
@@ -82,6 +87,12 @@ void deliver(Conn* c, const wire::RdsHeader& h, std::vector<std::byte>&& data) {
 }
 
 }  // namespace
+
+uint64_t mono_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1000000000ull + static_cast<uint64_t>(t.tv_nsec);
+}
 
 void on_frag(Conn* c, const std::byte* buf, uint32_t len) {
   if (len < wire::kRdsHeaderLen) return;
@@ -99,13 +110,14 @@ void on_frag(Conn* c, const std::byte* buf, uint32_t len) {
     c->cur = h;
     c->cur_data.assign(h.len, std::byte{0});
     c->cur_have = 0;
+    c->cur_hdr_ns = mono_ns();
   }
   const size_t take = std::min<size_t>(chunk, c->cur_data.size() - c->cur_have);
   if (take) std::memcpy(c->cur_data.data() + c->cur_have, buf + wire::kRdsHeaderLen, take);
   c->cur_have += take;
   if (c->cur_have >= c->cur.len) {
     c->in_msg = false;
-    deliver(c, c->cur, std::move(c->cur_data));
+    deliver(c, c->cur, std::move(c->cur_data), c->cur_hdr_ns);
     c->cur_data = {};
     if (!c->send_q.empty()) conn_kick(c);  // pongs
   }
@@ -114,6 +126,41 @@ void on_frag(Conn* c, const std::byte* buf, uint32_t len) {
 }  // namespace sv::rds
 
 using namespace sv::rds;
+
+namespace {
+
+// Appends control messages to a recvmsg's buffer; one that does not fit sets MSG_CTRUNC
+// (put_cmsg).
+struct CmsgOut {
+  msghdr* msg;
+  size_t used = 0;
+  bool put(int level, int type, const void* data, size_t len) {
+    if (!msg->msg_control || used + CMSG_SPACE(len) > msg->msg_controllen) {
+      msg->msg_flags |= MSG_CTRUNC;
+      return false;
+    }
+    auto* cm = reinterpret_cast<cmsghdr*>(static_cast<char*>(msg->msg_control) + used);
+    cm->cmsg_level = level;
+    cm->cmsg_type = type;
+    cm->cmsg_len = CMSG_LEN(len);
+    std::memcpy(CMSG_DATA(cm), data, len);
+    used += CMSG_SPACE(len);
+    return true;
+  }
+};
+
+// One entry of completed MSG_ZEROCOPY cookies, if the socket has SO_ZEROCOPY and there is
+// room (net/rds recv.c rds_recvmsg_zcookie): never truncates, the entry just waits.
+bool put_zcookies(Sock* s, msghdr* msg, CmsgOut& out) {
+  if (!msg->msg_control || !s->zerocopy || s->zcookies.empty() ||
+      out.used + CMSG_SPACE(sizeof(rds_zcopy_cookies)) > msg->msg_controllen)
+    return false;
+  out.put(SOL_RDS, RDS_CMSG_ZCOPY_COMPLETION, &s->zcookies.front(), sizeof(rds_zcopy_cookies));
+  s->zcookies.pop_front();
+  return true;
+}
+
+}  // namespace
 
 extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, msghdr* msg,
                                                                         int flags) {
@@ -168,7 +215,18 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
       return 0;
     }
     if (!s->rq.empty()) break;
-    if (nb) return fail(EAGAIN);
+    if (nb) {
+      // No datagram: a completed zero-copy send is the answer, if one is queued.
+      CmsgOut out{msg};
+      msg->msg_flags = 0;
+      if (put_zcookies(s, msg, out)) {
+        msg->msg_controllen = out.used;
+        msg->msg_namelen = 0;
+        sock_update_poll(s);
+        return 0;
+      }
+      return fail(EAGAIN);
+    }
     s->cv.wait(lk);
     if (s->closing) return fail(EBADF);
   }
@@ -187,18 +245,32 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
     std::memcpy(msg->msg_name, &in.from, sizeof(sockaddr_in));
     msg->msg_namelen = sizeof(sockaddr_in);
   }
-  size_t ctl = 0;
-  if (in.rdma_dest && msg->msg_control && msg->msg_controllen >= CMSG_SPACE(sizeof(uint64_t))) {
-    auto* cm = reinterpret_cast<cmsghdr*>(msg->msg_control);
-    cm->cmsg_level = SOL_RDS;
-    cm->cmsg_type = RDS_CMSG_RDMA_DEST;
-    cm->cmsg_len = CMSG_LEN(sizeof(uint64_t));
-    std::memcpy(CMSG_DATA(cm), &*in.rdma_dest, sizeof(uint64_t));
-    ctl = CMSG_SPACE(sizeof(uint64_t));
-  } else if (in.rdma_dest) {
-    msg->msg_flags |= MSG_CTRUNC;
+  // Control messages in net/rds order: RDMA_DEST, the receive timestamp, the receive path
+  // latency trace, one zero-copy completion.
+  CmsgOut out{msg};
+  if (in.rdma_dest) out.put(SOL_RDS, RDS_CMSG_RDMA_DEST, &*in.rdma_dest, sizeof(uint64_t));
+  if (s->rcvtstamp && (in.rx_tstamp.tv_sec || in.rx_tstamp.tv_nsec)) {
+    if (s->tstamp_new) {
+      const int64_t tv[2] = {in.rx_tstamp.tv_sec, in.rx_tstamp.tv_nsec / 1000};
+      out.put(SOL_SOCKET, SO_TIMESTAMP_NEW, tv, sizeof tv);
+    } else {
+      const timeval tv{in.rx_tstamp.tv_sec, in.rx_tstamp.tv_nsec / 1000};
+      out.put(SOL_SOCKET, SO_TIMESTAMP_OLD, &tv, sizeof tv);
+    }
   }
-  msg->msg_controllen = ctl;
+  if (s->rx_traces) {
+    in.lat[kRxCmsg] = mono_ns();
+    rds_cmsg_rx_trace t{};
+    t.rx_traces = s->rx_traces;
+    for (int i = 0; i < s->rx_traces; ++i) {
+      const int j = s->rx_trace_pos[i];
+      t.rx_trace_pos[i] = static_cast<uint8_t>(j);
+      t.rx_trace[i] = in.lat[j + 1] - in.lat[j];
+    }
+    out.put(SOL_RDS, RDS_CMSG_RXPATH_LATENCY, &t, sizeof t);
+  }
+  put_zcookies(s, msg, out);
+  msg->msg_controllen = out.used;
   const ssize_t ret = static_cast<ssize_t>((flags & MSG_TRUNC) ? in.data.size() : off);
   if (!(flags & MSG_PEEK)) {
     s->rcv_bytes -= in.data.size();

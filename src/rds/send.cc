@@ -21,6 +21,15 @@ void queue_notify(Sock* s, uint64_t token, int status) {
   sock_wake(s);
 }
 
+void queue_zcookie(Sock* s, uint32_t cookie) {
+  // Coalesced RDS_MAX_ZCOOKIES to an entry, one entry per recvmsg (net/rds message.c).
+  if (s->zcookies.empty() || s->zcookies.back().num >= RDS_MAX_ZCOOKIES) s->zcookies.push_back({});
+  rds_zcopy_cookies& c = s->zcookies.back();
+  c.cookies[c.num++] = cookie;
+  sock_update_poll(s);
+  sock_wake(s);
+}
+
 void release_message(Message* m) {
   for (auto& [k, c] : g().conns) {
     for (auto it = c->slot_owner.begin(); it != c->slot_owner.end();)
@@ -28,10 +37,12 @@ void release_message(Message* m) {
     if (m->op || m->atomic_op) std::erase(c->rdma_q, m);
   }
   if (m->sock && m->queued_to_sock) {
-    m->sock->snd_bytes -= m->payload.size();
+    m->sock->snd_bytes -= m->h.len;
     sock_update_poll(m->sock);
     sock_wake(m->sock);
   }
+  for (ibv_mr* mr : m->zmrs) ibv_dereg_mr(mr);
+  if (m->zcopy && m->sock && !m->sock->closing) queue_zcookie(m->sock, m->zcookie);
   ops_release(m);
   delete m;
 }
@@ -61,7 +72,7 @@ void xmit(Conn* c) {
         continue;
       }
     }
-    const size_t len = m->payload.size();
+    const size_t len = m->h.len;
     const uint32_t nfrags = len ? static_cast<uint32_t>((len + kFragSize - 1) / kFragSize) : 1;
     while (m->frags_posted < nfrags) {
       if (c->free_slots.empty()) return;
@@ -73,13 +84,33 @@ void xmit(Conn* c) {
       wire::rds_encode(h, b);
       const size_t off = static_cast<size_t>(m->frags_posted) * kFragSize;
       const size_t chunk = std::min(kFragSize, len - std::min(len, off));
-      if (chunk) std::memcpy(b + wire::kRdsHeaderLen, m->payload.data() + off, chunk);
-      ibv_sge s{reinterpret_cast<uint64_t>(b), static_cast<uint32_t>(wire::kRdsHeaderLen + chunk),
-                c->smr->lkey};
+      ibv_sge sge[kMaxZcopySge + 1];
+      int nsge = 1;
+      if (m->zsge.empty()) {
+        if (chunk) std::memcpy(b + wire::kRdsHeaderLen, m->payload.data() + off, chunk);
+        sge[0] = {reinterpret_cast<uint64_t>(b), static_cast<uint32_t>(wire::kRdsHeaderLen + chunk),
+                  c->smr->lkey};
+      } else {
+        // Zero copy: the header from our slot, the payload gathered from the user's regions.
+        sge[0] = {reinterpret_cast<uint64_t>(b), static_cast<uint32_t>(wire::kRdsHeaderLen),
+                  c->smr->lkey};
+        size_t skip = off, want = chunk;
+        for (const ibv_sge& z : m->zsge) {
+          if (!want) break;
+          if (skip >= z.length) {
+            skip -= z.length;
+            continue;
+          }
+          const size_t take = std::min<size_t>(z.length - skip, want);
+          sge[nsge++] = {z.addr + skip, static_cast<uint32_t>(take), z.lkey};
+          skip = 0;
+          want -= take;
+        }
+      }
       ibv_send_wr wr{};
       wr.wr_id = make_wr_id(conn_id_of(c), c->inc, kSend, static_cast<uint32_t>(slot));
-      wr.sg_list = &s;
-      wr.num_sge = 1;
+      wr.sg_list = sge;
+      wr.num_sge = nsge;
       wr.opcode = IBV_WR_SEND;
       if (post_data_send(c, &wr)) {
         c->free_slots.push_back(slot);
@@ -174,7 +205,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   if (!s) return fail(no_sock(fd));
   // 1. flags
   // MSG_CMSG_COMPAT (0x80000000) is kernel-internal; user space can't pass it.
-  if (flags & ~(MSG_DONTWAIT | MSG_NOSIGNAL)) return fail(EOPNOTSUPP);
+  if (flags & ~(MSG_DONTWAIT | MSG_NOSIGNAL | MSG_ZEROCOPY)) return fail(EOPNOTSUPP);
   if (s->cong_poll) {  // the congestion-update POLLIN has been seen: this is the retry
     s->cong_poll = false;
     sock_update_poll(s);
@@ -215,6 +246,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   int atomic_kind = 0;
   const uint64_t* dest_cookie = nullptr;
   const rds_get_mr_args* map = nullptr;
+  const uint32_t* zcookie = nullptr;
   for (cmsghdr* cm = CMSG_FIRSTHDR(const_cast<msghdr*>(msg)); cm;
        cm = CMSG_NXTHDR(const_cast<msghdr*>(msg), cm)) {
     if (cm->cmsg_level != SOL_RDS) continue;
@@ -232,6 +264,10 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
         if (map || dlen < sizeof(rds_get_mr_args)) return fail(EINVAL);
         map = reinterpret_cast<const rds_get_mr_args*>(CMSG_DATA(cm));
         break;
+      case RDS_CMSG_ZCOPY_COOKIE:
+        if (dlen < sizeof(uint32_t)) return fail(EINVAL);
+        zcookie = reinterpret_cast<const uint32_t*>(CMSG_DATA(cm));
+        break;
       case RDS_CMSG_ATOMIC_FADD:
       case RDS_CMSG_ATOMIC_CSWP:
       case RDS_CMSG_MASKED_ATOMIC_FADD:
@@ -244,8 +280,15 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
         return fail(EINVAL);
     }
   }
-  // {RDMA_DEST, RDMA_MAP} and {RDMA_ARGS, ATOMIC} may not be mixed (net/rds send.c).
-  if ((dest_cookie || map) && (rdma || atomic)) return fail(EINVAL);
+  // {RDMA_DEST, RDMA_MAP, ZCOPY_COOKIE} and {RDMA_ARGS, ATOMIC} may not be mixed, and
+  // MSG_ZEROCOPY needs a cookie (net/rds send.c rds_rm_size). A cookie needs a zero-copy
+  // send of some payload: MSG_ZEROCOPY on a socket with SO_ZEROCOPY (rds_cmsg_zcopy).
+  // Unlike Linux, which offers zero copy on RDS/TCP only (EOPNOTSUPP on IB), every
+  // softverbs connection takes it.
+  if ((dest_cookie || map || zcookie) && (rdma || atomic)) return fail(EINVAL);
+  if ((flags & MSG_ZEROCOPY) && !zcookie) return fail(EINVAL);
+  const bool zcopy = (flags & MSG_ZEROCOPY) && s->zerocopy;
+  if (zcookie && !(zcopy && len)) return fail(EINVAL);
   const uint64_t rdma_bytes = rdma ? rdma->remote_vec.bytes : 0;
   if (std::max<uint64_t>(len, rdma_bytes) > kMaxMsgSize) return fail(EMSGSIZE);
   if (len > s->sndbuf) return fail(EMSGSIZE);
@@ -304,6 +347,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
     // Nobody is bound there: Linux RDS sends it and the peer drops it silently.
     count("send_drop_no_sock");
     ops_release(m.get());
+    if (zcopy) queue_zcookie(s, *zcookie);  // its buffers are free at once
     return static_cast<ssize_t>(len);
   }
   Conn* c = cm_port ? conn_get(peer_gen, s->bound_addr.sin_addr, dest, cm_port) : nullptr;
@@ -331,12 +375,36 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
     s->cv.wait(lk);
     if (s->closing) return fail(EBADF);
   }
-  m->payload.resize(len);
-  size_t off = 0;
-  for (size_t i = 0; i < msg->msg_iovlen; ++i) {
-    if (msg->msg_iov[i].iov_len)  // a zero-length iovec may have a null base
-      std::memcpy(m->payload.data() + off, msg->msg_iov[i].iov_base, msg->msg_iov[i].iov_len);
-    off += msg->msg_iov[i].iov_len;
+  if (zcopy) {
+    m->zcopy = true;
+    m->zcookie = *zcookie;
+  }
+  // Zero copy while the iovecs fit one SEND's gather list; beyond that the payload is copied
+  // (the cookie still completes when the message is released).
+  if (zcopy && msg->msg_iovlen <= kMaxZcopySge) {
+    for (size_t i = 0; i < msg->msg_iovlen; ++i) {
+      if (!msg->msg_iov[i].iov_len) continue;
+      ibv_mr* mr = ibv_reg_mr(G.pd, msg->msg_iov[i].iov_base, msg->msg_iov[i].iov_len, 0);
+      if (!mr) {
+        const int e = errno ? errno : ENOMEM;
+        for (ibv_mr* x : m->zmrs) ibv_dereg_mr(x);
+        m->zmrs.clear();
+        undo_map();
+        return fail(e == EINVAL ? EFAULT : e);
+      }
+      m->zmrs.push_back(mr);
+      m->zsge.push_back({reinterpret_cast<uint64_t>(msg->msg_iov[i].iov_base),
+                         static_cast<uint32_t>(msg->msg_iov[i].iov_len), mr->lkey});
+    }
+    count("send_zcopy");
+  } else {
+    m->payload.resize(len);
+    size_t off = 0;
+    for (size_t i = 0; i < msg->msg_iovlen; ++i) {
+      if (msg->msg_iov[i].iov_len)  // a zero-length iovec may have a null base
+        std::memcpy(m->payload.data() + off, msg->msg_iov[i].iov_base, msg->msg_iov[i].iov_len);
+      off += msg->msg_iov[i].iov_len;
+    }
   }
   s->snd_bytes += len;
   if (s->snd_bytes >= s->sndbuf / 2) m->h.flags |= sv::wire::kRdsFlagAckRequired;
