@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -28,19 +29,9 @@
 namespace sv::rds {
 namespace {
 
-constexpr uint32_t kPrivMagic = 0x53565244;  // "SVRD"
 constexpr int kMinBackoffMs = 1, kMaxBackoffMs = 1000;
-constexpr uint16_t kChanData = 0, kChanRdma = 1;
-
-// rdma_cm private data exchanged at connect/accept.
-struct ConnPriv {
-  uint32_t magic;
-  uint32_t ip;       // sender's address for this connection (network order)
-  uint16_t cm_port;  // sender's rdma_cm listen port
-  uint16_t kind;     // kChanData or kChanRdma
-  uint64_t ack_seq;  // last in-order sequence the sender received from us (like dp_ack_seq)
-  uint64_t gen;
-};
+constexpr uint16_t kChanData = wire::kRdsChanData, kChanRdma = wire::kRdsChanRdma;
+using PrivBytes = std::array<std::byte, wire::kRdsConnPrivLen>;
 
 uint64_t now_ms() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -101,15 +92,16 @@ int setup_rdma_qp(rdma_cm_id* id) {
   return rdma_create_qp(id, G.pd, &a) ? -errno : 0;
 }
 
-ConnPriv make_priv(Conn* c, uint16_t kind = kChanData) {
-  ConnPriv p{};
-  p.magic = htonl(kPrivMagic);
+PrivBytes make_priv(Conn* c, uint16_t kind = kChanData) {
+  wire::RdsConnPriv p;
   p.ip = c->local.sin_addr.s_addr;
-  p.cm_port = htons(g().cm_port);
-  p.kind = htons(kind);
-  p.ack_seq = htobe64(c->next_rx_seq - 1);
-  p.gen = htobe64(g().gen);
-  return p;
+  p.cm_port = g().cm_port;
+  p.kind = kind;
+  p.ack_seq = c->next_rx_seq - 1;
+  p.gen = g().gen;
+  PrivBytes b;
+  wire::rds_conn_priv_encode(p, b.data());
+  return b;
 }
 
 void destroy_id(Conn* c) {
@@ -156,11 +148,16 @@ void start_connect(Conn* c) {
   }
 }
 
-void conn_up(Conn* c, const ConnPriv* peer) {
+void conn_up(Conn* c, const wire::RdsConnPriv& peer) {
+  // The accept acks what the peer has of ours; more than we ever sent is a lie.
+  if (!on_ack(c, peer.ack_seq)) {
+    count("recv_bad_ack");
+    conn_down(c, "bad ack");
+    return;
+  }
   c->state = ConnState::up;
   c->backoff_ms = 0;
   count("conn_up");
-  if (peer && be64toh(peer->gen) != 0) on_ack(c, be64toh(peer->ack_seq));
   cong_send_map(c);  // every (re)connection carries our current map (threads.c)
   xmit(c);
 }
@@ -267,10 +264,10 @@ void handle_rdma_cm(Conn* c, rdma_cm_event* ev) {
         rdma_chan_down(c);
         break;
       }
-      ConnPriv p = make_priv(c, kChanRdma);
+      const PrivBytes p = make_priv(c, kChanRdma);
       rdma_conn_param cp{};
-      cp.private_data = &p;
-      cp.private_data_len = sizeof p;
+      cp.private_data = p.data();
+      cp.private_data_len = static_cast<uint8_t>(p.size());
       cp.responder_resources = 0;  // the peer never reads through this QP
       cp.initiator_depth = kRdmaDepth;
       cp.retry_count = 7;
@@ -335,10 +332,10 @@ void handle_cm(rdma_cm_event* ev) {
           conn_down(c, "setup_qp");
           break;
         }
-        ConnPriv p = make_priv(c);
+        const PrivBytes p = make_priv(c);
         rdma_conn_param cp{};
-        cp.private_data = &p;
-        cp.private_data_len = sizeof p;
+        cp.private_data = p.data();
+        cp.private_data_len = static_cast<uint8_t>(p.size());
         cp.responder_resources = 16;
         cp.initiator_depth = 16;
         cp.retry_count = 7;
@@ -347,13 +344,15 @@ void handle_cm(rdma_cm_event* ev) {
       }
       break;
     case RDMA_CM_EVENT_CONNECT_REQUEST: {
-      const auto* p = static_cast<const ConnPriv*>(ev->param.conn.private_data);
-      if (!p || ev->param.conn.private_data_len < sizeof(ConnPriv) ||
-          ntohl(p->magic) != kPrivMagic) {
+      wire::RdsConnPriv pv;
+      if (!wire::rds_conn_priv_decode(static_cast<const std::byte*>(ev->param.conn.private_data),
+                                      ev->param.conn.private_data_len, pv)) {
         rdma_reject(id, nullptr, 0);
+        count("conn_reject_bad_priv");
         break;
       }
-      if (ntohs(p->kind) == kChanRdma) {
+      const wire::RdsConnPriv* p = &pv;
+      if (p->kind == kChanRdma) {
         accept_rdma_chan(id);
         break;
       }
@@ -370,14 +369,21 @@ void handle_cm(rdma_cm_event* ev) {
       sockaddr_in peer{};
       peer.sin_family = AF_INET;
       peer.sin_addr.s_addr = p->ip;
-      peer.sin_port = p->cm_port;
+      peer.sin_port = htons(p->cm_port);
       const uint64_t mine = G.gen;
-      const uint64_t theirs = be64toh(p->gen);
+      const uint64_t theirs = p->gen;
       // A process sending to its own sockets connects to itself: the accepting half is a
       // connection object of its own (Linux RDS would use its loop transport here), keyed
       // by a generation no process has (they are odd).
-      Conn* pc = conn_get(theirs == mine ? (theirs & ~1ull) : theirs, to->sin_addr, peer,
-                          ntohs(p->cm_port));
+      Conn* pc =
+          conn_get(theirs == mine ? (theirs & ~1ull) : theirs, to->sin_addr, peer, p->cm_port);
+      // It acks what it has of ours: more than we ever sent on this connection is a lie, and
+      // adopting it would drop our unacked messages as delivered.
+      if (p->ack_seq >= pc->next_tx_seq) {
+        rdma_reject(id, nullptr, 0);
+        count("recv_bad_ack");
+        break;
+      }
       // Both ends connecting at once: the connection the process with the smaller
       // generation number initiated is kept, the other refused (by it) or replaced.
       if (theirs != mine && pc->state == ConnState::connecting && pc->active && mine < theirs) {
@@ -400,20 +406,32 @@ void handle_cm(rdma_cm_event* ev) {
         pc->state = ConnState::down;
         break;
       }
-      ConnPriv mine_p = make_priv(pc);
+      const PrivBytes mine_p = make_priv(pc);
       rdma_conn_param cp{};
-      cp.private_data = &mine_p;
-      cp.private_data_len = sizeof mine_p;
+      cp.private_data = mine_p.data();
+      cp.private_data_len = static_cast<uint8_t>(mine_p.size());
       cp.responder_resources = 16;
       cp.initiator_depth = 16;
       if (rdma_accept(id, &cp)) conn_down(pc, "accept");
-      on_ack(pc, be64toh(p->ack_seq));
+      on_ack(pc, p->ack_seq);
       break;
     }
     case RDMA_CM_EVENT_ESTABLISHED:
       if (c && c->id == id) {
-        const auto* p = static_cast<const ConnPriv*>(ev->param.conn.private_data);
-        conn_up(c, p && ev->param.conn.private_data_len >= sizeof(ConnPriv) ? p : nullptr);
+        // The passive side learns nothing here (it read the request); the active side reads
+        // the accept's private data, which must be ours if there is any.
+        wire::RdsConnPriv p;
+        if (!c->active || !ev->param.conn.private_data_len) {
+          p.ack_seq = 0;  // nothing acked: everything unacked is sent again
+          conn_up(c, p);
+        } else if (wire::rds_conn_priv_decode(
+                       static_cast<const std::byte*>(ev->param.conn.private_data),
+                       ev->param.conn.private_data_len, p)) {
+          conn_up(c, p);
+        } else {
+          count("conn_reject_bad_priv");
+          conn_down(c, "bad accept");
+        }
       }
       break;
     default:
@@ -439,7 +457,12 @@ void handle_wc(const ibv_wc& wc) {
       if (c->state == ConnState::up) conn_down(c, "recv error");
       return;
     }
-    on_frag(c, &c->rbuf[static_cast<size_t>(idx) * kBufSize], wc.byte_len);
+    if (!on_frag(c, &c->rbuf[static_cast<size_t>(idx) * kBufSize], wc.byte_len)) {
+      // A protocol error (net/rds drops the connection: "disconnecting and reconnecting").
+      count("recv_protocol_error");
+      conn_down(c, "protocol error");
+      return;
+    }
     if (c->id && c->id->qp) {
       ibv_sge s{reinterpret_cast<uint64_t>(&c->rbuf[static_cast<size_t>(idx) * kBufSize]),
                 static_cast<uint32_t>(kBufSize), c->rmr->lkey};

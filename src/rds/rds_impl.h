@@ -336,7 +336,8 @@ inline uint32_t wr_idx(uint64_t w) {
 // send.cc
 void conn_enqueue(Conn* c, Message* m);  // sequence m and queue it (and its ops) on c
 void xmit(Conn* c);
-void on_ack(Conn* c, uint64_t ack);
+// The peer has everything up to `ack`. False (nothing done) if that is more than we sent.
+bool on_ack(Conn* c, uint64_t ack);
 void on_send_complete(Conn* c, uint64_t wr_id, ibv_wc_status st);
 void conn_reset_queues(Conn* c);  // connection went down
 void queue_notify(Sock* s, uint64_t token, int status);
@@ -382,6 +383,12 @@ void directory_tick();                                  // engine: retries, clai
 int directory_wait_ms();                                // engine: when the next tick is due (-1)
 
 // recv.cc
-void on_frag(Conn* c, const std::byte* buf, uint32_t len);
+// One received SEND. False on a protocol error (the caller drops the connection, as net/rds
+// does): no header, a bad header checksum, an ack of what we never sent, a length beyond
+// RDS_MAX_MSG_SIZE, a sequence outside the receive window, a fragment that does not fit.
+bool on_frag(Conn* c, const std::byte* buf, uint32_t len);
+// How far past the next expected sequence a message may be (gaps are legal: a cancelled
+// message keeps its number): anything further is a peer that lies about its sequence.
+inline constexpr uint64_t kSeqWindow = 1ull << 32;
 
 }  // namespace sv::rds

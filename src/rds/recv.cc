@@ -94,33 +94,57 @@ uint64_t mono_ns() {
   return static_cast<uint64_t>(t.tv_sec) * 1000000000ull + static_cast<uint64_t>(t.tv_nsec);
 }
 
-void on_frag(Conn* c, const std::byte* buf, uint32_t len) {
-  if (len < wire::kRdsHeaderLen) return;
-  wire::RdsHeader h;
-  wire::rds_decode(buf, h);
-  on_ack(c, h.ack);
-  if (h.flags == wire::kRdsFlagCongBitmap) {  // receivers compare for equality (cong.c)
-    cong_map_received(c, buf + wire::kRdsHeaderLen, len - wire::kRdsHeaderLen);
-    return;
+bool on_frag(Conn* c, const std::byte* buf, uint32_t len) {
+  if (len < wire::kRdsHeaderLen) return false;
+  if (!wire::rds_csum_ok(buf)) {
+    count("recv_drop_bad_csum");
+    return false;
   }
-  if (h.sequence == 0) return;  // ack-only frame
+  wire::RdsHeader h;
+  wire::rds_decode(buf, h);  // unknown extensions end the list, as net/rds parses them
+  if (!on_ack(c, h.ack)) {
+    count("recv_bad_ack");
+    return false;
+  }
   const uint32_t chunk = len - static_cast<uint32_t>(wire::kRdsHeaderLen);
-  if (!c->in_msg || c->cur.sequence != h.sequence) {
+  if (h.flags == wire::kRdsFlagCongBitmap) {  // receivers compare for equality (cong.c)
+    cong_map_received(c, buf + wire::kRdsHeaderLen, chunk);
+    return true;
+  }
+  if (h.sequence == 0) return true;  // ack-only frame
+  if (h.len > kMaxMsgSize) {
+    count("recv_drop_bad_len");
+    return false;
+  }
+  if (h.sequence >= c->next_rx_seq && h.sequence - c->next_rx_seq >= kSeqWindow) {
+    count("recv_drop_bad_seq");
+    return false;
+  }
+  if (c->in_msg && c->cur.sequence != h.sequence) {
+    // A new message while one is half received: fragments of a message are consecutive.
+    count("recv_drop_bad_frag");
+    return false;
+  }
+  if (!c->in_msg) {
     c->in_msg = true;
     c->cur = h;
     c->cur_data.assign(h.len, std::byte{0});
     c->cur_have = 0;
     c->cur_hdr_ns = mono_ns();
   }
-  const size_t take = std::min<size_t>(chunk, c->cur_data.size() - c->cur_have);
-  if (take) std::memcpy(c->cur_data.data() + c->cur_have, buf + wire::kRdsHeaderLen, take);
-  c->cur_have += take;
+  if (chunk > c->cur.len - c->cur_have || (chunk == 0 && c->cur.len != 0)) {
+    count("recv_drop_bad_frag");  // more than the message has left, or an empty fragment
+    return false;
+  }
+  if (chunk) std::memcpy(c->cur_data.data() + c->cur_have, buf + wire::kRdsHeaderLen, chunk);
+  c->cur_have += chunk;
   if (c->cur_have >= c->cur.len) {
     c->in_msg = false;
     deliver(c, c->cur, std::move(c->cur_data), c->cur_hdr_ns);
     c->cur_data = {};
     if (!c->send_q.empty()) conn_kick(c);  // pongs
   }
+  return true;
 }
 
 }  // namespace sv::rds

@@ -132,7 +132,8 @@ void xmit(Conn* c) {
   }
 }
 
-void on_ack(Conn* c, uint64_t ack) {
+bool on_ack(Conn* c, uint64_t ack) {
+  if (ack >= c->next_tx_seq) return false;
   while (!c->retrans.empty() && c->retrans.front()->h.sequence <= ack) {
     Message* m = c->retrans.front();
     c->retrans.pop_front();
@@ -140,6 +141,7 @@ void on_ack(Conn* c, uint64_t ack) {
     count("send_drop_acked");
     release_message(m);
   }
+  return true;
 }
 
 void on_send_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {

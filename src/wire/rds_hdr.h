@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 
 #include "wire/be.h"
@@ -36,6 +37,22 @@ struct RdsHeader {
   std::optional<uint64_t> ext_rdma_dest;  // cookie: rkey | offset << 32
 };
 
+// h_csum (offset 30): the Internet checksum of the 48-byte header, as net/rds
+// rds_message_make_checksum (ip_fast_csum) computes it; 0 means "not checksummed" (RDS/TCP
+// sends 0), which rds_message_verify_checksum accepts.
+inline constexpr size_t kRdsCsumOffset = 30;
+
+inline uint16_t rds_csum_fold(const std::byte* hdr) {
+  uint32_t sum = 0;
+  for (size_t i = 0; i < kRdsHeaderLen; i += 2) sum += load_be16(hdr + i);
+  while (sum >> 16) sum = (sum & 0xFFFF) + (sum >> 16);
+  return static_cast<uint16_t>(sum);
+}
+
+inline bool rds_csum_ok(const std::byte* hdr) {
+  return load_be16(hdr + kRdsCsumOffset) == 0 || rds_csum_fold(hdr) == 0xFFFF;
+}
+
 inline void rds_encode(const RdsHeader& h, std::byte* out) {
   std::array<std::byte, kRdsHeaderLen> z{};
   std::byte* p = out;
@@ -47,7 +64,6 @@ inline void rds_encode(const RdsHeader& h, std::byte* out) {
   store_be16(p + 22, h.dport);
   p[24] = std::byte{h.flags};
   p[25] = std::byte{h.credit};
-  // h_csum (offset 30) = 0: "not checksummed", as RDS/TCP sends.
   std::byte* e = p + 32;
   if (h.ext_rdma_dest) {
     e[0] = std::byte{kRdsExtRdmaDest};
@@ -59,6 +75,9 @@ inline void rds_encode(const RdsHeader& h, std::byte* out) {
     e[0] = std::byte{kRdsExtRdma};
     store_be32(e + 1, *h.ext_rdma_rkey);
   }
+  uint16_t csum = static_cast<uint16_t>(~rds_csum_fold(p));
+  if (csum == 0) csum = 0xFFFF;  // the same sum in ones' complement; 0 would mean "none"
+  store_be16(p + kRdsCsumOffset, csum);
 }
 
 // Returns false on an unknown extension type (the rest of the header is still decoded).
@@ -87,6 +106,42 @@ inline bool rds_decode(const std::byte* in, RdsHeader& h) {
     }
   }
   return true;
+}
+
+// rdma_cm private data of an RDS connection request and its accept (softverbs' own: Linux
+// RDS/IB carries rds_ib_connect_private; ours names the process rather than a host).
+inline constexpr uint32_t kRdsConnMagic = 0x53565244;  // "SVRD"
+inline constexpr size_t kRdsConnPrivLen = 32;
+inline constexpr uint16_t kRdsChanData = 0, kRdsChanRdma = 1;
+
+struct RdsConnPriv {
+  uint32_t ip = 0;       // the sender's address for this connection (network order)
+  uint16_t cm_port = 0;  // the sender's rdma_cm listen port
+  uint16_t kind = 0;     // kRdsChanData or kRdsChanRdma
+  uint64_t ack_seq = 0;  // last in-order sequence the sender received from us
+  uint64_t gen = 0;      // the sender process' generation number
+};
+
+inline void rds_conn_priv_encode(const RdsConnPriv& p, std::byte* out) {
+  std::array<std::byte, kRdsConnPrivLen> z{};
+  std::copy(z.begin(), z.end(), out);
+  store_be32(out, kRdsConnMagic);
+  std::memcpy(out + 4, &p.ip, 4);
+  store_be16(out + 8, p.cm_port);
+  store_be16(out + 10, p.kind);
+  store_be64(out + 16, p.ack_seq);
+  store_be64(out + 24, p.gen);
+}
+
+// False for anything but one of ours (short, wrong magic, unknown kind).
+inline bool rds_conn_priv_decode(const std::byte* in, size_t len, RdsConnPriv& p) {
+  if (!in || len < kRdsConnPrivLen || load_be32(in) != kRdsConnMagic) return false;
+  std::memcpy(&p.ip, in + 4, 4);
+  p.cm_port = load_be16(in + 8);
+  p.kind = load_be16(in + 10);
+  p.ack_seq = load_be64(in + 16);
+  p.gen = load_be64(in + 24);
+  return p.kind == kRdsChanData || p.kind == kRdsChanRdma;
 }
 
 }  // namespace sv::wire

@@ -1,0 +1,284 @@
+// A hostile RDS peer: a program that speaks our connection protocol (rdma_cm private data,
+// RDS frames over an RC QP) with lies in it. The victim is a real RDS socket of this process.
+// What must hold: nobody connects claiming an address it does not send from, a claimed ack
+// of what was never sent or a sequence outside the window drops the connection rather than
+// becoming state, an absurd length allocates nothing, and garbage is never delivered.
+#include <fcntl.h>
+#include <rdma/rdma_cma.h>
+#include <sys/random.h>
+
+#include <array>
+#include <fstream>
+#include <string>
+
+#include "rds_test_util.h"
+#include "wire/rds_hdr.h"
+
+using namespace rdstest;
+namespace wire = sv::wire;
+
+namespace {
+
+std::string registry_dir() {
+  const char* d = std::getenv("SOFTVERBS_RDS_DIR");
+  return d && *d ? d : "/dev/shm/softverbs-rds";
+}
+
+// The victim process' rdma_cm port, from the registry entry of (127.0.0.1, port).
+uint16_t victim_cm_port(uint16_t port) {
+  std::ifstream f(registry_dir() + "/127.0.0.1_" + std::to_string(port));
+  unsigned cm = 0;
+  f >> cm;
+  return static_cast<uint16_t>(cm);
+}
+
+long rss_kib() {
+  std::ifstream f("/proc/self/status");
+  std::string k;
+  long v = 0;
+  while (f >> k)
+    if (k == "VmRSS:") {
+      f >> v;
+      break;
+    }
+  return v;
+}
+
+class Attacker {
+ public:
+  static constexpr size_t kBuf = 80 * 1024;  // the victim's congestion map arrives first
+
+  explicit Attacker(uint64_t gen) : gen_(gen) {
+    ch_ = rdma_create_event_channel();
+    fcntl(ch_->fd, F_SETFL, O_NONBLOCK);
+  }
+  ~Attacker() {
+    if (id_) {
+      rdma_disconnect(id_);
+      if (id_->qp) rdma_destroy_qp(id_);
+      rdma_destroy_id(id_);
+    }
+    if (mr_) ibv_dereg_mr(mr_);
+    if (cq_) ibv_destroy_cq(cq_);
+    if (pd_) ibv_dealloc_pd(pd_);
+    rdma_destroy_event_channel(ch_);
+  }
+
+  // Connects from 127.0.0.1 to the victim, claiming `claimed_ip` and acking `ack_seq`.
+  // Returns the event that ends the attempt: ESTABLISHED, REJECTED, ...
+  rdma_cm_event_type connect(uint16_t cm_port, const char* claimed_ip, uint64_t ack_seq) {
+    if (rdma_create_id(ch_, &id_, nullptr, RDMA_PS_TCP)) return RDMA_CM_EVENT_ADDR_ERROR;
+    sockaddr_in src = addr(0), dst = addr(cm_port);
+    if (rdma_resolve_addr(id_, reinterpret_cast<sockaddr*>(&src), reinterpret_cast<sockaddr*>(&dst),
+                          2000) ||
+        wait() != RDMA_CM_EVENT_ADDR_RESOLVED || rdma_resolve_route(id_, 2000) ||
+        wait() != RDMA_CM_EVENT_ROUTE_RESOLVED)
+      return RDMA_CM_EVENT_ADDR_ERROR;
+    pd_ = ibv_alloc_pd(id_->verbs);
+    cq_ = ibv_create_cq(id_->verbs, 64, nullptr, nullptr, 0);
+    mr_ = ibv_reg_mr(pd_, buf_.data(), buf_.size(), IBV_ACCESS_LOCAL_WRITE);
+    ibv_qp_init_attr a{};
+    a.send_cq = a.recv_cq = cq_;
+    a.qp_type = IBV_QPT_RC;
+    a.cap.max_send_wr = a.cap.max_recv_wr = 16;
+    a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+    if (rdma_create_qp(id_, pd_, &a)) return RDMA_CM_EVENT_ADDR_ERROR;
+    for (int i = 0; i < 4; ++i) {
+      ibv_sge s{reinterpret_cast<uint64_t>(buf_.data() + (i + 1) * kBuf), kBuf, mr_->lkey};
+      ibv_recv_wr wr{};
+      wr.sg_list = &s;
+      wr.num_sge = 1;
+      ibv_recv_wr* bad;
+      ibv_post_recv(id_->qp, &wr, &bad);
+    }
+    wire::RdsConnPriv p;
+    p.ip = addr(0, claimed_ip).sin_addr.s_addr;
+    p.cm_port = 1;  // nobody listens there: the victim must never need to call us back
+    p.kind = wire::kRdsChanData;
+    p.ack_seq = ack_seq;
+    p.gen = gen_;
+    std::array<std::byte, wire::kRdsConnPrivLen> pd;
+    wire::rds_conn_priv_encode(p, pd.data());
+    rdma_conn_param cp{};
+    cp.private_data = pd.data();
+    cp.private_data_len = static_cast<uint8_t>(pd.size());
+    cp.responder_resources = cp.initiator_depth = 1;
+    cp.retry_count = cp.rnr_retry_count = 7;
+    if (rdma_connect(id_, &cp)) return RDMA_CM_EVENT_CONNECT_ERROR;
+    return wait();
+  }
+
+  // Sends `frame` (a header and payload) as one SEND; true once it completed.
+  bool send(const std::vector<std::byte>& frame) {
+    std::memcpy(buf_.data(), frame.data(), frame.size());
+    ibv_sge s{reinterpret_cast<uint64_t>(buf_.data()), static_cast<uint32_t>(frame.size()),
+              mr_->lkey};
+    ibv_send_wr wr{}, *bad;
+    wr.sg_list = &s;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    if (ibv_post_send(id_->qp, &wr, &bad)) return false;
+    for (int i = 0; i < 5000; ++i) {
+      ibv_wc wc;
+      const int n = ibv_poll_cq(cq_, 1, &wc);
+      if (n > 0 && wc.opcode == IBV_WC_SEND) return wc.status == IBV_WC_SUCCESS;
+      if (n > 0) continue;  // one of our receives (the victim's map)
+      usleep(1000);
+    }
+    return false;
+  }
+
+  // The next connection event within ms (or RDMA_CM_EVENT_TIMEWAIT_EXIT as "none").
+  rdma_cm_event_type wait(int ms = 5000) {
+    for (int i = 0; i < ms; ++i) {
+      rdma_cm_event* ev;
+      if (rdma_get_cm_event(ch_, &ev) == 0) {
+        const rdma_cm_event_type t = ev->event;
+        rdma_ack_cm_event(ev);
+        return t;
+      }
+      usleep(1000);
+    }
+    return RDMA_CM_EVENT_TIMEWAIT_EXIT;
+  }
+
+ private:
+  uint64_t gen_;
+  rdma_event_channel* ch_ = nullptr;
+  rdma_cm_id* id_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+  ibv_cq* cq_ = nullptr;
+  ibv_mr* mr_ = nullptr;
+  std::vector<std::byte> buf_ = std::vector<std::byte>(5 * kBuf);
+};
+
+uint64_t random_gen() {
+  uint64_t g = 0;
+  if (getrandom(&g, sizeof g, 0) != sizeof g) g = 0x12345;
+  return g | 1;
+}
+
+std::vector<std::byte> frame(uint64_t seq, uint64_t ack, uint32_t len, uint16_t dport,
+                             const std::string& payload) {
+  wire::RdsHeader h;
+  h.sequence = seq;
+  h.ack = ack;
+  h.len = len;
+  h.sport = 4242;
+  h.dport = dport;
+  std::vector<std::byte> f(wire::kRdsHeaderLen + payload.size());
+  wire::rds_encode(h, f.data());
+  std::memcpy(f.data() + wire::kRdsHeaderLen, payload.data(), payload.size());
+  return f;
+}
+
+struct Victim {
+  uint16_t port = rdstest::port(0);
+  int fd = bound_socket(port);
+  uint16_t cm_port = victim_cm_port(port);
+  ~Victim() { svrds_close(fd); }
+  bool got_nothing(int ms = 200) { return wait_for(fd, POLLIN, ms) == 0; }
+};
+
+}  // namespace
+
+TEST(RdsHostilePeer, AConnectionFromAnotherAddressThanItClaimsIsRefused) {
+  Victim v;
+  ASSERT_NE(v.cm_port, 0);
+  const uint64_t before = counter(v.fd, "conn_reject_bad_addr");
+  Attacker a(random_gen());
+  EXPECT_EQ(a.connect(v.cm_port, "127.0.0.9", 0), RDMA_CM_EVENT_REJECTED);
+  EXPECT_GT(counter(v.fd, "conn_reject_bad_addr"), before);
+}
+
+TEST(RdsHostilePeer, AnAckOfWhatWasNeverSentIsRefusedAtConnect) {
+  Victim v;
+  const uint64_t before = counter(v.fd, "recv_bad_ack");
+  Attacker a(random_gen());
+  EXPECT_EQ(a.connect(v.cm_port, "127.0.0.1", ~0ull), RDMA_CM_EVENT_REJECTED);
+  EXPECT_GT(counter(v.fd, "recv_bad_ack"), before);
+}
+
+TEST(RdsHostilePeer, AGigabyteLengthDropsTheConnectionAndAllocatesNothing) {
+  Victim v;
+  Attacker a(random_gen());
+  ASSERT_EQ(a.connect(v.cm_port, "127.0.0.1", 0), RDMA_CM_EVENT_ESTABLISHED);
+  const long rss = rss_kib();
+  ASSERT_TRUE(a.send(frame(1, 0, 1u << 30, v.port, std::string(16, 'x'))));
+  EXPECT_EQ(a.wait(), RDMA_CM_EVENT_DISCONNECTED);
+  EXPECT_LT(rss_kib() - rss, 64 * 1024) << "KiB allocated for the frame";
+  EXPECT_GE(counter(v.fd, "recv_drop_bad_len"), 1u);
+  EXPECT_TRUE(v.got_nothing());
+}
+
+TEST(RdsHostilePeer, ASequenceOutsideTheWindowIsNeverAdopted) {
+  Victim v;
+  const uint64_t gen = random_gen();
+  {
+    Attacker a(gen);
+    ASSERT_EQ(a.connect(v.cm_port, "127.0.0.1", 0), RDMA_CM_EVENT_ESTABLISHED);
+    ASSERT_TRUE(a.send(frame(~0ull - 15, 0, 4, v.port, "evil")));
+    EXPECT_EQ(a.wait(), RDMA_CM_EVENT_DISCONNECTED);
+  }
+  EXPECT_GE(counter(v.fd, "recv_drop_bad_seq"), 1u);
+  EXPECT_TRUE(v.got_nothing());
+  // The same peer again, honest this time: its sequence 1 is delivered, so the lie did not
+  // become the receive state (it would have made 1 a duplicate).
+  Attacker b(gen);
+  ASSERT_EQ(b.connect(v.cm_port, "127.0.0.1", 0), RDMA_CM_EVENT_ESTABLISHED);
+  ASSERT_TRUE(b.send(frame(1, 0, 4, v.port, "good")));
+  std::vector<char> got(16);
+  sockaddr_in from{};
+  ASSERT_EQ(recv_one(v.fd, got, &from), 4);
+  EXPECT_EQ(std::string(got.data(), 4), "good");
+  EXPECT_EQ(ntohs(from.sin_port), 4242);
+}
+
+TEST(RdsHostilePeer, AnAckInAFrameBeyondWhatWasSentDropsTheConnection) {
+  Victim v;
+  Attacker a(random_gen());
+  ASSERT_EQ(a.connect(v.cm_port, "127.0.0.1", 0), RDMA_CM_EVENT_ESTABLISHED);
+  const uint64_t before = counter(v.fd, "recv_bad_ack");
+  ASSERT_TRUE(a.send(frame(1, 1000, 4, v.port, "evil")));
+  EXPECT_EQ(a.wait(), RDMA_CM_EVENT_DISCONNECTED);
+  EXPECT_GT(counter(v.fd, "recv_bad_ack"), before);
+  EXPECT_TRUE(v.got_nothing());
+}
+
+TEST(RdsHostilePeer, ABadHeaderChecksumDropsTheConnection) {
+  Victim v;
+  Attacker a(random_gen());
+  ASSERT_EQ(a.connect(v.cm_port, "127.0.0.1", 0), RDMA_CM_EVENT_ESTABLISHED);
+  auto f = frame(1, 0, 4, v.port, "flip");
+  f[23] ^= std::byte{1};  // dport changed after the checksum was computed
+  ASSERT_TRUE(a.send(f));
+  EXPECT_EQ(a.wait(), RDMA_CM_EVENT_DISCONNECTED);
+  EXPECT_GE(counter(v.fd, "recv_drop_bad_csum"), 1u);
+  EXPECT_TRUE(v.got_nothing());
+}
+
+TEST(RdsHostilePeer, RandomFramesAreNeverDelivered) {
+  Victim v;
+  const uint64_t gen = random_gen();
+  int frames = 0;
+  uint32_t seed = 1;
+  auto rnd = [&] { return seed = seed * 1103515245u + 12345u; };
+  while (frames < 300) {
+    Attacker a(gen);
+    ASSERT_EQ(a.connect(v.cm_port, "127.0.0.1", 0), RDMA_CM_EVENT_ESTABLISHED);
+    // Random frames until one costs the connection.
+    for (;;) {
+      std::vector<std::byte> f(48 + rnd() % 200);
+      for (auto& b : f) b = std::byte(rnd() >> 16);
+      // Aimed at the victim's port so that a frame that got through would be seen.
+      wire::store_be16(f.data() + 22, v.port);
+      ++frames;
+      // A send that fails met a connection the victim already dropped.
+      if (!a.send(f) || a.wait(20) == RDMA_CM_EVENT_DISCONNECTED) break;
+      if (frames >= 300) break;
+    }
+  }
+  EXPECT_TRUE(v.got_nothing());
+  EXPECT_GE(counter(v.fd, "recv_protocol_error"), 250u);
+}
