@@ -45,8 +45,9 @@ if [ $QUICK = 0 ]; then
   # Everything but the plain-tools runs; unmodified binaries run with ASan preloaded.
   ASAN_OPTIONS=detect_leaks=0 run_ctest build-asan "ASan+UBSan" -LE '^tools$'
   bash scripts/build.sh build-tsan -DSV_SANITIZE=thread || exit 1
+  # die_after_fork=0: RDS and verbs support fork() (the child starts threads of its own).
   # report_signal_unsafe=0: perftest's own SIGALRM handler calls fopen (its bug, not ours).
-  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 report_signal_unsafe=0 suppressions=$ROOT/tests/tsan.supp" \
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 report_signal_unsafe=0 die_after_fork=0 suppressions=$ROOT/tests/tsan.supp" \
     run_ctest build-tsan "TSan" -LE '^tools$'
 fi
 
