@@ -3,6 +3,7 @@
 // unguessable-ish and not soon reused.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <set>
 #include <vector>
 
@@ -100,4 +101,23 @@ TEST(KeyTable, KeysAreUniqueAndNotSoonReused) {
   auto& kt = KeyTable::get();
   auto g = kt.read_guard();
   EXPECT_EQ(kt.check(gone, pd, 0, 1, 0, true, &p), AccessResult::invalid_key);
+}
+
+TEST(KeyTable, SlotsAreNotHandedOutInOrder) {
+  // An attacker who knows slots go out 1, 2, 3... needs only the 16 random bits; random slots
+  // make a guess cost 2^32 / (regions) tries. 4096 regions: their slots are not a run.
+  std::vector<std::unique_ptr<Region>> rs;
+  std::set<uint32_t> slots;
+  int consecutive = 0;
+  uint32_t prev = 0;
+  for (int i = 0; i < 4096; ++i) {
+    rs.push_back(std::make_unique<Region>(IBV_ACCESS_REMOTE_READ, 0));
+    const uint32_t slot = rs.back()->mr.mr.rkey & 0xFFFF;
+    slots.insert(slot);
+    if (slot == prev + 1) ++consecutive;
+    prev = slot;
+  }
+  EXPECT_EQ(slots.size(), 4096u);
+  EXPECT_LT(consecutive, 64) << "slots are handed out in order";
+  EXPECT_GT(*slots.rbegin(), 8192u) << "slots crowd the start of the table";
 }
