@@ -22,6 +22,10 @@
 
 namespace sv::rds {
 namespace {
+int claim(const std::string& p, uint16_t cm_port, uint64_t gen);
+}  // namespace
+
+namespace {
 
 std::string dir() {
   const char* d = std::getenv("SOFTVERBS_RDS_DIR");
@@ -40,8 +44,6 @@ std::string path6(const sockaddr_in6& a) {
   return dir() + "/" + ip + "_" + std::to_string(ntohs(a.sin6_port));
 }
 
-int claim(const std::string& p, uint16_t cm_port, uint64_t gen);
-
 }  // namespace
 
 int registry_claim(const sockaddr_in& a, uint16_t cm_port, uint64_t gen) {
@@ -52,11 +54,53 @@ int registry_claim6(const sockaddr_in6& a, uint16_t cm_port, uint64_t gen) {
   return claim(path6(a), cm_port, gen);
 }
 
+// Shared directories (registry, info/) are used as /tmp is: created 01777 whatever the
+// umask, trusted only if really a directory (not a symlink) owned by root or by us, and
+// sticky when others may write (so nobody else can remove or rename our entries).
+bool shared_dir_ready(const std::string& d) {
+  if (mkdir(d.c_str(), 01777) == 0) chmod(d.c_str(), 01777);  // the umask cut the mode
+  struct stat st {};
+  if (lstat(d.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
+  if (st.st_uid != 0 && st.st_uid != geteuid()) return false;
+  if ((st.st_mode & (S_IWOTH | S_IWGRP)) && !(st.st_mode & S_ISVTX)) return false;
+  return true;
+}
+
+// Opens our own entry p for writing, creating it 0644 (others read, only we write). Never
+// follows a symlink. An entry of another user, or a planted symlink, is removed if nobody
+// holds it and we may (its owner or root: the directory is sticky); otherwise -EADDRINUSE.
+int open_own_entry(const std::string& p) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const int fd = open(p.c_str(), O_CREAT | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd >= 0) {
+      struct stat st {};
+      if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+          st.st_nlink == 1) {
+        if ((st.st_mode & 07777) != 0644) fchmod(fd, 0644);
+        return fd;
+      }
+      close(fd);
+    } else if (errno != ELOOP && errno != EACCES && errno != EPERM) {
+      return -errno;
+    }
+    // Someone else's: live while its owner holds the lock.
+    const int rfd = open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (rfd >= 0) {
+      const bool live = flock(rfd, LOCK_SH | LOCK_NB) != 0;
+      close(rfd);
+      if (live) return -EADDRINUSE;
+    }
+    count("registry_foreign_entry");
+    if (unlink(p.c_str()) != 0) return -EADDRINUSE;
+  }
+  return -EADDRINUSE;
+}
+
 namespace {
 int claim(const std::string& p, uint16_t cm_port, uint64_t gen) {
-  mkdir(dir().c_str(), 01777);
-  int fd = open(p.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0666);
-  if (fd < 0) return -errno;
+  if (!shared_dir_ready(dir())) return -EACCES;
+  const int fd = open_own_entry(p);
+  if (fd < 0) return fd;
   if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
     close(fd);
     return -EADDRINUSE;
@@ -161,7 +205,7 @@ uint16_t lookup_file(const sockaddr_in& a, uint64_t* gen) {
     }
     uncache(it);
   }
-  int fd = open(path(a).c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = open(path(a).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return 0;
   // If we can take a shared lock nobody owns the port: the file is stale.
   if (flock(fd, LOCK_SH | LOCK_NB) == 0) {

@@ -6,6 +6,7 @@
 // (counters summed by name), so rds-info sees the whole host.
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,7 +15,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -92,14 +92,19 @@ void info_publish() {
     blob.append(r.data(), r.size());
   }
   const std::string dir = info_dir();
-  mkdir(dir.substr(0, dir.rfind('/')).c_str(), 01777);
-  mkdir(dir.c_str(), 01777);
+  if (!shared_dir_ready(dir.substr(0, dir.rfind('/'))) || !shared_dir_ready(dir)) return;
   const std::string path = dir + "/" + std::to_string(getpid());
   const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return;
-  const bool ok = std::fwrite(blob.data(), 1, blob.size(), f) == blob.size();
-  std::fclose(f);
+  // Never through a symlink, never into another user's file (bind.cc open_own_entry).
+  const int fd = open_own_entry(tmp);
+  if (fd < 0) return;
+  bool ok = ftruncate(fd, 0) == 0;
+  for (size_t off = 0; ok && off < blob.size();) {
+    const ssize_t w = write(fd, blob.data() + off, blob.size() - off);
+    ok = w > 0;
+    off += ok ? static_cast<size_t>(w) : 0;
+  }
+  close(fd);
   if (ok) std::rename(tmp.c_str(), path.c_str());
 }
 
@@ -108,6 +113,28 @@ void info_unpublish() {
 }
 
 namespace {
+// A snapshot another process published: a regular file (no symlink), at most 16 MiB.
+bool read_snapshot(const std::string& p, std::string& out) {
+  constexpr size_t kMax = 16u << 20;
+  const int fd = open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return false;
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<size_t>(st.st_size) > kMax) {
+    close(fd);
+    return false;
+  }
+  out.resize(static_cast<size_t>(st.st_size));
+  size_t got = 0;
+  while (got < out.size()) {
+    const ssize_t r = read(fd, out.data() + got, out.size() - got);
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  out.resize(got);
+  close(fd);
+  return true;
+}
+
 // Other live processes' published records for one id.
 void remote_records(int optname, std::vector<char>& out) {
   DIR* d = opendir(info_dir().c_str());
@@ -120,8 +147,8 @@ void remote_records(int optname, std::vector<char>& out) {
       unlink((info_dir() + "/" + e->d_name).c_str());  // its owner is gone
       continue;
     }
-    std::ifstream f(info_dir() + "/" + e->d_name, std::ios::binary);
-    std::string blob((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::string blob;
+    if (!read_snapshot(info_dir() + "/" + e->d_name, blob)) continue;
     size_t off = 0;
     while (off + 12 <= blob.size()) {
       int id, each;
