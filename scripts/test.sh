@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run). Installs dependencies, builds, and runs:
 #   1. the whole suite (unit, multi-process verbs, ABI exports, unmodified rdma-core and
-#      perftest binaries on loopback and across two network namespaces);
+#      perftest binaries on loopback and across two network namespaces), then short
+#      libFuzzer runs of the parser targets;
 #   2. unit + multi-process tests again under ASan+UBSan, and the threaded ones under TSan.
 # Exits non-zero if any test fails. Options: --quick (skip the sanitizer builds).
 set -uo pipefail
@@ -39,6 +40,12 @@ run_ctest() {  # run_ctest <build-dir> <label> [ctest args...]
 
 bash scripts/build.sh build || exit 1
 run_ctest build "default build"
+
+# Short libFuzzer runs of every parser target (clang; ~30 s in all). Long campaigns: README.
+CC=clang CXX=clang++ cmake -S "$ROOT" -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DSV_FUZZ=ON >/dev/null || exit 1
+ninja -C build-fuzz fuzz_frames fuzz_rds || exit 1
+run_ctest build-fuzz "fuzz (short)" -L '^fuzz$'
 
 if [ $QUICK = 0 ]; then
   bash scripts/build.sh build-asan -DSV_SANITIZE=address || exit 1

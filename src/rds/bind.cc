@@ -19,6 +19,7 @@
 
 #include "rds/rds_impl.h"
 #include "util/fork_local.h"
+#include "wire/rds_files.h"
 
 namespace sv::rds {
 namespace {
@@ -105,10 +106,9 @@ int claim(const std::string& p, uint16_t cm_port, uint64_t gen) {
     close(fd);
     return -EADDRINUSE;
   }
-  char buf[48];
-  const int n =
-      std::snprintf(buf, sizeof buf, "%u %llu\n", cm_port, static_cast<unsigned long long>(gen));
-  if (ftruncate(fd, 0) < 0 || pwrite(fd, buf, static_cast<size_t>(n), 0) != n) {
+  const std::string e = wire::registry_entry_format(cm_port, gen);
+  const auto n = static_cast<ssize_t>(e.size());
+  if (ftruncate(fd, 0) < 0 || pwrite(fd, e.data(), e.size(), 0) != n) {
     close(fd);
     return -EIO;
   }
@@ -144,10 +144,7 @@ void close_cached(Cache& c) {
 ForkLocal<Cache> g_cache_(&close_cached);
 
 bool parse(const char* buf, uint16_t* port, uint64_t* gen) {
-  char* end = nullptr;
-  *port = static_cast<uint16_t>(std::strtoul(buf, &end, 10));
-  *gen = std::strtoull(end, nullptr, 10);
-  return *port != 0;
+  return wire::registry_entry_parse(buf, *port, *gen);
 }
 
 void uncache(Cache::iterator it) {

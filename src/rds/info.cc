@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "rds/rds_impl.h"
+#include "wire/rds_files.h"
 
 namespace sv::rds {
 namespace {
@@ -85,11 +86,7 @@ void info_publish() {
     std::vector<char> r;
     int each = 0;
     if (local_records(id, r, &each) < 0) continue;
-    const uint32_t n = static_cast<uint32_t>(r.size());
-    blob.append(reinterpret_cast<const char*>(&id), sizeof id);
-    blob.append(reinterpret_cast<const char*>(&each), sizeof each);
-    blob.append(reinterpret_cast<const char*>(&n), sizeof n);
-    blob.append(r.data(), r.size());
+    wire::info_blob_append(blob, id, each, r.data(), static_cast<uint32_t>(r.size()));
   }
   const std::string dir = info_dir();
   if (!shared_dir_ready(dir.substr(0, dir.rfind('/'))) || !shared_dir_ready(dir)) return;
@@ -136,7 +133,7 @@ bool read_snapshot(const std::string& p, std::string& out) {
 }
 
 // Other live processes' published records for one id.
-void remote_records(int optname, std::vector<char>& out) {
+void remote_records(int optname, int each, std::vector<char>& out) {
   DIR* d = opendir(info_dir().c_str());
   if (!d) return;
   while (dirent* e = readdir(d)) {
@@ -149,18 +146,13 @@ void remote_records(int optname, std::vector<char>& out) {
     }
     std::string blob;
     if (!read_snapshot(info_dir() + "/" + e->d_name, blob)) continue;
-    size_t off = 0;
-    while (off + 12 <= blob.size()) {
-      int id, each;
-      uint32_t n;
-      std::memcpy(&id, blob.data() + off, 4);
-      std::memcpy(&each, blob.data() + off + 4, 4);
-      std::memcpy(&n, blob.data() + off + 8, 4);
-      off += 12;
-      if (off + n > blob.size()) break;
-      if (id == optname) out.insert(out.end(), blob.data() + off, blob.data() + off + n);
-      off += n;
-    }
+    // Another process' (maybe another user's) file: only whole records of the size we
+    // know are taken, so a bad one cannot shift everyone else's.
+    std::vector<char> recs;
+    if (wire::info_blob_records(blob, optname, each, recs))
+      out.insert(out.end(), recs.begin(), recs.end());
+    else
+      count("info_snapshot_malformed");
   }
   closedir(d);
 }
@@ -170,7 +162,7 @@ int info_get(int optname, void* buf, socklen_t* len) {
   std::vector<char> all;
   int each = 0;
   if (int r = local_records(optname, all, &each); r < 0) return r;
-  remote_records(optname, all);
+  remote_records(optname, each, all);
   if (optname == RDS_INFO_COUNTERS) {
     // Counters are host-wide in Linux: sum them by name.
     std::vector<rds_info_counter> sum;

@@ -1,0 +1,66 @@
+// Formats of the files RDS processes share on a host (another user may write them: parse
+// them as untrusted bytes). Pure functions, fuzzed by fuzz/fuzz_rds.cc.
+//   registry entry <dir>/<ip>_<port>: "<rdma_cm port> <generation>\n" (bind.cc)
+//   info snapshot <dir>/info/<pid>: repeated [i32 id][i32 record size][u32 bytes][records]
+#pragma once
+#include <charconv>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sv::wire {
+
+inline std::string registry_entry_format(uint16_t cm_port, uint64_t gen) {
+  return std::to_string(cm_port) + " " + std::to_string(gen) + "\n";
+}
+
+// False unless the whole entry is "<1..65535> <u64>" with an optional newline.
+inline bool registry_entry_parse(std::string_view s, uint16_t& cm_port, uint64_t& gen) {
+  if (!s.empty() && s.back() == '\n') s.remove_suffix(1);
+  const auto sp = s.find(' ');
+  if (sp == std::string_view::npos || sp == 0 || sp + 1 == s.size()) return false;
+  unsigned port = 0;
+  auto r = std::from_chars(s.data(), s.data() + sp, port);
+  if (r.ec != std::errc() || r.ptr != s.data() + sp || port == 0 || port > 65535) return false;
+  uint64_t g = 0;
+  r = std::from_chars(s.data() + sp + 1, s.data() + s.size(), g);
+  if (r.ec != std::errc() || r.ptr != s.data() + s.size()) return false;
+  cm_port = static_cast<uint16_t>(port);
+  gen = g;
+  return true;
+}
+
+inline void info_blob_append(std::string& blob, int32_t id, int32_t each, const char* data,
+                             uint32_t bytes) {
+  blob.append(reinterpret_cast<const char*>(&id), 4);
+  blob.append(reinterpret_cast<const char*>(&each), 4);
+  blob.append(reinterpret_cast<const char*>(&bytes), 4);
+  blob.append(data, bytes);
+}
+
+// Appends the records of table `id` to out, if they have the size we expect (`each`) and
+// whole records; false (nothing appended for the bad part) on a malformed blob.
+inline bool info_blob_records(std::string_view blob, int32_t id, int32_t each,
+                              std::vector<char>& out) {
+  size_t off = 0;
+  while (off < blob.size()) {
+    if (blob.size() - off < 12) return false;
+    int32_t bid, beach;
+    uint32_t n;
+    std::memcpy(&bid, blob.data() + off, 4);
+    std::memcpy(&beach, blob.data() + off + 4, 4);
+    std::memcpy(&n, blob.data() + off + 8, 4);
+    off += 12;
+    if (n > blob.size() - off) return false;
+    if (bid == id) {
+      if (beach != each || each <= 0 || n % static_cast<uint32_t>(each) != 0) return false;
+      out.insert(out.end(), blob.data() + off, blob.data() + off + n);
+    }
+    off += n;
+  }
+  return true;
+}
+
+}  // namespace sv::wire
