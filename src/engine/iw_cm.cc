@@ -40,6 +40,60 @@ bool OobHeader::decode(std::span<const std::byte> pd, OobHeader& out) {
 
 // ---- Endpoint ------------------------------------------------------------------------
 
+namespace {
+// Endpoints whose handshake timer may still fire, by serial (progress thread only: timers,
+// dispose and registration all run there). A serial is never reused, so a timer never
+// mistakes a new endpoint at the same address for the one it was set for.
+struct LiveEndpoints {
+  std::map<uint64_t, Endpoint*> by_serial;
+  uint64_t next = 1;
+  int waiting_requests = 0;  // passive endpoints in wait_request
+};
+ForkLocal<LiveEndpoints> g_live;
+}  // namespace
+
+std::chrono::milliseconds Endpoint::handshake_timeout() {
+  static const long ms = [] {
+    const char* e = std::getenv("SOFTVERBS_MPA_TIMEOUT_MS");
+    const long v = e ? std::strtol(e, nullptr, 10) : 0;
+    return v > 0 ? v : 10000L;
+  }();
+  return std::chrono::milliseconds(ms);
+}
+
+void Endpoint::arm_timeout() {
+  auto& live = g_live.get();
+  serial_ = live.next++;
+  live.by_serial[serial_] = this;
+  Progress::get().post_after(handshake_timeout(), [serial = serial_] {
+    auto& l = g_live.get();
+    auto it = l.by_serial.find(serial);
+    if (it == l.by_serial.end()) return;
+    Endpoint* ep = it->second;
+    if (ep->st_ == State::connecting || ep->st_ == State::wait_reply ||
+        ep->st_ == State::wait_request) {
+      SV_DBG("MPA handshake timed out (fd %d)", ep->fd_);
+      ep->fail(-ETIMEDOUT);
+    }
+  });
+}
+
+bool Endpoint::admit(int fd) {
+  if (g_live.get().waiting_requests < kMaxPendingRequests) return true;
+  SV_DBG("too many pending MPA handshakes: closing fd %d", fd);
+  close(fd);
+  return false;
+}
+
+bool Endpoint::accept_failed(int fd, Progress::Handler* listener, int err) {
+  if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+    // The backlog stays readable: watching it now would spin. Try again in 100 ms.
+    SV_DBG("accept: errno %d, pausing the listener", err);
+    Progress::get().pause_accepts(fd, listener, std::chrono::milliseconds(100));
+  }
+  return true;
+}
+
 Endpoint* Endpoint::connect(const transport::SockAddr& to, const transport::SockAddr* from,
                             MpaOffer offer, std::function<void(Endpoint*, int)> on_done) {
   auto* ep = new Endpoint();
@@ -57,6 +111,7 @@ Endpoint* Endpoint::connect(const transport::SockAddr& to, const transport::Sock
     ep->fd_ = fd;
     ep->st_ = State::connecting;
     Progress::get().add(fd, EPOLLOUT, ep);
+    ep->arm_timeout();
   });
   return ep;
 }
@@ -71,12 +126,17 @@ Endpoint* Endpoint::passive(int fd, std::function<void(Endpoint*)> on_request,
   ep->on_done_ = std::move(on_done);
   transport::set_nodelay(fd);
   transport::set_nonblock(fd, true);
-  Progress::get().run_sync([ep] { Progress::get().add(ep->fd_, EPOLLIN, ep); });
+  Progress::get().run_sync([ep] {
+    Progress::get().add(ep->fd_, EPOLLIN, ep);
+    ++g_live.get().waiting_requests;
+    ep->arm_timeout();
+  });
   return ep;
 }
 
 void Endpoint::fail(int err) {
   if (st_ == State::failed || st_ == State::done) return;
+  if (st_ == State::wait_request) --g_live.get().waiting_requests;
   st_ = State::failed;
   if (fd_ >= 0) {
     Progress::get().del(fd_);
@@ -224,6 +284,7 @@ void Endpoint::on_event(uint32_t events) {
     out_.peer_ird = req_.v2.ird;
     out_.peer_ord = req_.v2.ord;
     out_.peer_pdata.assign(req_.ulp_pdata.begin(), req_.ulp_pdata.end());
+    --g_live.get().waiting_requests;
     st_ = State::wait_decision;
     Progress::get().del(fd_);
     if (on_request_) on_request_(this);
@@ -293,6 +354,7 @@ int Endpoint::release_fd() {
 
 void Endpoint::dispose() {
   Progress::get().post([this] {
+    if (serial_) g_live.get().by_serial.erase(serial_);
     if (fd_ >= 0) {
       Progress::get().del(fd_);
       close(fd_);
@@ -418,8 +480,11 @@ void on_passive_done(Endpoint* ep, int err) {
 void Listener::on_event(uint32_t) {
   for (;;) {
     int c = accept4(fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (c < 0) return;
-    Endpoint::passive(c, on_request, on_passive_done);
+    if (c < 0) {
+      Endpoint::accept_failed(fd, this, errno);
+      return;
+    }
+    if (Endpoint::admit(c)) Endpoint::passive(c, on_request, on_passive_done);
   }
 }
 

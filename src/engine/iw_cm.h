@@ -8,6 +8,7 @@
 //    (GID, QPN) connects (RDS's "smaller address initiates"); its MPA Request carries an
 //    OobHeader naming both QPs.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -82,8 +83,21 @@ class Endpoint : public Progress::Handler {
 
   void on_event(uint32_t events) override;
 
+  // MPA handshakes are bounded (RFC 5044 §7 leaves it to the implementation; siw gives a
+  // Request or Reply 10 s): an endpoint still connecting, or waiting for a Request or a
+  // Reply after this long, fails with -ETIMEDOUT. SOFTVERBS_MPA_TIMEOUT_MS overrides it.
+  static std::chrono::milliseconds handshake_timeout();
+  // At most this many passive handshakes wait for their Request at once; a connection
+  // accepted beyond that is closed at once (counted, as a SYN flood would be).
+  static constexpr int kMaxPendingRequests = 256;
+  // Accepts a connection from a listener: false (and fd closed) when too many wait.
+  static bool admit(int fd);
+  // accept4 on a listener failed with err: true when the caller should stop for now.
+  static bool accept_failed(int fd, Progress::Handler* listener, int err);
+
  private:
   Endpoint() = default;
+  void arm_timeout();
   void fail(int err);
   bool read_frame(wire::MpaKind kind);  // true once a whole frame is in in_
   bool write_all(const std::vector<std::byte>& b);
@@ -99,6 +113,7 @@ class Endpoint : public Progress::Handler {
   uint16_t ird_ = 0, ord_ = 0;
   std::function<void(Endpoint*, int)> on_done_;
   std::function<void(Endpoint*)> on_request_;
+  uint64_t serial_ = 0;  // names it in the live table its timeout looks it up in
 };
 
 // Out-of-band registry: the process' QP listener and QPN -> QP map.

@@ -253,7 +253,11 @@ void on_passive_request(Endpoint* ep) {
 void Listener::on_event(uint32_t) {
   for (;;) {
     int c = accept4(fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (c < 0) return;
+    if (c < 0) {
+      Endpoint::accept_failed(fd, this, errno);
+      return;
+    }
+    if (!Endpoint::admit(c)) continue;
     Endpoint* ep = Endpoint::passive(c, on_passive_request, on_passive_done);
     ep->user = id;
   }
