@@ -5,8 +5,9 @@
 // -D rdma-bytes, -I rdma-buffers (each -D bytes), -M 0|1|2 (alternate|read|write), -v (verify
 // data), -o (only the active side sends requests), -z (summary only), --rdma-use-once 0|1,
 // --rdma-use-get-mr 0|1, --rdma-use-fence 0|1, --rdma-cache-mrs 0|1, --rdma-alignment n,
-// --use-cong-monitor 0|1, --connect-retries n, --show-params; --control v1|v2|json picks the
-// active side's option exchange (default v1, which every rds-tools passive understands).
+// --use-cong-monitor 0|1, --connect-retries n, --show-params; --control
+// v1|v2[:VERSION]|json[:VERSION] picks the active side's option exchange (default v1, which every
+// rds-tools passive understands).
 //
 // Each side forks -t tasks; task i binds RDS port (port+1+i) and talks to every remote task,
 // keeping -d requests outstanding per peer. A request is answered by an ack; with -D the ack
@@ -52,7 +53,11 @@ namespace {
 
 using namespace rds_stress;
 
-constexpr const char* kOurVersion = "2.3.0";  // what we put in a V2 options block
+// The version string of a V2 options block. An rds-tools passive side reads V2 only if the
+// string equals its own RDS_VERSION (else it takes the bytes for V1), and both the master
+// tree and the 2.3.x tags build as "2.0.7" from their shipped configure, so that is the
+// default; --control v2:VERSION or json:VERSION picks another.
+constexpr const char* kDefaultPeerVersion = "2.0.7";
 constexpr uint32_t kMaxIov = 512;
 
 [[noreturn]] void die(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -916,7 +921,7 @@ int finish(const Options& o, bool active, int control_fd, Children& c) {
   return rc;
 }
 
-int active_parent(Options o, const std::string& control) {
+int active_parent(Options o, std::string control) {
   int fd = -1;
   sockaddr_in peer{};
   peer.sin_family = AF_INET;
@@ -954,7 +959,12 @@ int active_parent(Options o, const std::string& control) {
                 o.rdma_use_get_mr ? " use_get_mr" : "", o.rdma_use_fence ? " use_fence" : "",
                 o.rdma_cache_mrs ? " cache_mrs" : "");
   }
-  std::strncpy(o.version, kOurVersion, kVersionLen - 1);
+  const size_t colon = control.find(':');
+  const std::string version =
+      colon == std::string::npos ? kDefaultPeerVersion : control.substr(colon + 1);
+  control = control.substr(0, colon);
+  if (version.size() > 8) die("--control: version string too long");
+  std::strncpy(o.version, version.c_str(), kVersionLen - 1);
   const bool json = control == "json";
   if (json) set_json_flag(o.version);
   uint8_t block[kOptionsV2Size];
@@ -1085,14 +1095,15 @@ uint32_t parse_addr(const char* s) {
 }
 
 [[noreturn]] void usage() {
-  std::fprintf(stderr,
-               "usage: rds-stress [-r addr] [-p port]                      (passive)\n"
-               "       rds-stress -s addr [-r addr] [-p port] [-q bytes] [-a bytes] [-d depth]\n"
-               "                  [-t tasks] [-T secs] [-D bytes] [-I bufs] [-M 0|1|2] [-o] [-v]\n"
-               "                  [-z] [--rdma-use-once 0|1] [--rdma-use-get-mr 0|1]\n"
-               "                  [--rdma-use-fence 0|1] [--rdma-cache-mrs 0|1]\n"
-               "                  [--rdma-alignment n] [--use-cong-monitor 0|1]\n"
-               "                  [--connect-retries n] [--show-params] [--control v1|v2|json]\n");
+  std::fprintf(
+      stderr,
+      "usage: rds-stress [-r addr] [-p port]                      (passive)\n"
+      "       rds-stress -s addr [-r addr] [-p port] [-q bytes] [-a bytes] [-d depth]\n"
+      "                  [-t tasks] [-T secs] [-D bytes] [-I bufs] [-M 0|1|2] [-o] [-v]\n"
+      "                  [-z] [--rdma-use-once 0|1] [--rdma-use-get-mr 0|1]\n"
+      "                  [--rdma-use-fence 0|1] [--rdma-cache-mrs 0|1]\n"
+      "                  [--rdma-alignment n] [--use-cong-monitor 0|1]\n"
+      "                  [--connect-retries n] [--show-params] [--control v1|v2|json[:VER]]\n");
   std::exit(2);
 }
 
@@ -1214,7 +1225,8 @@ int main(int argc, char** argv) {
         break;
       case OPT_CONTROL:
         control = optarg;
-        if (control != "v1" && control != "v2" && control != "json") usage();
+        if (control != "v1" && control.rfind("v2", 0) != 0 && control.rfind("json", 0) != 0)
+          usage();
         break;
       default:
         usage();
