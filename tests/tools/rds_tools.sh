@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# rds-stress (with and without -D RDMA, verified) and rds-ping between two processes on
-# loopback addresses 127.0.0.1 (active) and 127.0.0.2 (passive).
+# rds-stress (with and without -D RDMA, verified; the option exchanges rds-tools speaks) and
+# rds-ping between two processes on loopback addresses 127.0.0.1 (active) and 127.0.0.2
+# (passive).
 # Usage: rds_tools.sh <bindir>
 set -u
 BIN=$(cd "$1" && pwd)
@@ -39,6 +40,13 @@ stress "-D 64K (alternate read/write) -v" -D 64K -d 2 -v
 stress "-D 1M -M 1 (read) -v" -D 1M -M 1 -v
 stress "-D 256K -M 2 (write) -I 3 -t 2 -v" -D 256K -M 2 -I 3 -t 2 -v
 stress "-D 64K --rdma-use-get-mr 1 --rdma-use-once 1 -v" -D 64K --rdma-use-get-mr 1 --rdma-use-once 1 -v
+stress "-D 64K --rdma-use-get-mr 1 --rdma-cache-mrs 1 -v" -D 64K --rdma-use-get-mr 1 --rdma-use-once 0 \
+  --rdma-cache-mrs 1 -v
+stress "-o (only the active side requests) -d 8 -v" -o -d 8 -v
+# The option exchanges of rds-tools' passive sides: V1 (default), V2 with a version string,
+# and 2.3.x's JSON options after V2 (tests/tools/oracle_rds_tools.sh runs Oracle's tools).
+stress "--control v2 -D 64K -v" --control v2 -D 64K -v
+stress "--control json:2.3.0 -D 64K -M 2 -v" --control json:2.3.0 -D 64K -M 2 -v
 # Busy polling (poll() in the shim does the stack's completion work on the app thread).
 export SOFTVERBS_RDS_BUSY_POLL_US=50
 stress "-d 4 -t 2 -D 64K -v, busy-polling" -d 4 -t 2 -D 64K -v
