@@ -234,17 +234,22 @@ if [ -n "$INFO" ]; then
     # shellcheck disable=SC2086
     timeout $LIMIT "${UNDER_SHIM[@]}" "$INFO" $flags >"$log" 2>&1
     rc=$?
-    local err
-    err=$(grep -m1 -E "Unable|Invalid option|Permission denied|rror" "$log")
+    local err absent
+    # A table we do not provide (-T: no RDS/TCP transport; -p: UEK only) is ENOPROTOOPT, as on
+    # Linux without that module; 2.3.x names the table, 2.0.7 says "Unable get statistics".
+    absent=$(grep -cE "(\"(paths|TCP transport sockets)\".*|Unable get statistics: )Protocol not available" "$log")
+    err=$(grep -vE "(\"(paths|TCP transport sockets)\".*|Unable get statistics: )Protocol not available" "$log" |
+      grep -m1 -E "Unable|Invalid option|Permission denied|rror")
+    if [ "$absent" -gt 0 ] && [ -z "$err" ] && [[ $flags == -T || $flags == -p ]]; then
+      record "rds-info $flags" n/a "table not provided (ENOPROTOOPT); Linux without rds_tcp does the same"
+      return
+    fi
     if [ $rc -eq 124 ]; then
       why="timed out"
     elif grep -q "Bad address" <<<"$err"; then
       why="getsockopt(RDS_INFO_*, NULL, &len=0) gave EFAULT, not ENOSPC (library gap): $err"
     elif [[ $flags == *-N* ]] && grep -q "Permission denied" "$log"; then
       record "rds-info $flags" n/a "this environment may not enter other net namespaces: $err"
-      return
-    elif grep -qE "\"(paths|TCP transport sockets)\".*Protocol not available" <<<"$err"; then
-      record "rds-info $flags" n/a "id not provided (${err##*process the }); Linux without it does the same"
       return
     elif [ -n "$err" ]; then
       why=$err
