@@ -9,9 +9,11 @@
 // Racing connects (both ends connect at once): see the CONNECT_REQUEST case in handle_cm.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -40,6 +42,7 @@ uint64_t now_ms() {
 }
 
 void conn_down(Conn* c, const char* why);
+void rdma_chan_down(Conn* c);
 
 int setup_qp(Conn* c, rdma_cm_id* id) {
   Global& G = g();
@@ -53,8 +56,9 @@ int setup_qp(Conn* c, rdma_cm_id* id) {
   a.cap.max_recv_sge = 1;
   if (rdma_create_qp(id, G.pd, &a)) return -errno;
   if (c->rbuf.empty()) {
-    c->rbuf.resize(static_cast<size_t>(kRecvBufs) * kBufSize);
-    c->sbuf.resize(static_cast<size_t>(kSendSlots) * kBufSize);
+    if (!c->rbuf.allocate(static_cast<size_t>(kRecvBufs) * kBufSize) ||
+        !c->sbuf.allocate(static_cast<size_t>(kSendSlots) * kBufSize))
+      return -ENOMEM;
     c->rmr = ibv_reg_mr(G.pd, c->rbuf.data(), c->rbuf.size(), IBV_ACCESS_LOCAL_WRITE);
     c->smr = ibv_reg_mr(G.pd, c->sbuf.data(), c->sbuf.size(), 0);
     if (!c->rmr || !c->smr) return -ENOMEM;
@@ -148,6 +152,30 @@ void start_connect(Conn* c) {
   }
 }
 
+int idle_close_ms() {
+  static const int ms = [] {
+    const char* e = std::getenv("SOFTVERBS_RDS_IDLE_MS");
+    return e && *e ? static_cast<int>(std::strtol(e, nullptr, 10)) : kIdleCloseMs;
+  }();
+  return ms;
+}
+
+// Closes connections that have had nothing to do for idle_close_ms (kIdleCloseMs).
+void idle_sweep() {
+  const int ms = idle_close_ms();
+  if (ms <= 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& [k, c] : g().conns) {
+    if (c->state != ConnState::up || now - c->last_active < std::chrono::milliseconds(ms)) continue;
+    if (!c->send_q.empty() || !c->retrans.empty() || !c->rdma_q.empty() || c->ack_needed ||
+        c->rinflight || c->in_msg)
+      continue;
+    count("conn_idle_close");
+    if (c->rid) rdma_chan_down(c);
+    conn_down(c, "idle");
+  }
+}
+
 void conn_up(Conn* c, const wire::RdsConnPriv& peer) {
   // The accept acks what the peer has of ours; more than we ever sent is a lie.
   if (!on_ack(c, peer.ack_seq)) {
@@ -157,6 +185,7 @@ void conn_up(Conn* c, const wire::RdsConnPriv& peer) {
   }
   c->state = ConnState::up;
   c->backoff_ms = 0;
+  c->last_active = std::chrono::steady_clock::now();
   count("conn_up");
   cong_send_map(c);  // every (re)connection carries our current map (threads.c)
   xmit(c);
@@ -171,6 +200,21 @@ int drain_cq_locked() {
   for (int n; (n = ibv_poll_cq(g().cq, 32, wc)) > 0; total += n)
     for (int i = 0; i < n; ++i) handle_wc(wc[i]);
   return total;
+}
+
+// A connection that is down holds no buffers: a peer that went away (or went idle) costs
+// the Conn alone, which keeps the sequence state a reconnect needs. setup_qp allocates them
+// again. The QP is destroyed first, so nothing still writes into them.
+void release_buffers(Conn* c) {
+  if (c->rmr) ibv_dereg_mr(c->rmr);
+  if (c->smr) ibv_dereg_mr(c->smr);
+  c->rmr = c->smr = nullptr;
+  c->rbuf.release();
+  c->sbuf.release();
+  c->free_slots.clear();
+  // The QP's own memory (header arena, rings) was freed into the allocator, which keeps it;
+  // a peer that went away should cost nothing, so hand free pages back (rare: per close).
+  malloc_trim(0);
 }
 
 void conn_down(Conn* c, const char* why) {
@@ -191,6 +235,7 @@ void conn_down(Conn* c, const char* why) {
   destroy_id(c);
   ++c->inc;  // whatever the old QP still completes is stale from here on
   conn_reset_queues(c);
+  release_buffers(c);
   // Forget the peer's congestion map: it may have changed while we were down, and a stale
   // congested bit would refuse every send (ENOBUFS) so nothing is queued and nobody
   // reconnects. The next connection brings the current map (cong_send_map at conn_up).
@@ -452,6 +497,7 @@ void handle_wc(const ibv_wc& wc) {
     count("wc_stale");
     return;
   }
+  c->last_active = std::chrono::steady_clock::now();
   if (kind == kRecv) {
     if (wc.status != IBV_WC_SUCCESS) {
       if (c->state == ConnState::up) conn_down(c, "recv error");
@@ -554,6 +600,7 @@ void engine_loop() {
       }
     }
     directory_tick();
+    idle_sweep();
     if (now_ms() - last_publish >= 500) {
       info_publish();
       last_publish = now_ms();
@@ -584,6 +631,21 @@ void fork_parent() {
   if (Global* G = g_stack.peek()) G->mu.unlock();
 }
 }  // namespace
+
+bool PageBuf::allocate(size_t n) {
+  release();
+  void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return false;
+  p_ = static_cast<std::byte*>(p);
+  n_ = n;
+  return true;
+}
+
+void PageBuf::release() {
+  if (p_) munmap(p_, n_);
+  p_ = nullptr;
+  n_ = 0;
+}
 
 Global& g() {
   static const int hooks = pthread_atfork(fork_prepare, fork_parent, nullptr);

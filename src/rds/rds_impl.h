@@ -60,6 +60,11 @@ inline constexpr int kAckDelayUs = 1000;       // a lone ack waits this long for
 inline constexpr int kSignalEvery = 16;        // max_unsignaled_wrs (net/rds ib_send.c)
 inline constexpr size_t kCongMapBytes = 8192;  // RDS_CONG_MAP_BYTES: 65536 ports
 inline constexpr size_t kMaxZcopySge = 15;     // payload SGEs per SEND (the data QP has 16)
+// A connection with nothing queued, unacked or in flight for this long is closed, freeing
+// its buffers (about 8 MiB); the next message reconnects it, sequence state intact.
+// SOFTVERBS_RDS_IDLE_MS overrides it (0: never). Linux RDS never closes idle connections,
+// but there one set of buffers serves a whole host, not every peer process.
+inline constexpr int kIdleCloseMs = 30000;
 
 struct Sock;
 struct Conn;
@@ -162,6 +167,27 @@ struct Sock {
 
 enum class ConnState : uint8_t { down, connecting, up };
 
+// A connection's registered buffers: anonymous pages, so that a page costs memory only once
+// a message touched it, and all of it goes back to the system when the connection closes
+// (a freed std::vector of this size stays in the allocator's arena).
+class PageBuf {
+ public:
+  PageBuf() = default;
+  PageBuf(const PageBuf&) = delete;
+  PageBuf& operator=(const PageBuf&) = delete;
+  ~PageBuf() { release(); }
+  bool allocate(size_t n);  // ib_transport.cc
+  void release();
+  bool empty() const { return !p_; }
+  std::byte* data() { return p_; }
+  size_t size() const { return n_; }
+  std::byte& operator[](size_t i) { return p_[i]; }
+
+ private:
+  std::byte* p_ = nullptr;
+  size_t n_ = 0;
+};
+
 // A connection joins (local address, peer address) of this process and one peer process,
 // as net/rds keys rds_connection by (laddr, faddr): the RDS header carries ports only, so
 // the addresses a message was sent from and to are the connection's (recvmsg's source
@@ -196,7 +222,7 @@ struct Conn {
   std::deque<Message*> send_q;
   std::deque<Message*> retrans;
   // receive buffers and send slots, registered once per connection
-  std::vector<std::byte> rbuf, sbuf;
+  PageBuf rbuf, sbuf;
   ibv_mr* rmr = nullptr;
   ibv_mr* smr = nullptr;
   std::vector<int> free_slots;
@@ -225,6 +251,7 @@ struct Conn {
   int backoff_ms = 0;
   uint64_t reconnects = 0;
   bool tearing_down = false;
+  std::chrono::steady_clock::time_point last_active{};  // last completion or connect
   std::vector<uint8_t> fcong;  // the peer's congestion map (RDS_CONG_MAP_BYTES)
   bool map_queued = false;     // send our map when the connection allows
 };
