@@ -33,6 +33,11 @@ constexpr uint32_t kPrivMagic = 0x53565244;  // "SVRD"
 constexpr int kMinBackoffMs = 1, kMaxBackoffMs = 1000;
 constexpr uint16_t kChanData = 0, kChanRdma = 1;
 
+// Scatter/gather entries our QPs ask for: 16, or fewer when the device has fewer (Linux siw:
+// 6; and 1 for an RDMA Read's local buffers, iWARP's limit). Set by transport_start().
+int g_max_send_sge = 16;
+int g_max_read_sge = 16;
+
 // rdma_cm private data exchanged at connect/accept.
 struct ConnPriv {
   uint32_t magic;
@@ -59,7 +64,7 @@ int setup_qp(Conn* c, rdma_cm_id* id) {
   a.qp_type = IBV_QPT_RC;
   a.cap.max_send_wr = kSendSlots + 64;
   a.cap.max_recv_wr = kRecvBufs + 1;
-  a.cap.max_send_sge = 16;
+  a.cap.max_send_sge = static_cast<uint32_t>(g_max_send_sge);
   a.cap.max_recv_sge = 1;
   if (rdma_create_qp(id, G.pd, &a)) return -errno;
   if (c->rbuf.empty()) {
@@ -97,7 +102,7 @@ int setup_rdma_qp(rdma_cm_id* id) {
   a.qp_type = IBV_QPT_RC;
   a.cap.max_send_wr = 2 * kRdmaDepth + 8;  // a Write is followed by its confirming Read
   a.cap.max_recv_wr = 1;
-  a.cap.max_send_sge = 16;
+  a.cap.max_send_sge = static_cast<uint32_t>(g_max_send_sge);
   a.cap.max_recv_sge = 1;
   return rdma_create_qp(id, G.pd, &a) ? -errno : 0;
 }
@@ -564,6 +569,11 @@ int transport_start() {
   if (!devs || n < 1) return -ENODEV;
   G.verbs = devs[0];
   rdma_free_devices(devs);
+  // A QP asking for more than the device's max_sge is refused (EINVAL): ask for what it has.
+  if (ibv_device_attr da{}; ibv_query_device(G.verbs, &da) == 0) {
+    g_max_send_sge = std::clamp(da.max_sge, 1, 16);
+    g_max_read_sge = std::clamp(da.max_sge_rd > 0 ? da.max_sge_rd : da.max_sge, 1, g_max_send_sge);
+  }
   G.pd = ibv_alloc_pd(G.verbs);
   G.cq_ch = ibv_create_comp_channel(G.verbs);
   G.cq = G.pd && G.cq_ch ? ibv_create_cq(G.verbs, 16384, nullptr, G.cq_ch, 0) : nullptr;
@@ -671,6 +681,10 @@ void flush_acks_locked() {
 
 uint32_t conn_id_of(Conn* c) {
   return g().id_of[c];
+}
+
+int max_local_sge(bool read) {
+  return read ? g_max_read_sge : g_max_send_sge;
 }
 
 }  // namespace sv::rds

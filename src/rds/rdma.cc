@@ -14,6 +14,10 @@
 #include "rds/rds_impl.h"
 
 namespace sv::rds {
+
+// The local scatter/gather entries an RDMA op may have on this device (ib_transport.cc).
+int max_local_sge(bool read);
+
 namespace {
 
 int rdma_status(ibv_wc_status st) {
@@ -292,7 +296,7 @@ int build_rdma_op(const rds_rdma_args& a, std::unique_ptr<RdmaOp>* out) {
     total += iov[i].bytes;
   }
   if (total > a.remote_vec.bytes) return -EINVAL;
-  if (a.nr_local > 16) return -EMSGSIZE;  // max_send_sge of our QPs
+  if (a.nr_local > static_cast<uint64_t>(max_local_sge(!op->write))) return -EMSGSIZE;
   for (uint64_t i = 0; i < a.nr_local; ++i) {
     ibv_mr* mr = reg_local(reinterpret_cast<void*>(iov[i].addr), iov[i].bytes);
     if (!mr) {
