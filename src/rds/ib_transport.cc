@@ -67,13 +67,15 @@ int setup_qp(Conn* c, rdma_cm_id* id) {
   a.cap.max_send_sge = static_cast<uint32_t>(g_max_send_sge);
   a.cap.max_recv_sge = 1;
   if (rdma_create_qp(id, G.pd, &a)) return -errno;
+  // Registered once per connection object. A registration can fail (a real provider pins
+  // the pages: ENOMEM beyond RLIMIT_MEMLOCK); the next setup tries again for what is missing.
   if (c->rbuf.empty()) {
     c->rbuf.resize(static_cast<size_t>(kRecvBufs) * kBufSize);
     c->sbuf.resize(static_cast<size_t>(kSendSlots) * kBufSize);
-    c->rmr = ibv_reg_mr(G.pd, c->rbuf.data(), c->rbuf.size(), IBV_ACCESS_LOCAL_WRITE);
-    c->smr = ibv_reg_mr(G.pd, c->sbuf.data(), c->sbuf.size(), 0);
-    if (!c->rmr || !c->smr) return -ENOMEM;
   }
+  if (!c->rmr) c->rmr = ibv_reg_mr(G.pd, c->rbuf.data(), c->rbuf.size(), IBV_ACCESS_LOCAL_WRITE);
+  if (!c->smr) c->smr = ibv_reg_mr(G.pd, c->sbuf.data(), c->sbuf.size(), 0);
+  if (!c->rmr || !c->smr) return -ENOMEM;
   c->free_slots.clear();
   for (int i = 0; i < kSendSlots; ++i) c->free_slots.push_back(i);
   c->slot_owner.clear();
