@@ -155,10 +155,12 @@ static int target(const char* ip, int port, int secs) {
     printf("target got '%s'\n", in);
     fflush(stdout);
     if (!strcmp(in, "hello")) {
-      sendto(s, &ck, sizeof ck, 0, (struct sockaddr*)&from, sizeof from);
+      if (sendto(s, &ck, sizeof ck, 0, (struct sockaddr*)&from, sizeof from) < 0)
+        printf("target: sendto cookies: %s\n", strerror(errno));
     } else if (!strcmp(in, "check")) {
       struct answer a = {word[0], sum(buf, sizeof buf)};
-      sendto(s, &a, sizeof a, 0, (struct sockaddr*)&from, sizeof from);
+      if (sendto(s, &a, sizeof a, 0, (struct sockaddr*)&from, sizeof from) < 0)
+        printf("target: sendto answer: %s\n", strerror(errno));
     } else if (!strcmp(in, "bye")) {
       printf("target done: word=%llu\n", (unsigned long long)word[0]);
       return 0;
