@@ -81,6 +81,7 @@ struct RdmaOp {
   uint64_t atomic_local = 0;
   ibv_mr* atomic_mr = nullptr;
   bool posted = false;  // on the RDMA channel, completion not seen yet
+  int losses = 0;       // channels lost under it with no culprit named (rdma.cc)
   int status = -1;      // RDS_RDMA_* once known
   bool notified = false;
 };
