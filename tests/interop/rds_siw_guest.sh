@@ -20,14 +20,22 @@
 #                            and rds_siw_probe (RDMA write/read, ATOMIC_FADD, ATOMIC_CSWP)
 #      *.siw_* / *host_to_*  guest (siw) <-> host (softverbs): the same tools both ways
 #    Every probe op must end with a status (RDS_CMSG_RDMA_STATUS) or a sendmsg errno, never
-#    hang, and the connection must carry a message afterwards. Expected results on siw:
+#    hang, and the connection must carry a message afterwards. What siw cannot do:
 #      - atomics: libsiw refuses the work request (post_send -EINVAL): RDS_RDMA_OTHER_ERROR;
-#        softverbs refuses atomics towards a peer without RFC 7306 (siw): OTHER_ERROR too.
-#      - RDMA INTO siw memory: Linux siw ignores the iova of ibv_reg_mr_iova2 (siw_reg_user_mr
-#        keeps the user address as the MR's base), so RDS's zero-based cookies miss and the
-#        op fails with RDS_RDMA_REMOTE_ERROR. RDMA from siw into softverbs memory works.
-#    A phase passes when the result is what the case table below expects (EXPECT), including
-#    the clean failures above; a hang, crash or another status fails it.
+#        softverbs fails atomics towards a peer without RFC 7306 (siw): OTHER_ERROR too.
+#      - immediate data: our RDS never uses it (plain SENDs and RDMA only).
+#    Known siw problems, reported as XFAIL when the phase fails cleanly because of them:
+#      - iova: Linux siw ignores the iova of ibv_reg_mr_iova2 (siw_reg_user_mr keeps the user
+#        address as the MR base) and RDS cookies are zero-based, so RDMA INTO siw memory fails
+#        (REMOTE_ERROR; rds-stress -D "N RDMA operations failed"; the block server's reply is
+#        dropped with its failed op). RDMA from siw into softverbs memory works.
+#      - accept race (siw_interop.sh known_flake): a siw responder may leave the initiator's
+#        first FPDUs unread until the next segment arrives: the first messages stall.
+#    Not hidden: the last phase (softverbs RDMA/atomics into siw, each failure tearing the RDMA
+#    channel down and reconnecting) has crashed the guest kernel: "kernel BUG at
+#    drivers/infiniband/core/iwcm.c:969" (cm_close_handler: a CLOSE for a cm_id that is not
+#    ESTABLISHED), which then shows as FAIL with the BUG line.
+#    A phase passes when the result is what the case table below expects.
 # 4. Prints a summary table and "N passed, M failed"; exits non-zero on any failure.
 #
 # Environment:
