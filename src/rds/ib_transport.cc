@@ -35,6 +35,11 @@ constexpr int kMinBackoffMs = 1, kMaxBackoffMs = 1000;
 constexpr uint16_t kChanData = wire::kRdsChanData, kChanRdma = wire::kRdsChanRdma;
 using PrivBytes = std::array<std::byte, wire::kRdsConnPrivLen>;
 
+// Scatter/gather entries our QPs ask for: 16, or fewer when the device has fewer (Linux siw:
+// 6; and 1 for an RDMA Read's local buffers, iWARP's limit). Set by transport_start().
+int g_max_send_sge = 16;
+int g_max_read_sge = 16;
+
 uint64_t now_ms() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                    std::chrono::steady_clock::now().time_since_epoch())
@@ -52,17 +57,19 @@ int setup_qp(Conn* c, rdma_cm_id* id) {
   a.qp_type = IBV_QPT_RC;
   a.cap.max_send_wr = kSendSlots + 64;
   a.cap.max_recv_wr = kRecvBufs + 1;
-  a.cap.max_send_sge = 16;
+  a.cap.max_send_sge = static_cast<uint32_t>(g_max_send_sge);
   a.cap.max_recv_sge = 1;
   if (rdma_create_qp(id, G.pd, &a)) return -errno;
+  // Registered once per connection object. A registration can fail (a real provider pins
+  // the pages: ENOMEM beyond RLIMIT_MEMLOCK); the next setup tries again for what is missing.
   if (c->rbuf.empty()) {
     if (!c->rbuf.allocate(static_cast<size_t>(kRecvBufs) * kBufSize) ||
         !c->sbuf.allocate(static_cast<size_t>(kSendSlots) * kBufSize))
       return -ENOMEM;
-    c->rmr = ibv_reg_mr(G.pd, c->rbuf.data(), c->rbuf.size(), IBV_ACCESS_LOCAL_WRITE);
-    c->smr = ibv_reg_mr(G.pd, c->sbuf.data(), c->sbuf.size(), 0);
-    if (!c->rmr || !c->smr) return -ENOMEM;
   }
+  if (!c->rmr) c->rmr = ibv_reg_mr(G.pd, c->rbuf.data(), c->rbuf.size(), IBV_ACCESS_LOCAL_WRITE);
+  if (!c->smr) c->smr = ibv_reg_mr(G.pd, c->sbuf.data(), c->sbuf.size(), 0);
+  if (!c->rmr || !c->smr) return -ENOMEM;
   c->free_slots.clear();
   for (int i = 0; i < kSendSlots; ++i) c->free_slots.push_back(i);
   c->slot_owner.clear();
@@ -91,7 +98,7 @@ int setup_rdma_qp(rdma_cm_id* id) {
   a.qp_type = IBV_QPT_RC;
   a.cap.max_send_wr = 2 * kRdmaDepth + 8;  // a Write is followed by its confirming Read
   a.cap.max_recv_wr = 1;
-  a.cap.max_send_sge = 16;
+  a.cap.max_send_sge = static_cast<uint32_t>(g_max_send_sge);
   a.cap.max_recv_sge = 1;
   return rdma_create_qp(id, G.pd, &a) ? -errno : 0;
 }
@@ -665,6 +672,11 @@ int transport_start() {
   if (!devs || n < 1) return -ENODEV;
   G.verbs = devs[0];
   rdma_free_devices(devs);
+  // A QP asking for more than the device's max_sge is refused (EINVAL): ask for what it has.
+  if (ibv_device_attr da{}; ibv_query_device(G.verbs, &da) == 0) {
+    g_max_send_sge = std::clamp(da.max_sge, 1, 16);
+    g_max_read_sge = std::clamp(da.max_sge_rd > 0 ? da.max_sge_rd : da.max_sge, 1, g_max_send_sge);
+  }
   G.pd = ibv_alloc_pd(G.verbs);
   ibv_device_attr da{};
   if (ibv_query_device(G.verbs, &da) == 0) G.mr_max = static_cast<uint32_t>(da.max_mr);
@@ -777,6 +789,10 @@ void flush_acks_locked() {
 
 uint32_t conn_id_of(Conn* c) {
   return g().id_of[c];
+}
+
+int max_local_sge(bool read) {
+  return read ? g_max_read_sge : g_max_send_sge;
 }
 
 }  // namespace sv::rds

@@ -14,6 +14,7 @@
 #include "rds/rds_impl.h"
 
 namespace sv::rds {
+
 namespace {
 
 int rdma_status(ibv_wc_status st) {
@@ -141,15 +142,20 @@ bool op_own_error(ibv_wc_status st) {
 // ops flushed behind it never ran and are posted again on the next channel. Without such
 // a culprit the connection was lost under them: Writes and Reads are repeatable, but an
 // atomic may have executed, so it is reported DROPPED (seed 003: it must still report).
+// Not forever, though: a provider may report an op's own failure as a flush (Linux siw
+// after the peer's Terminate), and the op would go round new channels endlessly; after
+// kMaxOpLosses channels lost under it, it fails (OTHER_ERROR).
+constexpr int kMaxOpLosses = 8;
 void op_unfinished(Conn* c, Message* m) {
   RdmaOp* op = pending_op(m);
   if (!op) return;
   op->posted = false;
-  if (op->atomic && !c->rculprit) {
-    op->status = RDS_RDMA_DROPPED;
+  if (c->rculprit) return;
+  if (op->atomic || ++op->losses >= kMaxOpLosses) {
+    op->status = op->atomic ? RDS_RDMA_DROPPED : RDS_RDMA_OTHER_ERROR;
     notify(m, op, op->status);
     fail_rest(m);
-    count("send_rdma_dropped");
+    count(op->atomic ? "send_rdma_dropped" : "send_rdma_gave_up");
   }
 }
 
@@ -292,7 +298,7 @@ int build_rdma_op(const rds_rdma_args& a, std::unique_ptr<RdmaOp>* out) {
     total += iov[i].bytes;
   }
   if (total > a.remote_vec.bytes) return -EINVAL;
-  if (a.nr_local > 16) return -EMSGSIZE;  // max_send_sge of our QPs
+  if (a.nr_local > static_cast<uint64_t>(max_local_sge(!op->write))) return -EMSGSIZE;
   for (uint64_t i = 0; i < a.nr_local; ++i) {
     ibv_mr* mr = reg_local(reinterpret_cast<void*>(iov[i].addr), iov[i].bytes);
     if (!mr) {

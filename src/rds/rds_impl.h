@@ -88,6 +88,7 @@ struct RdmaOp {
   uint64_t atomic_local = 0;
   ibv_mr* atomic_mr = nullptr;
   bool posted = false;  // on the RDMA channel, completion not seen yet
+  int losses = 0;       // channels lost under it with no culprit named (rdma.cc)
   int status = -1;      // RDS_RDMA_* once known
   bool notified = false;
 };
@@ -339,6 +340,9 @@ void flush_acks_locked();  // send every pending (delayed) ack now
 // Posts a SEND on the data QP, signaled only every kSignalEvery sends or when slots run low.
 int post_data_send(Conn* c, ibv_send_wr* wr);
 uint32_t conn_id_of(Conn* c);
+// Scatter/gather entries a send (false) or an RDMA Read's local side (true) may have on
+// this device: min(16, what it reports).
+int max_local_sge(bool read);
 void rdma_chan_kick(Conn* c);  // connect the RDMA channel if it is down
 
 // WR ids: connection id << 40 | QP incarnation << 32 | kind << 24 | index. The incarnation

@@ -383,7 +383,8 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   }
   // Zero copy while the iovecs fit one SEND's gather list; beyond that the payload is copied
   // (the cookie still completes when the message is released).
-  if (zcopy && msg->msg_iovlen <= kMaxZcopySge) {
+  if (zcopy && msg->msg_iovlen <= kMaxZcopySge &&
+      msg->msg_iovlen < static_cast<size_t>(max_local_sge(false))) {
     for (size_t i = 0; i < msg->msg_iovlen; ++i) {
       if (!msg->msg_iov[i].iov_len) continue;
       ibv_mr* mr = ibv_reg_mr(G.pd, msg->msg_iov[i].iov_base, msg->msg_iov[i].iov_len, 0);
