@@ -1,12 +1,14 @@
 #include "engine/iw_cm.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -78,20 +80,31 @@ void Endpoint::arm_timeout() {
   });
 }
 
+namespace {
+// One descriptor held back (on /dev/null) for refusing connections at EMFILE.
+std::atomic<int> g_spare_fd{-1};
+void keep_spare() {
+  if (g_spare_fd.load() < 0) g_spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+}  // namespace
+
 bool Endpoint::admit(int fd) {
+  keep_spare();
   if (g_live.get().waiting_requests < kMaxPendingRequests) return true;
   SV_DBG("too many pending MPA handshakes: closing fd %d", fd);
   close(fd);
   return false;
 }
 
-bool Endpoint::accept_failed(int fd, Progress::Handler* listener, int err) {
-  if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
-    // The backlog stays readable: watching it now would spin. Try again in 100 ms.
-    SV_DBG("accept: errno %d, pausing the listener", err);
-    Progress::get().pause_accepts(fd, listener, std::chrono::milliseconds(100));
-  }
-  return true;
+void Endpoint::accept_failed(int fd, int err) {
+  if (err != EMFILE && err != ENFILE) return;
+  const int spare = g_spare_fd.exchange(-1);
+  if (spare < 0) return;
+  close(spare);
+  const int c = accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
+  if (c >= 0) close(c);  // refused: we have no descriptor to serve it with
+  SV_DBG("accept: out of descriptors, refused one connection");
+  keep_spare();
 }
 
 Endpoint* Endpoint::connect(const transport::SockAddr& to, const transport::SockAddr* from,
@@ -481,7 +494,7 @@ void Listener::on_event(uint32_t) {
   for (;;) {
     int c = accept4(fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (c < 0) {
-      Endpoint::accept_failed(fd, this, errno);
+      Endpoint::accept_failed(fd, errno);
       return;
     }
     if (Endpoint::admit(c)) Endpoint::passive(c, on_request, on_passive_done);

@@ -92,8 +92,10 @@ class Endpoint : public Progress::Handler {
   static constexpr int kMaxPendingRequests = 256;
   // Accepts a connection from a listener: false (and fd closed) when too many wait.
   static bool admit(int fd);
-  // accept4 on a listener failed with err: true when the caller should stop for now.
-  static bool accept_failed(int fd, Progress::Handler* listener, int err);
+  // accept4 on a listener failed with err. Out of descriptors, the connection at the head of
+  // the backlog is taken with a spare descriptor kept for this and closed, so the listener
+  // drains instead of staying readable (and the progress thread spinning on it).
+  static void accept_failed(int fd, int err);
 
  private:
   Endpoint() = default;

@@ -70,7 +70,6 @@ void Progress::add(int fd, uint32_t events, Handler* h) {
   ev.events = events;
   ev.data.ptr = h;
   if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) < 0) SV_DBG("epoll add fd %d: errno %d", fd, errno);
-  handlers_[fd] = h;
 }
 
 void Progress::mod(int fd, uint32_t events, Handler* h) {
@@ -78,20 +77,10 @@ void Progress::mod(int fd, uint32_t events, Handler* h) {
   ev.events = events;
   ev.data.ptr = h;
   epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev);
-  handlers_[fd] = h;
 }
 
 void Progress::del(int fd) {
   epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
-  handlers_.erase(fd);
-}
-
-void Progress::pause_accepts(int fd, Handler* h, std::chrono::milliseconds delay) {
-  mod(fd, 0, h);
-  post_after(delay, [this, fd, h] {
-    auto it = handlers_.find(fd);
-    if (it != handlers_.end() && it->second == h) mod(fd, EPOLLIN, h);
-  });
 }
 
 void Progress::wake() {

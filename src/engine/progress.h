@@ -43,10 +43,6 @@ class Progress {
   void run_sync(std::function<void()> fn);
   // Runs fn on the progress thread after `delay`.
   void post_after(std::chrono::milliseconds delay, std::function<void()> fn);
-  // A listener that cannot accept (EMFILE, ENFILE, ENOMEM): stop watching it for `delay` and
-  // then watch it again if it is still the same handler's, instead of spinning on a socket
-  // that stays readable. Progress thread only.
-  void pause_accepts(int fd, Handler* h, std::chrono::milliseconds delay);
 
  private:
   friend class sv::ForkLocal<Progress>;
@@ -61,7 +57,6 @@ class Progress {
   std::mutex mu_;
   std::deque<std::function<void()>> queue_;
   std::multimap<std::chrono::steady_clock::time_point, std::function<void()>> timers_;
-  std::map<int, Handler*> handlers_;  // what add/mod registered per fd (progress thread only)
 };
 
 }  // namespace sv::engine

@@ -254,7 +254,7 @@ void Listener::on_event(uint32_t) {
   for (;;) {
     int c = accept4(fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (c < 0) {
-      Endpoint::accept_failed(fd, this, errno);
+      Endpoint::accept_failed(fd, errno);
       return;
     }
     if (!Endpoint::admit(c)) continue;

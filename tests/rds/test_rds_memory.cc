@@ -12,6 +12,15 @@ using namespace rdstest;
 
 namespace {
 
+// What a peer may leave behind: its Conn and allocator slack. Under a sanitizer the
+// allocator keeps freed blocks in quarantine, so allow more there; the buffers themselves
+// (8.7 MiB a peer before they were freed) are mappings and go back either way.
+#ifdef SV_TEST_SLOW
+constexpr long kPerPeerKiB = 1024;
+#else
+constexpr long kPerPeerKiB = 256;
+#endif
+
 const bool g_short_idle = setenv("SOFTVERBS_RDS_IDLE_MS", "500", 1) == 0;
 
 long rss_kib() {
@@ -81,9 +90,9 @@ TEST(RdsMemory, PeersThatLeaveOrGoIdleGiveTheirBuffersBack) {
   long after = 0;
   for (int i = 0; i < 40; ++i) {
     usleep(100000);
-    if ((after = rss_kib()) - base <= kGone * 256) break;
+    if ((after = rss_kib()) - base <= kGone * kPerPeerKiB) break;
   }
-  EXPECT_LE(after - base, kGone * 256) << "KiB kept for " << kGone << " peers that left";
+  EXPECT_LE(after - base, kGone * kPerPeerKiB) << "KiB kept for " << kGone << " peers that left";
   EXPECT_GE(counter(fd, "conn_reset"), static_cast<uint64_t>(kGone));
 
   // 10 that stay but go idle: their connections are closed after 500 ms, then reconnect.
@@ -103,7 +112,7 @@ TEST(RdsMemory, PeersThatLeaveOrGoIdleGiveTheirBuffersBack) {
   }
   EXPECT_GE(closed, static_cast<uint64_t>(kIdle));
   after = rss_kib();
-  EXPECT_LE(after - base, (kGone + kIdle) * 256) << "KiB kept for idle peers";
+  EXPECT_LE(after - base, (kGone + kIdle) * kPerPeerKiB) << "KiB kept for idle peers";
   // Each sends again: the connection comes back and nothing is lost.
   for (int i = 0; i < kIdle; ++i) ASSERT_EQ(write(go[1], "x", 1), 1);
   serve(fd, kIdle);
