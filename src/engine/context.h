@@ -17,8 +17,14 @@ struct Context {
     return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) -
                                       offsetof(verbs_context, context));
   }
-  // Queues an async event record for ibv_get_async_event.
+  // Queues an async event record for ibv_get_async_event, counted against its QP or SRQ
+  // (the kernel's events_reported) so destroying that object can wait for the ack.
   void post_async(const ibv_async_event& ev);
+  // Destroying a QP or SRQ, as uverbs does: its events not yet retrieved are dropped (and
+  // count as acknowledged), then this waits until every one retrieved has been acked, as
+  // libibverbs' destroy waits for events_completed == events_reported.
+  void retire_async(ibv_qp* qp, uint32_t reported);
+  void retire_async(ibv_srq* srq, uint32_t reported);
 };
 static_assert(offsetof(Context, vctx) == 0);
 

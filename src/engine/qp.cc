@@ -209,6 +209,10 @@ int qp_destroy(Qp* qp) {
     std::lock_guard a(qp->rx_mu);
     std::lock_guard b(qp->tx_mu);
   }
+  pthread_mutex_lock(&qp->qpx.qp_base.mutex);
+  const uint32_t reported = qp->events_reported;
+  pthread_mutex_unlock(&qp->qpx.qp_base.mutex);
+  qp->ctx->retire_async(qp->ibqp(), reported);
   pthread_mutex_destroy(&qp->qpx.qp_base.mutex);
   pthread_cond_destroy(&qp->qpx.qp_base.cond);
   delete qp;

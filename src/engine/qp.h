@@ -212,6 +212,7 @@ struct Qp {
   using DisconnectFn = void (*)(void* cm_id);
   std::atomic<DisconnectFn> on_disconnect{nullptr};
   std::unique_ptr<Progress::Handler> io;  // epoll handler for conn.fd
+  uint32_t events_reported = 0;  // async events posted for it (qpx.qp_base.mutex)
 
   ibv_qp* ibqp() { return &qpx.qp_base; }
   static Qp* from(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
@@ -229,6 +230,7 @@ struct Srq {
   uint32_t max_wr = 0, max_sge = 0, limit = 0;
   std::mutex qps_mu;
   std::vector<Qp*> qps;  // to restart QPs stalled waiting for a buffer
+  uint32_t events_reported = 0;  // async events posted for it (srq.mutex)
 };
 
 // ---- qp.cc: creation, state machine, posting -------------------------------------------

@@ -569,6 +569,10 @@ SV_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
     std::lock_guard lk(s->qps_mu);
     if (!s->qps.empty()) return EBUSY;
   }
+  pthread_mutex_lock(&srq->mutex);
+  const uint32_t reported = s->events_reported;
+  pthread_mutex_unlock(&srq->mutex);
+  s->ctx->retire_async(srq, reported);
   pthread_mutex_destroy(&srq->mutex);
   pthread_cond_destroy(&srq->cond);
   --s->pd->users;

@@ -19,6 +19,7 @@
 #include <poll.h>
 #include <signal.h>
 
+#include <atomic>
 #include <cerrno>
 #include <thread>
 
@@ -439,6 +440,49 @@ TEST_F(XProc, AsyncFdNonBlockingGivesEagainThenQpFatal) {
   errno = 0;
   EXPECT_EQ(ibv_get_async_event(local->ctx, &ev), -1) << "one error, one event";
   EXPECT_EQ(errno, EAGAIN);
+}
+
+// As uverbs: a QP's events not yet retrieved die with it (ibv_get_async_event never hands
+// out a freed QP), and ibv_destroy_qp waits for the ack of one that was retrieved.
+void fatal_event_pending(Peer& local, const PeerInfo& ri) {
+  const int fd = local.ctx->async_fd;
+  ASSERT_EQ(fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK), 0);
+  ASSERT_EQ(
+      local.post_send(make_rdma(IBV_WR_RDMA_READ, 1, {sge(0, 64)}, ri.addr, ri.rkey ^ kBadKeyBits)),
+      0);
+  ASSERT_EQ(local.poll(CqSel::send, 1).size(), 1u);
+  pollfd p{fd, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, static_cast<int>(kWait.count())), 1) << "no async event";
+}
+
+TEST_F(XProc, DestroyingAQpDropsItsUnretrievedAsyncEvents) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  ASSERT_NO_FATAL_FAILURE(fatal_event_pending(*local, ri));
+  ASSERT_EQ(ibv_destroy_qp(local->qp), 0);
+  local->qp = nullptr;
+  ibv_async_event ev{};
+  errno = 0;
+  EXPECT_EQ(ibv_get_async_event(local->ctx, &ev), -1) << "an event for a destroyed QP";
+  EXPECT_EQ(errno, EAGAIN);
+}
+
+TEST_F(XProc, DestroyQpWaitsForTheAckOfARetrievedEvent) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  ASSERT_NO_FATAL_FAILURE(fatal_event_pending(*local, ri));
+  ibv_async_event ev{};
+  ASSERT_EQ(ibv_get_async_event(local->ctx, &ev), 0);
+  ASSERT_EQ(ev.element.qp, local->qp);
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    EXPECT_EQ(ibv_destroy_qp(local->qp), 0);
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(done.load()) << "destroyed while its event was still held";
+  ibv_ack_async_event(&ev);
+  t.join();
+  EXPECT_TRUE(done.load());
+  local->qp = nullptr;
 }
 
 }  // namespace
