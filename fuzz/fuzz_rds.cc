@@ -1,5 +1,6 @@
 // libFuzzer target for what RDS parses from peers and from other users' files: the RDS
-// header (checksum, extensions), the connection private data, registry entries and info/
+// header (checksum, extensions), reassembly of fragments into messages and the congestion
+// map (src/wire/rds_rx.h), the connection private data, registry entries and info/
 // snapshots (src/wire/rds_hdr.h, src/wire/rds_files.h). The first byte picks the parser.
 //
 // Beyond "no crash, no ASan/UBSan report", it traps on broken invariants:
@@ -7,7 +8,12 @@
 //    fields; one bit flipped in it (outside h_csum) fails the checksum;
 //  - private data that decodes re-encodes to bytes that decode the same;
 //  - a registry entry that parses formats back to the same text (modulo its newline);
-//  - records taken from a snapshot are whole records, never more bytes than it has.
+//  - records taken from a snapshot are whole records, never more bytes than it has;
+//  - reassembly never holds more than the message size it was told (itself bounded by the
+//    limit), delivers each message whole with exactly the bytes of its fragments, never a
+//    sequence twice or out of order, and never believes an ack beyond what was sent;
+//  - a congestion update frees only ports that were congested.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -17,6 +23,7 @@
 
 #include "wire/rds_files.h"
 #include "wire/rds_hdr.h"
+#include "wire/rds_rx.h"
 
 using namespace sv::wire;
 
@@ -61,8 +68,8 @@ void conn_priv(const std::byte* d, size_t n) {
   rds_conn_priv_encode(p, out);
   RdsConnPriv q;
   FUZZ_CHECK(rds_conn_priv_decode(out, sizeof out, q));
-  FUZZ_CHECK(p.ip == q.ip && p.cm_port == q.cm_port && p.kind == q.kind &&
-             p.ack_seq == q.ack_seq && p.gen == q.gen);
+  FUZZ_CHECK(p.ip == q.ip && p.cm_port == q.cm_port && p.kind == q.kind && p.ack_seq == q.ack_seq &&
+             p.gen == q.gen);
 }
 
 void registry_entry(const std::byte* d, size_t n) {
@@ -90,13 +97,85 @@ void snapshot(const std::byte* d, size_t n) {
   (void)ok;
 }
 
+// Input: max_len exponent, next_tx_seq (be64), then fragments as be16 length + bytes.
+void reassembly(const std::byte* d, size_t n) {
+  if (n < 9) return;
+  const RdsRxLimits lim{load_be64(d + 1), 1u << (static_cast<uint8_t>(d[0]) % 21), 1ull << 32};
+  RdsRx rx;
+  std::vector<std::byte> acc;  // the current message's chunks, as fed
+  uint64_t last_delivered = 0;
+  size_t at = 9;
+  while (at + 2 <= n) {
+    size_t len = load_be16(d + at) % (kRdsHeaderLen + 4097);
+    at += 2;
+    len = std::min(len, n - at);
+    const std::byte* f = d + at;
+    at += len;
+    const bool starts = !rx.in_msg;
+    const uint64_t next_before = rx.next_seq;
+    RdsHeader h;
+    const RdsFrag v = rds_rx_frag(rx, f, len, lim, h);
+    FUZZ_CHECK(rx.next_seq >= next_before);
+    if (v == RdsFrag::bad_ack) FUZZ_CHECK(h.ack >= lim.next_tx_seq);
+    if (v > RdsFrag::bad_csum) FUZZ_CHECK(v == RdsFrag::bad_ack || h.ack < lim.next_tx_seq);
+    if (rds_frag_fatal(v)) break;  // the connection drops
+    if (v == RdsFrag::cong_map || v == RdsFrag::ack_only) continue;
+    if (starts) acc.clear();
+    acc.insert(acc.end(), f + kRdsHeaderLen, f + len);
+    FUZZ_CHECK(rx.cur.len <= lim.max_len);
+    if (v == RdsFrag::more) {
+      FUZZ_CHECK(rx.in_msg && rx.have < rx.cur.len && rx.data.size() == rx.cur.len);
+      FUZZ_CHECK(acc.size() == rx.have);
+      continue;
+    }
+    FUZZ_CHECK(!rx.in_msg && rx.data.size() == rx.cur.len && acc.size() == rx.cur.len);
+    FUZZ_CHECK(std::equal(acc.begin(), acc.end(), rx.data.begin()));
+    if (v == RdsFrag::duplicate) {
+      FUZZ_CHECK(rx.cur.sequence < next_before);
+    } else {
+      FUZZ_CHECK(v == RdsFrag::message && rx.cur.sequence >= next_before);
+      FUZZ_CHECK(rx.cur.sequence > last_delivered && rx.next_seq == rx.cur.sequence + 1);
+      FUZZ_CHECK(rx.cur.sequence - next_before < lim.window);
+      last_delivered = rx.cur.sequence;
+    }
+    rx.data = {};
+  }
+}
+
+// Input: the map we hold (its length picks "none yet" when short), then the update.
+void cong_map(const std::byte* d, size_t n) {
+  std::vector<uint8_t> have;
+  if (n >= kRdsCongMapBytes)
+    have.assign(reinterpret_cast<const uint8_t*>(d),
+                reinterpret_cast<const uint8_t*>(d) + kRdsCongMapBytes);
+  const std::vector<uint8_t> before = have;
+  const std::byte* upd = n >= kRdsCongMapBytes ? d + kRdsCongMapBytes : d;
+  const size_t ulen = n >= kRdsCongMapBytes ? n - kRdsCongMapBytes : n;
+  const uint64_t freed = rds_cong_update(have, upd, ulen);
+  if (ulen != kRdsCongMapBytes) {
+    FUZZ_CHECK(freed == 0 && have == before);
+    return;
+  }
+  FUZZ_CHECK(std::memcmp(have.data(), upd, kRdsCongMapBytes) == 0);
+  // Every freed group has a port that was congested in `before` and is free now.
+  for (unsigned g = 0; g < 64; ++g) {
+    if (!(freed & (1ull << g))) continue;
+    bool found = false;
+    for (size_t port = g; port < kRdsCongMapBytes * 8 && !found; port += 64) {
+      const bool was = !before.empty() && (before[port / 8] & (1u << (port % 8)));
+      found = was && !(have[port / 8] & (1u << (port % 8)));
+    }
+    FUZZ_CHECK(found);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const auto* d = reinterpret_cast<const std::byte*>(data + 1);
   const size_t n = size - 1;
-  switch (data[0] % 4) {
+  switch (data[0] % 6) {
     case 0:
       header(d, n);
       break;
@@ -106,8 +185,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 2:
       registry_entry(d, n);
       break;
-    default:
+    case 3:
       snapshot(d, n);
+      break;
+    case 4:
+      reassembly(d, n);
+      break;
+    default:
+      cong_map(d, n);
       break;
   }
   return 0;

@@ -56,18 +56,7 @@ void cong_rcvbuf_delta(Sock* s) {
 void cong_map_received(Conn* c, const std::byte* map, size_t len) {
   if (len != kCongMapBytes) return;
   count("cong_update_received");
-  std::vector<uint8_t> old = c->fcong;
-  if (old.size() != kCongMapBytes) old.assign(kCongMapBytes, 0);
-  c->fcong.assign(reinterpret_cast<const uint8_t*>(map),
-                  reinterpret_cast<const uint8_t*>(map) + kCongMapBytes);
-  // Ports that went from congested to free, folded into a 64-bit port-group mask.
-  uint64_t portmask = 0;
-  for (size_t i = 0; i < kCongMapBytes; ++i) {
-    const uint8_t freed = old[i] & static_cast<uint8_t>(~c->fcong[i]);
-    if (!freed) continue;
-    for (int b = 0; b < 8; ++b)
-      if (freed & (1u << b)) portmask |= RDS_CONG_MONITOR_MASK(i * 8 + b);
-  }
+  const uint64_t portmask = wire::rds_cong_update(c->fcong, map, len);
   for (auto& [fd, s] : g().socks) {
     if (s->cong_monitor && (s->cong_mask & portmask)) {
       s->cong_notify |= s->cong_mask & portmask;

@@ -108,7 +108,7 @@ PrivBytes make_priv(Conn* c, uint16_t kind = kChanData) {
   p.ip = c->local.sin_addr.s_addr;
   p.cm_port = g().cm_port;
   p.kind = kind;
-  p.ack_seq = c->next_rx_seq - 1;
+  p.ack_seq = c->rx.next_seq - 1;
   p.gen = g().gen;
   PrivBytes b;
   wire::rds_conn_priv_encode(p, b.data());
@@ -175,7 +175,7 @@ void idle_sweep() {
   for (auto& [k, c] : g().conns) {
     if (c->state != ConnState::up || now - c->last_active < std::chrono::milliseconds(ms)) continue;
     if (!c->send_q.empty() || !c->retrans.empty() || !c->rdma_q.empty() || c->ack_needed ||
-        c->rinflight || c->in_msg)
+        c->rinflight || c->rx.in_msg)
       continue;
     count("conn_idle_close");
     if (c->rid) rdma_chan_down(c);
@@ -748,7 +748,7 @@ void conn_send_ack(Conn* c) {
   c->free_slots.pop_back();
   std::byte* b = &c->sbuf[static_cast<size_t>(slot) * kBufSize];
   wire::RdsHeader h;
-  h.ack = c->next_rx_seq - 1;
+  h.ack = c->rx.next_seq - 1;
   wire::rds_encode(h, b);
   ibv_sge s{reinterpret_cast<uint64_t>(b), static_cast<uint32_t>(wire::kRdsHeaderLen),
             c->smr->lkey};

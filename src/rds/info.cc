@@ -249,7 +249,7 @@ int local_records(int optname, std::vector<char>& out, int* each) {
       for (auto& [k, c] : G.conns) {
         rds_info_connection r{};
         r.next_tx_seq = c->next_tx_seq;
-        r.next_rx_seq = c->next_rx_seq;
+        r.next_rx_seq = c->rx.next_seq;
         r.laddr = c->local.sin_addr.s_addr;
         r.faddr = c->peer.sin_addr.s_addr;
         std::strncpy(reinterpret_cast<char*>(r.transport), kTransport, sizeof r.transport - 1);
@@ -263,7 +263,7 @@ int local_records(int optname, std::vector<char>& out, int* each) {
       for (auto& [k, c] : G.conns) {
         rds6_info_connection r{};
         r.next_tx_seq = c->next_tx_seq;
-        r.next_rx_seq = c->next_rx_seq;
+        r.next_rx_seq = c->rx.next_seq;
         r.laddr = mapped(c->local.sin_addr.s_addr);
         r.faddr = mapped(c->peer.sin_addr.s_addr);
         std::strncpy(reinterpret_cast<char*>(r.transport), kTransport, sizeof r.transport - 1);

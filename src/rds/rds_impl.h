@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "wire/rds_hdr.h"
+#include "wire/rds_rx.h"
 
 namespace sv::rds {
 
@@ -58,7 +59,7 @@ inline constexpr uint32_t kDefaultRcvBuf = 256 * 1024;
 inline constexpr int kAckEvery = 8;            // max_unacked_packets
 inline constexpr int kAckDelayUs = 1000;       // a lone ack waits this long for a reply to ride
 inline constexpr int kSignalEvery = 16;        // max_unsignaled_wrs (net/rds ib_send.c)
-inline constexpr size_t kCongMapBytes = 8192;  // RDS_CONG_MAP_BYTES: 65536 ports
+inline constexpr size_t kCongMapBytes = wire::kRdsCongMapBytes;  // RDS_CONG_MAP_BYTES
 inline constexpr size_t kMaxZcopySge = 15;     // payload SGEs per SEND (the data QP has 16)
 // A connection with nothing queued, unacked or in flight for this long is closed, freeing
 // its buffers (about 8 MiB); the next message reconnects it, sequence state intact.
@@ -211,7 +212,6 @@ struct Conn {
   uint8_t rinc = 0;  // RDMA channel QP incarnation
   bool active = false;
   uint64_t next_tx_seq = 1;
-  uint64_t next_rx_seq = 1;  // kept across reconnects so retransmits are recognised
   int unacked = 0;
   bool ack_needed = false;  // the peer has sequences we have not acked
   bool ack_now = false;     // ... and must hear about them without waiting for a reply
@@ -243,12 +243,10 @@ struct Conn {
   std::deque<Message*> rdma_q;              // messages whose op is still to be posted
   std::map<uint64_t, Message*> rdma_owner;  // wr_id -> message (RDMA channel)
   uint32_t next_rdma_wr = 0;
-  // reassembly
-  wire::RdsHeader cur{};
-  uint64_t cur_hdr_ns = 0;  // when its first fragment arrived (RDS_CMSG_RXPATH_LATENCY)
-  std::vector<std::byte> cur_data;
-  size_t cur_have = 0;
-  bool in_msg = false;
+  // reassembly and the sequences seen (rx.next_seq is kept across reconnects so
+  // retransmits are recognised)
+  wire::RdsRx rx;
+  uint64_t cur_hdr_ns = 0;  // when the message's first fragment arrived (RXPATH_LATENCY)
   int backoff_ms = 0;
   uint64_t reconnects = 0;
   bool tearing_down = false;

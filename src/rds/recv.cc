@@ -32,16 +32,9 @@ void queue_pong(Conn* c, uint16_t to_port) {
   count("send_pong");
 }
 
+// A new message (rds_rx_frag said `message`: sequence already adopted).
 void deliver(Conn* c, const wire::RdsHeader& h, std::vector<std::byte>&& data, uint64_t hdr_ns) {
   const uint64_t start_ns = mono_ns();
-  // Dedupe purely by sequence (rds-api.md §7.2): anything already seen is a duplicate,
-  // whether or not the sender flagged it as retransmitted.
-  if (h.sequence < c->next_rx_seq) {
-    count("recv_drop_old_seq");
-    c->ack_needed = c->ack_now = true;  // the peer is retransmitting: tell it at once
-    return;
-  }
-  c->next_rx_seq = h.sequence + 1;
   // Acks free the sender's retransmit list and send buffer. Most ride on our next message
   // (xmit piggybacks them); a lone ack goes after kAckDelayUs, or at once when the sender
   // asked (ACK_REQUIRED: its buffer is half full) or kAckEvery messages are unacked.
@@ -95,55 +88,54 @@ uint64_t mono_ns() {
 }
 
 bool on_frag(Conn* c, const std::byte* buf, uint32_t len) {
-  if (len < wire::kRdsHeaderLen) return false;
-  if (!wire::rds_csum_ok(buf)) {
-    count("recv_drop_bad_csum");
-    return false;
-  }
+  using wire::RdsFrag;
   wire::RdsHeader h;
-  wire::rds_decode(buf, h);  // unknown extensions end the list, as net/rds parses them
-  if (!on_ack(c, h.ack)) {
-    count("recv_bad_ack");
-    return false;
+  const bool starts = !c->rx.in_msg;
+  const RdsFrag v =
+      wire::rds_rx_frag(c->rx, buf, len, {c->next_tx_seq, kMaxMsgSize, kSeqWindow}, h);
+  switch (v) {
+    case RdsFrag::short_frag:
+      return false;
+    case RdsFrag::bad_csum:
+      count("recv_drop_bad_csum");
+      return false;
+    case RdsFrag::bad_ack:
+      count("recv_bad_ack");
+      return false;
+    case RdsFrag::bad_len:
+      count("recv_drop_bad_len");
+      return false;
+    case RdsFrag::bad_seq:
+      count("recv_drop_bad_seq");
+      return false;
+    case RdsFrag::bad_frag:
+      count("recv_drop_bad_frag");  // out of order, more than the message has left, or empty
+      return false;
+    default:
+      break;
   }
-  const uint32_t chunk = len - static_cast<uint32_t>(wire::kRdsHeaderLen);
-  if (h.flags == wire::kRdsFlagCongBitmap) {  // receivers compare for equality (cong.c)
-    cong_map_received(c, buf + wire::kRdsHeaderLen, chunk);
-    return true;
+  on_ack(c, h.ack);
+  switch (v) {
+    case RdsFrag::cong_map:
+      cong_map_received(c, buf + wire::kRdsHeaderLen, len - wire::kRdsHeaderLen);
+      return true;
+    case RdsFrag::ack_only:
+      return true;
+    case RdsFrag::more:
+      if (starts) c->cur_hdr_ns = mono_ns();
+      return true;
+    case RdsFrag::duplicate:
+      count("recv_drop_old_seq");
+      c->ack_needed = c->ack_now = true;  // the peer is retransmitting: tell it at once
+      c->rx.data = {};
+      return true;
+    default:
+      break;
   }
-  if (h.sequence == 0) return true;  // ack-only frame
-  if (h.len > kMaxMsgSize) {
-    count("recv_drop_bad_len");
-    return false;
-  }
-  if (h.sequence >= c->next_rx_seq && h.sequence - c->next_rx_seq >= kSeqWindow) {
-    count("recv_drop_bad_seq");
-    return false;
-  }
-  if (c->in_msg && c->cur.sequence != h.sequence) {
-    // A new message while one is half received: fragments of a message are consecutive.
-    count("recv_drop_bad_frag");
-    return false;
-  }
-  if (!c->in_msg) {
-    c->in_msg = true;
-    c->cur = h;
-    c->cur_data.assign(h.len, std::byte{0});
-    c->cur_have = 0;
-    c->cur_hdr_ns = mono_ns();
-  }
-  if (chunk > c->cur.len - c->cur_have || (chunk == 0 && c->cur.len != 0)) {
-    count("recv_drop_bad_frag");  // more than the message has left, or an empty fragment
-    return false;
-  }
-  if (chunk) std::memcpy(c->cur_data.data() + c->cur_have, buf + wire::kRdsHeaderLen, chunk);
-  c->cur_have += chunk;
-  if (c->cur_have >= c->cur.len) {
-    c->in_msg = false;
-    deliver(c, c->cur, std::move(c->cur_data), c->cur_hdr_ns);
-    c->cur_data = {};
-    if (!c->send_q.empty()) conn_kick(c);  // pongs
-  }
+  if (starts) c->cur_hdr_ns = mono_ns();
+  deliver(c, c->rx.cur, std::move(c->rx.data), c->cur_hdr_ns);
+  c->rx.data = {};
+  if (!c->send_q.empty()) conn_kick(c);  // pongs
   return true;
 }
 

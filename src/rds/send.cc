@@ -80,7 +80,7 @@ void xmit(Conn* c) {
       c->free_slots.pop_back();
       std::byte* b = &c->sbuf[static_cast<size_t>(slot) * kBufSize];
       wire::RdsHeader h = m->h;
-      h.ack = c->next_rx_seq - 1;  // piggybacked ack
+      h.ack = c->rx.next_seq - 1;  // piggybacked ack
       wire::rds_encode(h, b);
       const size_t off = static_cast<size_t>(m->frags_posted) * kFragSize;
       const size_t chunk = std::min(kFragSize, len - std::min(len, off));
@@ -179,9 +179,7 @@ void conn_reset_queues(Conn* c) {
     m->frags_posted = 0;
   }
   c->slot_owner.clear();
-  c->in_msg = false;
-  c->cur_data.clear();
-  c->cur_have = 0;
+  c->rx.reset_message();
   c->ack_needed = c->ack_now = false;
   c->ack_due = {};
   c->posted.clear();
