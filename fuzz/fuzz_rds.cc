@@ -1,7 +1,8 @@
 // libFuzzer target for what RDS parses from peers and from other users' files: the RDS
-// header (checksum, extensions), reassembly of fragments into messages and the congestion
-// map (src/wire/rds_rx.h), the connection private data, registry entries and info/
-// snapshots (src/wire/rds_hdr.h, src/wire/rds_files.h). The first byte picks the parser.
+// header (checksum, extensions), directory lookups' private data, reassembly of fragments into
+// messages and the congestion map (src/wire/rds_rx.h), the connection private data, registry
+// entries and info/ snapshots (src/wire/rds_hdr.h, src/wire/rds_files.h). The first byte picks the
+// parser.
 //
 // Beyond "no crash, no ASan/UBSan report", it traps on broken invariants:
 //  - a header re-encoded from what decoded has a good checksum and decodes to the same
@@ -97,6 +98,19 @@ void snapshot(const std::byte* d, size_t n) {
   (void)ok;
 }
 
+void dir_priv(const std::byte* d, size_t n) {
+  RdsDirPriv p;
+  if (!rds_dir_priv_decode(d, n, p)) {
+    FUZZ_CHECK(n < kRdsDirPrivLen || load_be32(d) != kRdsDirMagic);
+    return;
+  }
+  std::byte out[kRdsDirPrivLen];
+  rds_dir_priv_encode(p, out);
+  RdsDirPriv q;
+  FUZZ_CHECK(rds_dir_priv_decode(out, sizeof out, q));
+  FUZZ_CHECK(p.ip == q.ip && p.port == q.port && p.cm_port == q.cm_port && p.gen == q.gen);
+}
+
 // Input: max_len exponent, next_tx_seq (be64), then fragments as be16 length + bytes.
 void reassembly(const std::byte* d, size_t n) {
   if (n < 9) return;
@@ -175,7 +189,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const auto* d = reinterpret_cast<const std::byte*>(data + 1);
   const size_t n = size - 1;
-  switch (data[0] % 6) {
+  switch (data[0] % 7) {
     case 0:
       header(d, n);
       break;
@@ -191,8 +205,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 4:
       reassembly(d, n);
       break;
-    default:
+    case 5:
       cong_map(d, n);
+      break;
+    default:
+      dir_priv(d, n);
       break;
   }
   return 0;

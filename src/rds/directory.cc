@@ -27,17 +27,7 @@
 namespace sv::rds {
 namespace {
 
-constexpr uint32_t kDirMagic = 0x53564452;  // "SVDR"
 constexpr int kMaxBackoffMs = 1000;
-
-struct DirPriv {
-  uint32_t magic;
-  uint32_t ip;       // request: the destination address; reply: unused
-  uint16_t port;     // request: the destination port (network order)
-  uint16_t cm_port;  // reply: the owner's rdma_cm port (network order), 0 = nobody
-  uint32_t pad;
-  uint64_t gen;  // reply: the owner's generation
-};
 
 struct Lookup {
   sockaddr_in dest{};
@@ -133,25 +123,27 @@ void on_lookup_event(Lookup& l, rdma_cm_event* ev) {
       a.recv_cq = g().cq;
       a.qp_type = IBV_QPT_RC;
       a.cap.max_send_wr = a.cap.max_recv_wr = a.cap.max_send_sge = a.cap.max_recv_sge = 1;
-      DirPriv p{};
-      p.magic = htonl(kDirMagic);
-      p.ip = l.dest.sin_addr.s_addr;
-      p.port = l.dest.sin_port;
+      wire::RdsDirPriv q;
+      q.ip = l.dest.sin_addr.s_addr;
+      q.port = l.dest.sin_port;
+      std::byte pd[wire::kRdsDirPrivLen];
+      wire::rds_dir_priv_encode(q, pd);
       rdma_conn_param cp{};
-      cp.private_data = &p;
-      cp.private_data_len = sizeof p;
+      cp.private_data = pd;
+      cp.private_data_len = sizeof pd;
       if (rdma_create_qp(l.id, g().pd, &a) || rdma_connect(l.id, &cp)) retry_later(l);
       break;
     }
     case RDMA_CM_EVENT_REJECTED: {
-      const auto* r = static_cast<const DirPriv*>(ev->param.conn.private_data);
-      if (!r || ev->param.conn.private_data_len < sizeof(DirPriv) || ntohl(r->magic) != kDirMagic) {
+      wire::RdsDirPriv r;
+      if (!wire::rds_dir_priv_decode(ev->param.conn.private_data, ev->param.conn.private_data_len,
+                                     r)) {
         retry_later(l);  // nobody answering lookups there (yet)
         break;
       }
       drop_id(l);
       l.backoff_ms = 0;
-      finish(l, ntohs(r->cm_port), be64toh(r->gen));
+      finish(l, r.cm_port, r.gen);
       break;
     }
     case RDMA_CM_EVENT_ESTABLISHED:  // not a directory: it accepted
@@ -166,20 +158,18 @@ void on_lookup_event(Lookup& l, rdma_cm_event* ev) {
 
 // We are the host's directory: answer from the registry, always by rejecting.
 void serve(rdma_cm_event* ev) {
-  const auto* q = static_cast<const DirPriv*>(ev->param.conn.private_data);
-  DirPriv r{};
-  r.magic = htonl(kDirMagic);
-  if (q && ev->param.conn.private_data_len >= sizeof(DirPriv) && ntohl(q->magic) == kDirMagic) {
+  wire::RdsDirPriv q, r;
+  if (wire::rds_dir_priv_decode(ev->param.conn.private_data, ev->param.conn.private_data_len, q)) {
     sockaddr_in d{};
     d.sin_family = AF_INET;
-    d.sin_addr.s_addr = q->ip;
-    d.sin_port = q->port;
-    uint64_t gen = 0;
-    r.cm_port = htons(registry_lookup(d, &gen));
-    r.gen = htobe64(gen);
+    d.sin_addr.s_addr = q.ip;
+    d.sin_port = q.port;
+    r.cm_port = registry_lookup(d, &r.gen);
     count("dir_lookup_served");
   }
-  rdma_reject(ev->id, &r, sizeof r);
+  std::byte pd[wire::kRdsDirPrivLen];
+  wire::rds_dir_priv_encode(r, pd);
+  rdma_reject(ev->id, pd, sizeof pd);
 }
 
 }  // namespace

@@ -144,4 +144,40 @@ inline bool rds_conn_priv_decode(const std::byte* in, size_t len, RdsConnPriv& p
   return p.kind == kRdsChanData || p.kind == kRdsChanRdma;
 }
 
+// rdma_cm private data of a directory lookup (rds/directory.cc) and of its answer, which
+// comes back as a reject's private data: magic, the address and port looked up (request),
+// the owner's rdma_cm port and generation (answer; port 0: nobody bound there). 24 bytes,
+// big-endian; the address and port stay in network order as they are on the socket.
+inline constexpr uint32_t kRdsDirMagic = 0x53564452;  // "SVDR"
+inline constexpr size_t kRdsDirPrivLen = 24;
+
+struct RdsDirPriv {
+  uint32_t ip = 0;       // request: destination address (network order)
+  uint16_t port = 0;     // request: destination port (network order)
+  uint16_t cm_port = 0;  // answer: the owner's rdma_cm port, 0 = nobody
+  uint64_t gen = 0;      // answer: the owner's generation
+};
+
+inline void rds_dir_priv_encode(const RdsDirPriv& p, std::byte* out) {
+  std::array<std::byte, kRdsDirPrivLen> z{};
+  std::copy(z.begin(), z.end(), out);
+  store_be32(out, kRdsDirMagic);
+  std::memcpy(out + 4, &p.ip, 4);
+  std::memcpy(out + 8, &p.port, 2);
+  store_be16(out + 10, p.cm_port);
+  store_be64(out + 16, p.gen);
+}
+
+// False for anything that is not a directory's (short, or wrong magic). Reads bytes, so
+// private data at any alignment is fine.
+inline bool rds_dir_priv_decode(const void* data, size_t len, RdsDirPriv& p) {
+  const auto* in = static_cast<const std::byte*>(data);
+  if (!in || len < kRdsDirPrivLen || load_be32(in) != kRdsDirMagic) return false;
+  std::memcpy(&p.ip, in + 4, 4);
+  std::memcpy(&p.port, in + 8, 2);
+  p.cm_port = load_be16(in + 10);
+  p.gen = load_be64(in + 16);
+  return true;
+}
+
 }  // namespace sv::wire
