@@ -215,7 +215,20 @@ static std::vector<std::byte> encode_frame(const MpaFrame& f) {
   return b;
 }
 
+void Endpoint::watch_for_hangup() {
+  if (st_ != State::wait_decision || fd_ < 0 || watching_) return;
+  watching_ = true;
+  Progress::get().add(fd_, EPOLLRDHUP, this);
+}
+
 void Endpoint::on_event(uint32_t events) {
+  if (st_ == State::wait_decision) {
+    if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+      SV_DBG("MPA: peer left while its Request waited (fd %d)", fd_);
+      fail(-ECONNRESET);
+    }
+    return;
+  }
   if (st_ == State::connecting) {
     int r = transport::tcp_connect_result(fd_);
     if (r != 0 || (events & (EPOLLERR | EPOLLHUP))) {
@@ -308,6 +321,11 @@ void Endpoint::on_event(uint32_t events) {
 void Endpoint::accept(MpaOffer reply) {
   Progress::get().post([this, reply = std::move(reply)] {
     if (st_ != State::wait_decision) return;
+    if (watching_) {
+      // The socket is about to be the QP's: out of the epoll set under this handler.
+      Progress::get().del(fd_);
+      watching_ = false;
+    }
     MpaFrame f;
     f.kind = MpaKind::reply;
     f.rev = req_.rev;
@@ -389,6 +407,8 @@ struct Listener : Progress::Handler {
   void on_event(uint32_t) override;
 };
 
+constexpr size_t kMaxParkedPerQp = 4;
+
 struct Registry {
   std::mutex mu;
   std::vector<Listener*> listeners;
@@ -468,12 +488,32 @@ void on_request(Endpoint* ep) {
     ep->reject({});
     return;
   }
+  // A QP waits for one peer; a few more Requests can be legitimate (retries whose earlier
+  // attempt has not been seen to leave yet). Beyond that the oldest gives way, so nobody can
+  // hold a QP's set-up by parking Requests for it.
+  Endpoint* evict = nullptr;
+  if (r.parked.count(h.dst_qpn) >= kMaxParkedPerQp) {
+    auto oldest = r.parked.find(h.dst_qpn);  // equal keys keep insertion order
+    evict = oldest->second;
+    r.parked.erase(oldest);
+  }
   ep->user = reinterpret_cast<void*>(static_cast<uintptr_t>(h.src_qpn));
   r.parked.emplace(h.dst_qpn, ep);  // wait until the QP reaches RTR
+  lk.unlock();
+  ep->watch_for_hangup();  // ... or its peer gives up
+  if (evict) evict->reject({});
 }
 
 void on_passive_done(Endpoint* ep, int err) {
   if (err) {
+    // A parked one whose peer left (or that was refused): no longer a candidate. Parking and
+    // taking from `parked` also run on the progress thread, so nobody holds it meanwhile.
+    {
+      auto& r = reg();
+      std::lock_guard lk(r.mu);
+      for (auto it = r.parked.begin(); it != r.parked.end();)
+        it = it->second == ep ? r.parked.erase(it) : std::next(it);
+    }
     ep->dispose();
     return;
   }

@@ -66,6 +66,11 @@ class Endpoint : public Progress::Handler {
                            std::function<void(Endpoint*, int)> on_done);
 
   void accept(MpaOffer reply);  // sends the Reply; on_done(ep, 0) when it is written
+  // While the owner has not decided (wait_decision), a peer that closes or resets fails the
+  // endpoint (on_done(ep, -ECONNRESET)), so it does not hold the socket for good. Progress
+  // thread only. The initiator sends nothing before our Reply (RFC 5044 §7.1.2), so only
+  // hang-up is watched.
+  void watch_for_hangup();
   void reject(std::vector<std::byte> pdata);
   // Hands the socket to the caller (after done); the endpoint no longer owns it.
   int release_fd();
@@ -116,6 +121,7 @@ class Endpoint : public Progress::Handler {
   std::function<void(Endpoint*, int)> on_done_;
   std::function<void(Endpoint*)> on_request_;
   uint64_t serial_ = 0;  // names it in the live table its timeout looks it up in
+  bool watching_ = false;  // in epoll for hang-up while waiting for a decision
 };
 
 // Out-of-band registry: the process' QP listener and QPN -> QP map.

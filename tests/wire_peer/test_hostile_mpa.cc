@@ -1,10 +1,12 @@
 // Hostile MPA peers against real listeners (rdma_cm's and the out-of-band QP listener):
 // connections that never send their MPA Request are closed after the handshake timeout
-// (SOFTVERBS_MPA_TIMEOUT_MS, set short in this process), and a process out of descriptors
-// does not spin on its listener: it serves a legitimate client once they are freed.
+// (SOFTVERBS_MPA_TIMEOUT_MS, set short in this process), a process out of descriptors
+// does not spin on its listener: it serves a legitimate client once they are freed, and
+// Requests parked for a QP not yet in RTR go when their peer does, and cannot pile up.
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <infiniband/verbs.h>
 #include <poll.h>
 #include <rdma/rdma_cma.h>
 #include <sys/resource.h>
@@ -13,6 +15,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -72,6 +75,69 @@ struct CmListener {
     rdma_destroy_event_channel(ch);
   }
 };
+
+// A QP of this process in INIT: out-of-band Requests for it are parked until RTR.
+struct InitQp {
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = nullptr;
+  InitQp() {
+    int n = 0;
+    ibv_device** l = ibv_get_device_list(&n);
+    EXPECT_GT(n, 0);
+    ctx = ibv_open_device(l[0]);
+    ibv_free_device_list(l);
+    pd = ibv_alloc_pd(ctx);
+    cq = ibv_create_cq(ctx, 4, nullptr, nullptr, 0);
+    ibv_qp_init_attr ia{};
+    ia.send_cq = ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap = {1, 1, 1, 1, 0};
+    qp = ibv_create_qp(pd, &ia);
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    EXPECT_EQ(
+        ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
+        0);
+  }
+  ~InitQp() {
+    ibv_destroy_qp(qp);
+    ibv_destroy_cq(cq);
+    ibv_dealloc_pd(pd);
+    ibv_close_device(ctx);
+  }
+  // Out-of-band QP numbers are (listener port << 8 | index) (engine/iw_cm.h).
+  uint16_t port() const { return static_cast<uint16_t>(qp->qp_num >> 8); }
+};
+
+// An MPA v2 Request whose private data is the out-of-band header naming dst and src QPs.
+std::vector<uint8_t> oob_request(uint32_t dst, uint32_t src) {
+  std::vector<uint8_t> b(20 + 16);
+  std::memcpy(b.data(), "MPA ID Req Frame", 16);
+  b[16] = 0x10;  // enhanced (MPA v2, RFC 6581)
+  b[17] = 2;
+  b[19] = 16;  // private data: IRD/ORD word + 12-byte header
+  const uint32_t words[4] = {htonl(0x00080008), htonl(0x53564F42), htonl(dst), htonl(src)};
+  std::memcpy(b.data() + 20, words, sizeof words);
+  return b;
+}
+
+// True once the peer closed fd within ms, whatever it wrote first (a rejecting Reply).
+bool eof_within(int fd, int ms) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          end - std::chrono::steady_clock::now())
+                          .count();
+    pollfd p{fd, POLLIN, 0};
+    if (left <= 0 || poll(&p, 1, static_cast<int>(left)) <= 0) return false;
+    char b[256];
+    const ssize_t n = recv(fd, b, sizeof b, MSG_DONTWAIT);
+    if (n <= 0) return true;
+  }
+}
 
 double cpu_seconds() {
   rusage u{};
@@ -148,4 +214,39 @@ TEST(HostileMpa, OutOfDescriptorsTheListenerWaitsInsteadOfSpinningThenServes) {
   ASSERT_GE(fd, 0);
   EXPECT_TRUE(closed_by_peer(fd, 5000)) << "the listener no longer accepts";
   close(fd);
+}
+
+TEST(HostileMpa, AParkedRequestGoesWhenItsPeerLeaves) {
+  InitQp q;
+  ASSERT_NE(q.qp, nullptr);
+  const int fd = silent_peer(q.port());
+  ASSERT_GE(fd, 0);
+  const auto req = oob_request(q.qp->qp_num, 0x123456);
+  ASSERT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+  // Parked (the QP is in INIT): no answer, the connection stays, past the handshake timeout.
+  EXPECT_FALSE(eof_within(fd, 600)) << "a parked Request was answered or dropped";
+  const int with = open_fds();
+  close(fd);
+  // Our side of it is closed once the peer has left.
+  for (int i = 0; i < 100 && open_fds() > with - 2; ++i) usleep(20000);
+  EXPECT_EQ(open_fds(), with - 2) << "the parked endpoint kept its socket";
+}
+
+TEST(HostileMpa, RequestsParkedForOneQpCannotPileUp) {
+  InitQp q;
+  ASSERT_NE(q.qp, nullptr);
+  std::vector<int> fds;
+  for (uint32_t i = 0; i < 6; ++i) {
+    const int fd = silent_peer(q.port());
+    ASSERT_GE(fd, 0);
+    const auto req = oob_request(q.qp->qp_num, 0x100 + i);
+    ASSERT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+    fds.push_back(fd);
+    usleep(50000);  // parked in this order
+  }
+  // Four may wait; the two oldest were refused and closed to make room.
+  EXPECT_TRUE(eof_within(fds[0], 2000));
+  EXPECT_TRUE(eof_within(fds[1], 2000));
+  for (size_t i = 2; i < fds.size(); ++i) EXPECT_FALSE(eof_within(fds[i], 100)) << i;
+  for (int fd : fds) close(fd);
 }
