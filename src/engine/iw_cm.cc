@@ -16,6 +16,7 @@
 #include <mutex>
 
 #include "engine/log.h"
+#include "engine/peer_guard.h"
 #include "engine/qp.h"
 #include "util/fork_local.h"
 #include "wire/be.h"
@@ -90,6 +91,11 @@ void keep_spare() {
 
 bool Endpoint::admit(int fd) {
   keep_spare();
+  if (!peer_guard::admit(transport::peer_addr(fd))) {
+    SV_DBG("refusing fd %d: its address keeps failing protection checks", fd);
+    close(fd);
+    return false;
+  }
   if (g_live.get().waiting_requests < kMaxPendingRequests) return true;
   SV_DBG("too many pending MPA handshakes: closing fd %d", fd);
   close(fd);

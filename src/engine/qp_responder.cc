@@ -7,6 +7,7 @@
 #include "engine/app_memory.h"
 #include "engine/iw_cm.h"
 #include "engine/log.h"
+#include "engine/peer_guard.h"
 #include "engine/rx_dispatch.h"
 #include "wire/be.h"
 #include "wire/terminate_codes.h"
@@ -375,6 +376,10 @@ void rx_fail(Qp* qp, const Terminate& t, bool send_term, ibv_wc_status send_stat
     complete_recv(qp, c.cur_recv, recv_status, 0, IBV_WC_RECV, 0, 0, 0);
     c.have_recv = false;
   }
+  // A remote access error is the peer guessing (or misusing) our STags: it counts against
+  // its address, and enough of them keep it from reconnecting for a while (peer_guard.h).
+  if (send_status == IBV_WC_REM_ACCESS_ERR && c.fd >= 0)
+    peer_guard::protection_error(transport::peer_addr(c.fd));
   if (send_term) {
     std::lock_guard lk(qp->tx_mu);
     tx_terminate_locked(qp, t);
