@@ -50,8 +50,8 @@ inline ssize_t send_to(int fd, uint16_t dport, const void* buf, size_t len, int 
 
 // Receives one datagram (blocking up to 5 s through poll).
 inline ssize_t recv_one(int fd, std::vector<char>& buf, sockaddr_in* from = nullptr,
-                        int flags = 0) {
-  if (!wait_for(fd, POLLIN)) return -2;
+                        int flags = 0, int ms = 5000) {
+  if (!wait_for(fd, POLLIN, ms)) return -2;
   socklen_t fl = sizeof(sockaddr_in);
   return svrds_recvfrom(fd, buf.data(), buf.size(), flags | MSG_DONTWAIT,
                         reinterpret_cast<sockaddr*>(from), from ? &fl : nullptr);

@@ -35,6 +35,10 @@ long rss_kib() {
   return v;
 }
 
+// Peers are new processes that set up their own engine: under a sanitizer on a loaded
+// machine, 20 of them starting at once take more than the usual 5 s.
+constexpr int kStartupMs = 60000;
+
 // A peer process: binds `me`, sends "hi" to the server port, waits for "ok"; then, with a
 // `go` pipe, waits for one byte on it, sends "again" and waits for "ok" again.
 pid_t peer(uint16_t me, uint16_t server, int go) {
@@ -44,7 +48,7 @@ pid_t peer(uint16_t me, uint16_t server, int go) {
   std::vector<char> buf(16);
   for (const char* text : {"hi", "again"}) {
     if (send_to(fd, server, text, std::strlen(text)) < 0) _exit(10);
-    if (recv_one(fd, buf) != 2) _exit(11);
+    if (recv_one(fd, buf, nullptr, 0, kStartupMs) != 2) _exit(11);
     char x;
     if (go < 0 || std::strcmp(text, "again") == 0 || read(go, &x, 1) != 1) break;
   }
@@ -62,7 +66,7 @@ void serve(int fd, int n) {
   for (int i = 0; i < n; ++i) {
     std::vector<char> buf(16);
     sockaddr_in from{};
-    ASSERT_GT(recv_one(fd, buf, &from), 0) << i;
+    ASSERT_GT(recv_one(fd, buf, &from, 0, kStartupMs), 0) << i;
     ASSERT_EQ(send_to(fd, ntohs(from.sin_port), "ok", 2), 2);
   }
 }
@@ -84,7 +88,7 @@ TEST(RdsMemory, PeersThatLeaveOrGoIdleGiveTheirBuffersBack) {
   constexpr int kGone = 20;
   std::vector<pid_t> gone;
   for (int i = 0; i < kGone; ++i) gone.push_back(peer(port(1 + i), server, -1));
-  serve(fd, kGone);
+  ASSERT_NO_FATAL_FAILURE(serve(fd, kGone));
   for (pid_t p : gone) EXPECT_EQ(reap(p), 0);
   // Their connections went down with them: what is left per peer is the Conn itself.
   long after = 0;
@@ -101,7 +105,7 @@ TEST(RdsMemory, PeersThatLeaveOrGoIdleGiveTheirBuffersBack) {
   ASSERT_EQ(pipe(go), 0);
   std::vector<pid_t> idle;
   for (int i = 0; i < kIdle; ++i) idle.push_back(peer(port(30 + i), server, go[0]));
-  serve(fd, kIdle);
+  ASSERT_NO_FATAL_FAILURE(serve(fd, kIdle));
   // Every idle connection is closed by one end or both (counters are host-wide: ours and
   // the peers' published ones).
   const uint64_t closed_before = counter(fd, "conn_idle_close");
@@ -115,7 +119,7 @@ TEST(RdsMemory, PeersThatLeaveOrGoIdleGiveTheirBuffersBack) {
   EXPECT_LE(after - base, (kGone + kIdle) * kPerPeerKiB) << "KiB kept for idle peers";
   // Each sends again: the connection comes back and nothing is lost.
   for (int i = 0; i < kIdle; ++i) ASSERT_EQ(write(go[1], "x", 1), 1);
-  serve(fd, kIdle);
+  ASSERT_NO_FATAL_FAILURE(serve(fd, kIdle));
   close(go[1]);
   for (pid_t p : idle) EXPECT_EQ(reap(p), 0);
   svrds_close(fd);
