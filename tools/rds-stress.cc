@@ -909,9 +909,12 @@ int finish(const Options& o, bool active, int control_fd, Children& c) {
   print_line(o.nr_tasks, d, secs, true);
   int rc = 0;
   if (child_failed) rc = 1;
-  if (d[S_ERRORS]) {
+  // Failures are counted over the whole run: the rates above are between samples, but an
+  // RDMA that failed before the first or after the last failed all the same.
+  snapshot(cur);
+  if (cur[S_ERRORS]) {
     std::fprintf(stderr, "rds-stress: %llu RDMA operations failed\n",
-                 static_cast<unsigned long long>(d[S_ERRORS]));
+                 static_cast<unsigned long long>(cur[S_ERRORS]));
     rc = 1;
   }
   if (d[S_REQ_TX] + d[S_REQ_RX] == 0) {

@@ -390,7 +390,7 @@ avg() { grep -m1 '(average)' "$1" | sed 's/  */ /g; s/^ //' | cut -c1-60; }
 IOVA="RDMA into siw memory: siw ignores the MR iova, zero-based cookie misses (REMOTE_ERROR)"
 RACE="siw accept race: siw holds our first FPDUs until the next segment (siw_interop.sh)"
 # rdma_failed LOG...: rds-stress reported failed RDMA ops (a clean, bounded failure)
-rdma_failed() { grep -qh 'RDMA operations failed' "$@" 2>/dev/null; }
+rdma_failed() { grep -qhE 'RDMA operations failed|RDMA to .* failed, status' "$@" 2>/dev/null; }
 judge() {  # judge NAME KIND (GRC, HRC from run_phase)
   local name=$1 g=$RUN/$1.guest.log h=$RUN/$1.host.log res=FAIL n
   NOTE=
