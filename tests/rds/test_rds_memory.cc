@@ -3,6 +3,7 @@
 // next message reconnects, sequence state intact. RSS read from /proc.
 #include <sys/wait.h>
 
+#include <cstdio>
 #include <fstream>
 #include <string>
 
@@ -97,6 +98,8 @@ TEST(RdsMemory, PeersThatLeaveOrGoIdleGiveTheirBuffersBack) {
     if ((after = rss_kib()) - base <= kGone * kPerPeerKiB) break;
   }
   EXPECT_LE(after - base, kGone * kPerPeerKiB) << "KiB kept for " << kGone << " peers that left";
+  std::printf("RSS kept per peer that left: %ld KiB (bound %ld)\n", (after - base) / kGone,
+              kPerPeerKiB);
   EXPECT_GE(counter(fd, "conn_reset"), static_cast<uint64_t>(kGone));
 
   // 10 that stay but go idle: their connections are closed after 500 ms, then reconnect.
@@ -117,6 +120,7 @@ TEST(RdsMemory, PeersThatLeaveOrGoIdleGiveTheirBuffersBack) {
   EXPECT_GE(closed, static_cast<uint64_t>(kIdle));
   after = rss_kib();
   EXPECT_LE(after - base, (kGone + kIdle) * kPerPeerKiB) << "KiB kept for idle peers";
+  std::printf("RSS kept per peer, gone or idle: %ld KiB\n", (after - base) / (kGone + kIdle));
   // Each sends again: the connection comes back and nothing is lost.
   for (int i = 0; i < kIdle; ++i) ASSERT_EQ(write(go[1], "x", 1), 1);
   ASSERT_NO_FATAL_FAILURE(serve(fd, kIdle));
