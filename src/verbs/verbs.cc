@@ -687,10 +687,10 @@ SV_EXPORT int ibv_read_sysfs_file(const char*, const char*, char*, size_t) {
   return -1;
 }
 
-SV_EXPORT int ibv_get_sysfs_path(char* buf, size_t size) {
-  if (!buf || size < 5) return -1;
-  std::strcpy(buf, "/sys");
-  return 0;
+// rdma-core: const char *ibv_get_sysfs_path(void) (libibverbs/sysfs.c, not in the public
+// headers; Open MPI's openib BTL calls it). The sysfs mount point, as rdma-core reports it.
+SV_EXPORT const char* ibv_get_sysfs_path(void) {
+  return "/sys";
 }
 
 SV_EXPORT int ibv_resolve_eth_l2_from_gid(ibv_context*, ibv_ah_attr*, uint8_t[6], uint16_t*) {
