@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -63,6 +64,8 @@ struct CmId {
   bool accepted = false;   // passive: accept() was called; on_passive_done owns ep now
   bool connected = false;
   bool disconnected = false;  // DISCONNECTED already queued
+  // rdma_create_ep on a passive id: rdma_get_request creates a QP like this on each child.
+  std::unique_ptr<ibv_qp_init_attr> child_qp_attr;
   uint8_t resp_res = 0, init_depth = 0;
   int outstanding = 0;  // events not yet acked (rdma_destroy_id waits)
   std::condition_variable cv;
@@ -92,14 +95,22 @@ CmId* cmid(rdma_cm_id* i) {
 }
 
 // One device context shared by every rdma_cm_id, as librdmacm keeps one per device (and a
-// forked child opens its own).
+// forked child opens its own), with the device's default PD: librdmacm allocates one per
+// device on first need and uses it wherever a PD is left NULL (rdma_create_qp, rdma_create_ep).
 struct SharedContext {
   ibv_context* ctx = nullptr;
+  std::mutex mu;
+  ibv_pd* pd = nullptr;
   SharedContext() {
     int n = 0;
     ibv_device** l = ibv_get_device_list(&n);
     ctx = n > 0 ? ibv_open_device(l[0]) : nullptr;
     ibv_free_device_list(l);
+  }
+  ibv_pd* default_pd() {
+    std::lock_guard lk(mu);
+    if (!pd && ctx) pd = ibv_alloc_pd(ctx);
+    return pd;
   }
 };
 sv::ForkLocal<SharedContext> g_shared_ctx;
@@ -536,7 +547,9 @@ SV_EXPORT int rdma_create_qp_ex(rdma_cm_id* i, ibv_qp_init_attr_ex* attr) {
   if (id->id.qp) return fail(EINVAL);
   if (!id->id.verbs) id->id.verbs = g_verbs();
   ibv_pd* pd = (attr->comp_mask & IBV_QP_INIT_ATTR_PD) && attr->pd ? attr->pd : id->id.pd;
-  if (!pd) return fail(EINVAL);
+  if (!pd) pd = g_shared_ctx.get().default_pd();  // librdmacm: the device's default PD
+  if (!pd) return fail(ENOMEM);
+  if (!id->id.pd) id->id.pd = pd;
   if (attr->comp_mask & ~(IBV_QP_INIT_ATTR_PD)) return fail(EOPNOTSUPP);
   ibv_qp_init_attr init{};
   init.qp_context = attr->qp_context;
@@ -771,8 +784,8 @@ SV_EXPORT int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** id) {
     rdma_cm_event* ev = nullptr;
     if (rdma_get_cm_event(listen->channel, &ev)) return -1;
     if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
-      *id = ev->id;
-      CmId* child = cmid(ev->id);
+      rdma_cm_id* cid = ev->id;
+      CmId* child = cmid(cid);
       // The child answers synchronously too.
       child->sync = cmid(listen)->sync;
       rdma_ack_cm_event(ev);
@@ -781,6 +794,17 @@ SV_EXPORT int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** id) {
         child->own_channel = chan(c);
         child->id.channel = c;
       }
+      // rdma_create_ep(RAI_PASSIVE) with QP attributes: each request gets its QP (librdmacm).
+      if (const ibv_qp_init_attr* proto = cmid(listen)->child_qp_attr.get()) {
+        ibv_qp_init_attr a = *proto;
+        if (rdma_create_qp(cid, listen->pd, &a)) {
+          const int e = errno;
+          rdma_reject(cid, nullptr, 0);
+          rdma_destroy_id(cid);
+          return fail(e);
+        }
+      }
+      *id = cid;
       return 0;
     }
     rdma_ack_cm_event(ev);
@@ -926,20 +950,35 @@ SV_EXPORT int rdma_init_qp_attr(rdma_cm_id* i, ibv_qp_attr* attr, int* mask) {
 SV_EXPORT int rdma_create_ep(rdma_cm_id** out, rdma_addrinfo* res, ibv_pd* pd,
                              ibv_qp_init_attr* qp_init_attr) {
   if (!out || !res) return fail(EINVAL);
+  if (res->ai_qp_type && res->ai_qp_type != IBV_QPT_RC) return fail(EOPNOTSUPP);  // RC only
   rdma_cm_id* i = nullptr;
   if (rdma_create_id(nullptr, &i, nullptr, static_cast<rdma_port_space>(res->ai_port_space)))
     return -1;
+  // librdmacm: the id's QP type is the address's (ai_qp_type), and so is any QP made here.
+  if (res->ai_qp_type) i->qp_type = static_cast<ibv_qp_type>(res->ai_qp_type);
   int r;
   if (res->ai_flags & RAI_PASSIVE) {
     r = rdma_bind_addr(i, res->ai_src_addr);
+    if (!r) {
+      // Passive: no QP on the listening id; rdma_get_request makes one on each child, with
+      // these attributes and this PD.
+      i->verbs = g_verbs();
+      if (pd) i->pd = pd;
+      if (qp_init_attr) {
+        auto a = std::make_unique<ibv_qp_init_attr>(*qp_init_attr);
+        a->qp_type = i->qp_type;
+        cmid(i)->child_qp_attr = std::move(a);
+      }
+    }
   } else {
     r = rdma_resolve_addr(i, res->ai_src_addr, res->ai_dst_addr, 2000);
     if (!r) r = rdma_resolve_route(i, 2000);
-  }
-  if (!r) {
-    i->verbs = g_verbs();
-    i->pd = pd ? pd : ibv_alloc_pd(i->verbs);
-    if (qp_init_attr) r = rdma_create_qp(i, i->pd, qp_init_attr);
+    if (!r && qp_init_attr) {
+      qp_init_attr->qp_type = i->qp_type;
+      r = rdma_create_qp(i, pd, qp_init_attr);
+    } else if (!r && pd) {
+      i->pd = pd;
+    }
   }
   if (r) {
     int e = errno;

@@ -43,6 +43,8 @@ else
 fi
 
 # run_pair NAME "server cmd" "client cmd" [regex the client output must match]
+# With DAEMON=1 the server serves until stopped (cmtime): it must still be running when the
+# client is done (no crash), and is then stopped with SIGTERM.
 run_pair() {
   local name=$1 scmd=$2 ccmd=$3 want=${4:-}
   [[ $name =~ $FILTER ]] || return 0
@@ -59,8 +61,21 @@ run_pair() {
   sleep 0.1
   "${CLI[@]}" timeout 60 bash -c "$PRE $ccmd" >"$TMP/c.log" 2>&1
   local crc=$?
-  wait $spid
-  local src=$?
+  if [ "${DAEMON:-0}" = 1 ]; then
+    sleep 0.5
+    if kill -0 $spid 2>/dev/null; then
+      kill $spid
+      wait $spid 2>/dev/null
+      local src=0
+    else
+      wait $spid
+      local src=$?
+      [ $src = 0 ] && src=1   # a serving daemon that ended on its own
+    fi
+  else
+    wait $spid
+    local src=$?
+  fi
   local ok=1
   [ $crc -eq 0 ] && [ $src -eq 0 ] || ok=0
   if [ -n "$want" ] && ! grep -Eq "$want" "$TMP/c.log"; then ok=0; fi
@@ -99,6 +114,13 @@ run_pair ibv_rc_pingpong_events "ibv_rc_pingpong -g 0 -n 200 -e" \
   "ibv_rc_pingpong -g 0 -n 200 -e $SRV_ADDR" "iters in"
 run_pair rping "rping -s -a $SRV_ADDR -v -C 100" "rping -c -a $SRV_ADDR -v -C 100" "rdma-ping-99"
 run_pair ucmatose "ucmatose" "ucmatose -s $SRV_ADDR" "test complete"
+# rdma_verbs.h style: rdma_create_ep with the address's QP type, a passive ep whose requests
+# get their QP from rdma_get_request, and rdma_create_qp with the device's default PD.
+run_pair rdma_server "rdma_server -p 7471" "rdma_client -s $SRV_ADDR -p 7471" "rdma_client: end 0"
+run_pair rdma_xserver "rdma_xserver -p 7472 -c r" "rdma_xclient -s $SRV_ADDR -p 7472 -c r" \
+  "rdma_xclient: end 0"
+DAEMON=1 run_pair cmtime "cmtime -p 7473 -c 20" "cmtime -s $SRV_ADDR -p 7473 -c 20" \
+  "^connect +: +[0-9.]+"
 PT_BW="-D 1 -s 65536"
 PT_LAT="-n 500 -s 8"
 for t in ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw; do
