@@ -823,14 +823,35 @@ SV_EXPORT int rdma_set_option(rdma_cm_id* i, int level, int optname, void* optva
   return fail(ENOSYS);
 }
 
+// librdmacm: the id moves to `channel` and becomes asynchronous; with a NULL channel it gets
+// a channel of its own and becomes synchronous (the calls that wait for their event block).
+// Events not yet retrieved move with it; those retrieved must be acked first (we wait, as
+// librdmacm waits for events_completed == events_reported).
 SV_EXPORT int rdma_migrate_id(rdma_cm_id* i, rdma_event_channel* channel) {
-  if (!i || !channel) return fail(EINVAL);
+  if (!i) return fail(EINVAL);
   CmId* id = cmid(i);
-  // Pending events of this id move with it.
-  auto moving = chan(i->channel)->events.take_if([i](CmEvent* e) { return e->ev.id == i; });
-  i->channel = channel;
-  for (auto* e : moving) chan(channel)->events.push(e);
-  (void)id;
+  const bool to_sync = channel == nullptr;
+  if (to_sync) {
+    if (id->sync) return fail(EINVAL);
+    channel = rdma_create_event_channel();
+    if (!channel) return -1;
+  }
+  {
+    std::unique_lock lk(id->mu);
+    id->cv.wait(lk, [id] { return id->outstanding == 0; });
+  }
+  Channel* old_own = id->own_channel;
+  {
+    // The progress thread queues this id's events holding this lock: none lands in the old
+    // channel once the pending ones have moved.
+    std::lock_guard reg(g_live.get().mu);
+    auto moving = chan(i->channel)->events.take_if([i](CmEvent* e) { return e->ev.id == i; });
+    id->own_channel = to_sync ? chan(channel) : nullptr;
+    id->sync = to_sync;
+    i->channel = channel;
+    for (auto* e : moving) chan(channel)->events.push(e);
+  }
+  if (old_own) rdma_destroy_event_channel(&old_own->ch);
   return 0;
 }
 
@@ -853,9 +874,48 @@ SV_EXPORT void rdma_free_devices(ibv_context** list) {
   free(list);
 }
 
+namespace {
+sockaddr* copy_addr(const sockaddr* a, socklen_t len) {
+  auto* c = static_cast<sockaddr*>(calloc(1, sizeof(sockaddr_storage)));
+  if (c) std::memcpy(c, a, std::min<size_t>(len, sizeof(sockaddr_storage)));
+  return c;
+}
+
+// No node and no service: the result is the hints' own addresses (libfabric's verbs provider
+// asks this way), with their family and the hints' flags, QP type and port space.
+int addrinfo_from_hints(const rdma_addrinfo* h, rdma_addrinfo** res) {
+  if (!h || (!h->ai_src_len && !h->ai_dst_len)) {
+    errno = EINVAL;
+    return -1;
+  }
+  auto* ra = static_cast<rdma_addrinfo*>(calloc(1, sizeof(rdma_addrinfo)));
+  if (!ra) return errno = ENOMEM, -1;
+  ra->ai_flags = h->ai_flags;
+  ra->ai_qp_type = h->ai_qp_type ? h->ai_qp_type : IBV_QPT_RC;
+  ra->ai_port_space = h->ai_port_space ? h->ai_port_space : RDMA_PS_TCP;
+  if (h->ai_src_len && h->ai_src_addr) {
+    ra->ai_src_addr = copy_addr(h->ai_src_addr, h->ai_src_len);
+    ra->ai_src_len = h->ai_src_len;
+    ra->ai_family = h->ai_src_addr->sa_family;
+  }
+  if (h->ai_dst_len && h->ai_dst_addr) {
+    ra->ai_dst_addr = copy_addr(h->ai_dst_addr, h->ai_dst_len);
+    ra->ai_dst_len = h->ai_dst_len;
+    ra->ai_family = h->ai_dst_addr->sa_family;
+  }
+  if ((h->ai_src_len && !ra->ai_src_addr) || (h->ai_dst_len && !ra->ai_dst_addr)) {
+    rdma_freeaddrinfo(ra);
+    return errno = ENOMEM, -1;
+  }
+  *res = ra;
+  return 0;
+}
+}  // namespace
+
 SV_EXPORT int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints,
                                rdma_addrinfo** res) {
-  if (!res || (!node && !service)) return EAI_NONAME;
+  if (!res) return errno = EINVAL, -1;
+  if (!node && !service) return addrinfo_from_hints(hints, res);
   addrinfo h{};
   h.ai_socktype = SOCK_STREAM;
   h.ai_family = hints ? hints->ai_family : AF_UNSPEC;
@@ -868,7 +928,7 @@ SV_EXPORT int rdma_getaddrinfo(const char* node, const char* service, const rdma
   auto* ra = static_cast<rdma_addrinfo*>(calloc(1, sizeof(rdma_addrinfo)));
   ra->ai_flags = hints ? hints->ai_flags : 0;
   ra->ai_family = ai->ai_family;
-  ra->ai_qp_type = IBV_QPT_RC;
+  ra->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type : IBV_QPT_RC;
   ra->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
   auto* a = static_cast<sockaddr*>(calloc(1, sizeof(sockaddr_storage)));
   std::memcpy(a, ai->ai_addr, ai->ai_addrlen);

@@ -1,0 +1,198 @@
+// rdma_cm API semantics that real programs rely on, checked against librdmacm's behaviour:
+// rdma_migrate_id (libfabric moves its ids to its own channel), rdma_getaddrinfo with only
+// hint addresses (libfabric's verbs provider), and the rdma_verbs.h helpers
+// (rdma_create_ep's QP type, passive eps whose requests get a QP, the device's default PD).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <thread>
+
+namespace {
+
+sockaddr_in loopback(uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return a;
+}
+
+// A port of this process's own (tests may run in parallel).
+uint16_t test_port(int i) {
+  return static_cast<uint16_t>(20000 + (getpid() % 2000) * 8 + i);
+}
+
+bool readable(int fd, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  return poll(&p, 1, ms) == 1;
+}
+
+// Next event on ch, which must be `want` for id; acked.
+void expect_event(rdma_event_channel* ch, rdma_cm_id* id, rdma_cm_event_type want) {
+  ASSERT_TRUE(readable(ch->fd, 5000)) << "no " << rdma_event_str(want);
+  rdma_cm_event* ev = nullptr;
+  ASSERT_EQ(rdma_get_cm_event(ch, &ev), 0);
+  EXPECT_EQ(ev->event, want) << rdma_event_str(ev->event);
+  EXPECT_EQ(ev->id, id);
+  rdma_ack_cm_event(ev);
+}
+
+}  // namespace
+
+TEST(CmMigrate, ASynchronousIdMovedToAChannelBecomesAsynchronous) {
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(nullptr, &id, nullptr, RDMA_PS_TCP), 0);  // synchronous
+  rdma_event_channel* ch = rdma_create_event_channel();
+  ASSERT_NE(ch, nullptr);
+  ASSERT_EQ(rdma_migrate_id(id, ch), 0);
+  EXPECT_EQ(id->channel, ch);
+  // The calls return at once and their events arrive on the new channel.
+  sockaddr_in dst = loopback(test_port(0));
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000), 0);
+  ASSERT_NO_FATAL_FAILURE(expect_event(ch, id, RDMA_CM_EVENT_ADDR_RESOLVED));
+  ASSERT_EQ(rdma_resolve_route(id, 2000), 0);
+  ASSERT_NO_FATAL_FAILURE(expect_event(ch, id, RDMA_CM_EVENT_ROUTE_RESOLVED));
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  rdma_destroy_event_channel(ch);
+}
+
+TEST(CmMigrate, MovedToNoChannelAnIdBecomesSynchronous) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), 0);
+  ASSERT_EQ(rdma_migrate_id(id, nullptr), 0);
+  EXPECT_NE(id->channel, ch);
+  EXPECT_NE(id->channel, nullptr);
+  // Synchronous: resolve waits for its event and consumes it; nothing reaches `ch`.
+  sockaddr_in dst = loopback(test_port(1));
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000), 0);
+  EXPECT_FALSE(readable(ch->fd, 200));
+  EXPECT_FALSE(readable(id->channel->fd, 0)) << "the event was left queued";
+  // Already synchronous: a second move to no channel is refused, as librdmacm does.
+  errno = 0;
+  EXPECT_EQ(rdma_migrate_id(id, nullptr), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  rdma_destroy_event_channel(ch);
+}
+
+TEST(CmMigrate, PendingEventsMoveWithTheId) {
+  rdma_event_channel* a = rdma_create_event_channel();
+  rdma_event_channel* b = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(a, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in dst = loopback(test_port(2));
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000), 0);
+  ASSERT_TRUE(readable(a->fd, 5000));  // queued on a, not retrieved
+  ASSERT_EQ(rdma_migrate_id(id, b), 0);
+  EXPECT_FALSE(readable(a->fd, 0));
+  ASSERT_NO_FATAL_FAILURE(expect_event(b, id, RDMA_CM_EVENT_ADDR_RESOLVED));
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  rdma_destroy_event_channel(a);
+  rdma_destroy_event_channel(b);
+}
+
+TEST(CmAddrinfo, OnlyHintAddressesAreCopiedIntoTheResult) {
+  sockaddr_in src = loopback(0), dst = loopback(7471);
+  rdma_addrinfo hints{};
+  hints.ai_port_space = RDMA_PS_TCP;
+  hints.ai_src_addr = reinterpret_cast<sockaddr*>(&src);
+  hints.ai_src_len = sizeof src;
+  hints.ai_dst_addr = reinterpret_cast<sockaddr*>(&dst);
+  hints.ai_dst_len = sizeof dst;
+  rdma_addrinfo* res = nullptr;
+  ASSERT_EQ(rdma_getaddrinfo(nullptr, nullptr, &hints, &res), 0);
+  ASSERT_NE(res, nullptr);
+  EXPECT_EQ(res->ai_family, AF_INET);
+  EXPECT_EQ(res->ai_port_space, RDMA_PS_TCP);
+  EXPECT_EQ(res->ai_qp_type, IBV_QPT_RC);
+  ASSERT_EQ(res->ai_dst_len, sizeof dst);
+  EXPECT_EQ(std::memcmp(res->ai_dst_addr, &dst, sizeof dst), 0);
+  ASSERT_EQ(res->ai_src_len, sizeof src);
+  EXPECT_EQ(std::memcmp(res->ai_src_addr, &src, sizeof src), 0);
+  rdma_freeaddrinfo(res);
+  // Nothing to go on at all: an error with errno set.
+  rdma_addrinfo empty{};
+  errno = 0;
+  EXPECT_NE(rdma_getaddrinfo(nullptr, nullptr, &empty, &res), 0);
+  EXPECT_NE(errno, 0);
+}
+
+TEST(CmVerbsHelpers, CreateQpWithNoPdUsesTheDevicesDefaultPd) {
+  rdma_cm_id* a = nullptr;
+  rdma_cm_id* b = nullptr;
+  ASSERT_EQ(rdma_create_id(nullptr, &a, nullptr, RDMA_PS_TCP), 0);
+  ASSERT_EQ(rdma_create_id(nullptr, &b, nullptr, RDMA_PS_TCP), 0);
+  for (rdma_cm_id* id : {a, b}) {
+    sockaddr_in any = loopback(0);
+    ASSERT_EQ(rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&any)), 0);
+    ibv_qp_init_attr attr{};
+    attr.cap = {4, 4, 1, 1, 0};
+    attr.qp_type = IBV_QPT_RC;
+    ASSERT_EQ(rdma_create_qp(id, nullptr, &attr), 0) << strerror(errno);
+    ASSERT_NE(id->pd, nullptr);
+    EXPECT_EQ(id->qp->pd, id->pd);
+  }
+  EXPECT_EQ(a->pd, b->pd) << "one default PD per device";
+  rdma_destroy_qp(a);
+  rdma_destroy_qp(b);
+  rdma_destroy_id(a);
+  rdma_destroy_id(b);
+}
+
+// rdma_server/rdma_client style: qp_type left 0 (the address's is used), and the passive
+// endpoint's QP attributes give each request a QP in rdma_get_request.
+TEST(CmVerbsHelpers, EndpointsGetTheAddressQpTypeAndEachRequestAQp) {
+  const std::string port = std::to_string(test_port(3));
+  rdma_addrinfo hints{};
+  hints.ai_flags = RAI_PASSIVE;
+  hints.ai_port_space = RDMA_PS_TCP;
+  rdma_addrinfo* sres = nullptr;
+  ASSERT_EQ(rdma_getaddrinfo("127.0.0.1", port.c_str(), &hints, &sres), 0);
+  EXPECT_EQ(sres->ai_qp_type, IBV_QPT_RC);
+  ibv_qp_init_attr attr{};
+  attr.cap = {4, 4, 1, 1, 16};
+  attr.sq_sig_all = 1;
+  rdma_cm_id* listen = nullptr;
+  ASSERT_EQ(rdma_create_ep(&listen, sres, nullptr, &attr), 0) << strerror(errno);
+  EXPECT_EQ(listen->qp, nullptr) << "a listening endpoint has no QP";
+  ASSERT_EQ(rdma_listen(listen, 4), 0);
+
+  int client_rc = -1;
+  ibv_qp_type client_type = IBV_QPT_UD;
+  std::thread client([&] {
+    rdma_addrinfo h{};
+    h.ai_port_space = RDMA_PS_TCP;
+    rdma_addrinfo* res = nullptr;
+    if (rdma_getaddrinfo("127.0.0.1", port.c_str(), &h, &res)) return;
+    ibv_qp_init_attr a{};
+    a.cap = {4, 4, 1, 1, 16};
+    rdma_cm_id* id = nullptr;
+    if (rdma_create_ep(&id, res, nullptr, &a) == 0) {
+      if (id->qp) client_type = id->qp->qp_type;
+      client_rc = rdma_connect(id, nullptr);
+      rdma_disconnect(id);
+      rdma_destroy_ep(id);
+    }
+    rdma_freeaddrinfo(res);
+  });
+  rdma_cm_id* child = nullptr;
+  ASSERT_EQ(rdma_get_request(listen, &child), 0);
+  ASSERT_NE(child->qp, nullptr) << "rdma_get_request made no QP";
+  EXPECT_EQ(child->qp->qp_type, IBV_QPT_RC);
+  EXPECT_EQ(rdma_accept(child, nullptr), 0);
+  client.join();
+  EXPECT_EQ(client_rc, 0);
+  EXPECT_EQ(client_type, IBV_QPT_RC);
+  rdma_disconnect(child);
+  rdma_destroy_ep(child);
+  rdma_destroy_ep(listen);
+  rdma_freeaddrinfo(sres);
+}
