@@ -526,8 +526,9 @@ SV_EXPORT int rdma_resolve_addr(rdma_cm_id* i, sockaddr* src, sockaddr* dst, int
   }
   id->id.verbs = g_verbs();
   id->id.port_num = 1;
+  const bool sync = id->sync;  // the event may be handled and the id destroyed at once
   queue_event(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
-  return id->sync ? sync_wait(id, RDMA_CM_EVENT_ADDR_RESOLVED) : 0;
+  return sync ? sync_wait(id, RDMA_CM_EVENT_ADDR_RESOLVED) : 0;
 }
 
 SV_EXPORT int rdma_resolve_route(rdma_cm_id* i, int) {
@@ -535,8 +536,9 @@ SV_EXPORT int rdma_resolve_route(rdma_cm_id* i, int) {
   CmId* id = cmid(i);
   if (!id->id.verbs) return fail(EINVAL);
   // iWARP has no path records: TCP routes the connection.
+  const bool sync = id->sync;  // the event may be handled and the id destroyed at once
   queue_event(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
-  return id->sync ? sync_wait(id, RDMA_CM_EVENT_ROUTE_RESOLVED) : 0;
+  return sync ? sync_wait(id, RDMA_CM_EVENT_ROUTE_RESOLVED) : 0;
 }
 
 // ---- QPs ------------------------------------------------------------------------------
@@ -700,8 +702,9 @@ SV_EXPORT int rdma_connect(rdma_cm_id* i, rdma_conn_param* param) {
       queue_event(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, &ep->outcome().peer_pdata);
     }
   });
+  const bool sync = id->sync;  // before unlocking: see rdma_accept
   hold.unlock();
-  return id->sync ? sync_wait(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
+  return sync ? sync_wait(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
 }
 
 SV_EXPORT int rdma_establish(rdma_cm_id* i) {
@@ -738,8 +741,11 @@ SV_EXPORT int rdma_accept(rdma_cm_id* i, rdma_conn_param* param) {
     std::lock_guard lk(id->mu);
     id->accepted = true;
   }
+  // Read before the accept goes out: an asynchronous id may be established, disconnected
+  // and destroyed by the application's event thread before this call returns (cmtime).
+  const bool sync = id->sync;
   ep->accept(std::move(o));
-  return id->sync ? sync_wait(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
+  return sync ? sync_wait(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
 }
 
 SV_EXPORT int rdma_reject(rdma_cm_id* i, const void* pdata, uint8_t len) {
