@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 
@@ -42,19 +44,28 @@ constexpr int kStartupMs = 60000;
 
 // A peer process: binds `me`, sends "hi" to the server port, waits for "ok"; then, with a
 // `go` pipe, waits for one byte on it, sends "again" and waits for "ok" again.
-pid_t peer(uint16_t me, uint16_t server, int go) {
-  const pid_t pid = fork();
-  if (pid != 0) return pid;
+int run_peer(uint16_t me, uint16_t server, int go) {
   const int fd = bound_socket(me);
   std::vector<char> buf(16);
   for (const char* text : {"hi", "again"}) {
-    if (send_to(fd, server, text, std::strlen(text)) < 0) _exit(10);
-    if (recv_one(fd, buf, nullptr, 0, kStartupMs) != 2) _exit(11);
+    if (send_to(fd, server, text, std::strlen(text)) < 0) return 10;
+    if (recv_one(fd, buf, nullptr, 0, kStartupMs) != 2) return 11;
     char x;
     if (go < 0 || std::strcmp(text, "again") == 0 || read(go, &x, 1) != 1) break;
   }
   svrds_close(fd);
-  _exit(0);
+  return 0;
+}
+
+// Peers are new processes (this binary again, --peer): a fork that went on running RDS
+// threads would inherit the sanitizers' internal locks in whatever state the parent's
+// threads held them (TSan deadlocked a child in its allocator).
+pid_t peer(uint16_t me, uint16_t server, int go) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  const std::string a = std::to_string(me), b = std::to_string(server), c = std::to_string(go);
+  execl("/proc/self/exe", "rds_memory", "--peer", a.c_str(), b.c_str(), c.c_str(), nullptr);
+  _exit(127);
 }
 
 int reap(pid_t pid) {
@@ -127,4 +138,12 @@ TEST(RdsMemory, PeersThatLeaveOrGoIdleGiveTheirBuffersBack) {
   close(go[1]);
   for (pid_t p : idle) EXPECT_EQ(reap(p), 0);
   svrds_close(fd);
+}
+
+int main(int argc, char** argv) {
+  if (argc == 5 && std::strcmp(argv[1], "--peer") == 0)
+    return run_peer(static_cast<uint16_t>(std::atoi(argv[2])),
+                    static_cast<uint16_t>(std::atoi(argv[3])), std::atoi(argv[4]));
+  testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
 }
