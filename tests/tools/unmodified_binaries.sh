@@ -53,9 +53,12 @@ run_pair() {
   # Start the client once the server listens (bounded): a fixed pause was too short under the
   # sanitizers, and perftest 4.5's client mishandles a refused first connect (it reuses the
   # cm id it destroyed).
+  # With PORT=N, the server must listen on that port: a verbs process also listens on an
+  # ephemeral port for out-of-band QPs as soon as it makes one, which is not the port its
+  # client connects to (perftest -R was refused once, its rdma_cm listener not up yet).
   local bin=${scmd%% *} i
   for i in $(seq 100); do
-    "${SRV[@]}" ss -Hltnp 2>/dev/null | grep -q "\"$bin\"" && break
+    "${SRV[@]}" ss -Hltnp 2>/dev/null | grep "\"$bin\"" | grep -q "${PORT:+:$PORT }" && break
     sleep 0.1
   done
   sleep 0.1
@@ -127,12 +130,14 @@ for t in ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw; do
   for r in "" "-R"; do
     args=$PT_BW
     [ $t = ib_atomic_bw ] && args="-D 1"
-    run_pair "$t${r:+ $r}" "$t $args $r" "$t $args $r $SRV_ADDR" "^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+"
+    PORT=18515 run_pair "$t${r:+ $r}" "$t $args $r" "$t $args $r $SRV_ADDR" \
+      "^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+"
   done
 done
 for t in ib_write_lat ib_read_lat ib_send_lat; do
   for r in "" "-R"; do
-    run_pair "$t${r:+ $r}" "$t $PT_LAT $r" "$t $PT_LAT $r $SRV_ADDR" "^ *[0-9]+ +[0-9]+ +[0-9.]+"
+    PORT=18515 run_pair "$t${r:+ $r}" "$t $PT_LAT $r" "$t $PT_LAT $r $SRV_ADDR" \
+      "^ *[0-9]+ +[0-9]+ +[0-9.]+"
   done
 done
 
