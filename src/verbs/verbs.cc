@@ -666,7 +666,7 @@ SV_EXPORT void ibv_ack_async_event(ibv_async_event* event) {
   }
 }
 
-// ---- fork and sysfs -------------------------------------------------------------------
+// ---- fork -------------------------------------------------------------------
 
 SV_EXPORT int ibv_fork_init(void) {
   return 0;
@@ -679,18 +679,6 @@ SV_EXPORT int ibv_dontfork_range(void*, size_t) {
 }
 SV_EXPORT int ibv_dofork_range(void*, size_t) {
   return 0;
-}
-
-// There is no sysfs device behind softverbs: optional attributes read as absent.
-SV_EXPORT int ibv_read_sysfs_file(const char*, const char*, char*, size_t) {
-  errno = ENOENT;
-  return -1;
-}
-
-// rdma-core: const char *ibv_get_sysfs_path(void) (libibverbs/sysfs.c, not in the public
-// headers; Open MPI's openib BTL calls it). The sysfs mount point, as rdma-core reports it.
-SV_EXPORT const char* ibv_get_sysfs_path(void) {
-  return "/sys";
 }
 
 SV_EXPORT int ibv_resolve_eth_l2_from_gid(ibv_context*, ibv_ah_attr*, uint8_t[6], uint16_t*) {

@@ -1,6 +1,5 @@
 // Invalid arguments and resource limits: the errno values rdma-core documents (create_*
 // return NULL with errno; modify/destroy/post return the errno; post_* set *bad_wr).
-#include <dlfcn.h>
 #include <sys/mman.h>
 
 #include <cerrno>
@@ -487,16 +486,5 @@ TEST_F(XProc, SqOverflowIsEnomemAtTheFirstWrThatDoesNotFit) {
 }
 
 }  // namespace
-
-// rdma-core's const char *ibv_get_sysfs_path(void) (not in the public headers; Open MPI's
-// openib BTL calls it with that signature, and crashed on an int (char *, size_t) one).
-TEST(VerbsAbi, SysfsPathIsRdmaCoresSignature) {
-  using Fn = const char* (*)();
-  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "ibv_get_sysfs_path"));
-  ASSERT_NE(fn, nullptr);
-  const char* p = fn();
-  ASSERT_NE(p, nullptr);
-  EXPECT_STREQ(p, "/sys");
-}
 
 }  // namespace mp
