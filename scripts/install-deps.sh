@@ -7,6 +7,7 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev                   # tests and benchmarks
   libibverbs-dev librdmacm-dev                                 # the verbs/rdma_cm headers = the ABI
   ibverbs-utils rdmacm-utils perftest                          # unmodified binaries we must run
+  libfabric-bin openmpi-bin libopenmpi-dev                     # the verbs ecosystem's clients
   iproute2 tshark                                              # netns hosts, frame captures
   nftables                                                     # packet loss where netem is absent
   qemu-system-x86 busybox-static cpio kmod                     # a guest kernel with sch_netem
