@@ -46,7 +46,8 @@ bool mkdirs(const std::string& root, const std::string& rel) {
   while (i < rel.size()) {
     size_t j = rel.find('/', i);
     if (j == std::string::npos) j = rel.size();
-    p += "/" + rel.substr(i, j - i);
+    p += '/';
+    p.append(rel, i, j - i);
     if (mkdir(p.c_str(), 0755) != 0 && errno != EEXIST) return false;
     i = j + 1;
   }
@@ -75,8 +76,8 @@ std::string gid_text(const ibv_gid& gid) {
   char b[INET6_ADDRSTRLEN];
   std::string s;
   for (int i = 0; i < 16; i += 2) {  // kernel format: 8 groups of 4 hex digits, no "::"
-    std::snprintf(b, sizeof b, "%02x%02x", gid.raw[i], gid.raw[i + 1]);
-    s += (i ? ":" : "") + std::string(b);
+    std::snprintf(b, sizeof b, "%s%02x%02x", i ? ":" : "", gid.raw[i], gid.raw[i + 1]);
+    s += b;
   }
   return s;
 }
