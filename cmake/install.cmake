@@ -2,7 +2,7 @@
 # `cpack -G DEB` makes from it):
 #   <libdir>/libsvrds.so.0, libsvrds_preload.so     the RDS library and its LD_PRELOAD shim
 #   <includedir>/softverbs/rds.h
-#   <bindir>/rds-ping rds-info rds-stress blockserver
+#   <bindir>/rds-ping rds-info rds-stress blockserver softverbs-stat
 #   <bindir>/softverbs-run                           runs an unmodified program on softverbs
 #   <bindir>/softverbs-demo                          the demo, from the installed files
 #   <libdir>/softverbs/                              libibverbs.so.1, librdmacm.so.1 and the
@@ -25,7 +25,7 @@ file(RELATIVE_PATH SV_LIB_TO_INCLUDE /p/${CMAKE_INSTALL_LIBDIR} /p/${CMAKE_INSTA
 set_target_properties(ibverbs rdmacm mlx5_stub efa_stub PROPERTIES INSTALL_RPATH "$ORIGIN")
 set_target_properties(svrds PROPERTIES INSTALL_RPATH "$ORIGIN/softverbs")
 set_target_properties(svrds_preload PROPERTIES INSTALL_RPATH "$ORIGIN:$ORIGIN/softverbs")
-set(_sv_tools blockserver)
+set(_sv_tools blockserver softverbs-stat)
 foreach(tool rds-ping rds-info rds-stress)
   if(TARGET ${tool})
     list(APPEND _sv_tools ${tool})

@@ -11,13 +11,6 @@
 #include "engine/log.h"
 #include "util/fork_local.h"
 
-namespace sv {
-bool debug_enabled() {
-  static const bool on = std::getenv("SOFTVERBS_DEBUG") != nullptr;
-  return on;
-}
-}  // namespace sv
-
 namespace sv::engine {
 
 ibv_gid addr_to_gid(const transport::SockAddr& a) {

@@ -75,7 +75,7 @@ void Endpoint::arm_timeout() {
     Endpoint* ep = it->second;
     if (ep->st_ == State::connecting || ep->st_ == State::wait_reply ||
         ep->st_ == State::wait_request) {
-      SV_DBG("MPA handshake timed out (fd %d)", ep->fd_);
+      SV_WARN("MPA handshake timed out (fd %d)", ep->fd_);
       ep->fail(-ETIMEDOUT);
     }
   });
@@ -92,12 +92,12 @@ void keep_spare() {
 bool Endpoint::admit(int fd) {
   keep_spare();
   if (!peer_guard::admit(transport::peer_addr(fd))) {
-    SV_DBG("refusing fd %d: its address keeps failing protection checks", fd);
+    SV_WARN("refusing fd %d: its address keeps failing protection checks", fd);
     close(fd);
     return false;
   }
   if (g_live.get().waiting_requests < kMaxPendingRequests) return true;
-  SV_DBG("too many pending MPA handshakes: closing fd %d", fd);
+  SV_WARN("too many pending MPA handshakes: closing fd %d", fd);
   close(fd);
   return false;
 }
@@ -109,7 +109,7 @@ void Endpoint::accept_failed(int fd, int err) {
   close(spare);
   const int c = accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
   if (c >= 0) close(c);  // refused: we have no descriptor to serve it with
-  SV_DBG("accept: out of descriptors, refused one connection");
+  SV_WARN("accept: out of descriptors, refused one connection");
   keep_spare();
 }
 
@@ -265,7 +265,7 @@ void Endpoint::on_event(uint32_t events) {
     MpaFrame rep;
     auto e = wire::mpa_decode(in_, MpaKind::reply, wire::kMpaRfcMaxPrivData, rep);
     if (e != wire::MpaError::ok) {
-      SV_DBG("bad MPA reply: %s", wire::to_string(e));
+      SV_WARN("bad MPA reply: %s", wire::to_string(e));
       fail(-EPROTO);
       return;
     }
@@ -296,7 +296,7 @@ void Endpoint::on_event(uint32_t events) {
     if (!read_frame(MpaKind::request)) return;
     auto e = wire::mpa_decode(in_, MpaKind::request, wire::kMpaRfcMaxPrivData, req_);
     if (e != wire::MpaError::ok) {
-      SV_DBG("bad MPA request: %s", wire::to_string(e));
+      SV_WARN("bad MPA request: %s", wire::to_string(e));
       fail(-EPROTO);
       return;
     }
@@ -569,7 +569,7 @@ void on_active_done(uint32_t qpn, int attempt, Endpoint* ep, int err) {
                                [qpn, attempt] { connect_active(qpn, attempt + 1); });
     return;
   }
-  SV_DBG("qp %u: connect failed (%d)", qpn, err);
+  SV_INFO("qp %u: connect failed (%d)", qpn, err);
   qp_set_error(qp, IBV_WC_RETRY_EXC_ERR, true);
 }
 

@@ -144,6 +144,38 @@ void conn_eof(Qp* qp) {
 
 }  // namespace
 
+namespace {
+
+// One accepted DDP segment; a message is counted at its last segment.
+void count_rx_segment(stats::Slot* s, const wire::DdpSegment& seg) {
+  stats::add(s, stats::Ctr::rcvd_pkts);
+  if (!seg.last) return;
+  switch (seg.opcode) {
+    case wire::RdmapOpcode::send:
+    case wire::RdmapOpcode::send_inv:
+    case wire::RdmapOpcode::send_se:
+    case wire::RdmapOpcode::send_se_inv:
+      stats::add(s, stats::Ctr::rcvd_sends);
+      break;
+    case wire::RdmapOpcode::rdma_write:
+      stats::add(s, stats::Ctr::rcvd_writes);
+      break;
+    case wire::RdmapOpcode::read_request:
+      stats::add(s, stats::Ctr::rcvd_read_reqs);
+      break;
+    case wire::RdmapOpcode::atomic_request:
+      stats::add(s, stats::Ctr::rcvd_atomics);
+      break;
+    case wire::RdmapOpcode::terminate:
+      stats::add(s, stats::Ctr::rcvd_terminates);
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
 bool rx_run_locked(Qp* qp) {
   Conn& c = qp->conn;
   if (c.fd < 0 || c.rxbuf.empty()) return false;
@@ -176,6 +208,7 @@ bool rx_run_locked(Qp* qp) {
         mh.msg_iovlen = static_cast<size_t>(k) + 1;
         n = transport::sys_recvmsg(c.fd, &mh, MSG_DONTWAIT);
         if (n > 0) {
+          stats::add(qp->stats, stats::Ctr::rcvd_bytes, static_cast<uint64_t>(n));
           const uint32_t direct = static_cast<uint32_t>(std::min<size_t>(n, c.data_left));
           if (c.crc) crc_targets(c, iov, k, direct);
           advance_place(c, direct);
@@ -190,6 +223,7 @@ bool rx_run_locked(Qp* qp) {
       } else {
         n = transport::sys_recv(c.fd, c.rxbuf.data(), c.rxbuf.size(), MSG_DONTWAIT);
         if (n > 0) {
+          stats::add(qp->stats, stats::Ctr::rcvd_bytes, static_cast<uint64_t>(n));
           c.rx_end = static_cast<size_t>(n);
           continue;
         }
@@ -225,11 +259,12 @@ bool rx_run_locked(Qp* qp) {
         auto e = wire::ddp_decode(std::span<const std::byte>(&c.hdr[2], c.hdr_have - 2),
                                   c.ulpdu_len, c.seg);
         if (e != wire::DdpError::ok) {
-          SV_DBG("qp %u: bad segment header: %s", qp->qpn(), wire::to_string(e));
+          SV_WARN("qp %u: bad segment header: %s", qp->qpn(), wire::to_string(e));
           rx_fail(qp, ddp_error_term(e), true, IBV_WC_REM_OP_ERR, IBV_WC_REM_OP_ERR);
           return false;
         }
         if (c.crc) c.crc_state = wire::crc32c_update(wire::kCrc32cInit, c.hdr.data(), c.hdr_have);
+        count_rx_segment(qp->stats, c.seg);
         if (c.tx_gated && !c.expect_rtr) {
           std::lock_guard lk(qp->tx_mu);
           c.tx_gated = false;
@@ -239,6 +274,7 @@ bool rx_run_locked(Qp* qp) {
         if (a == RxAction::dead) return false;
         if (a == RxAction::stall) {
           qp->rx_stalled = true;
+          stats::add(qp->stats, stats::Ctr::rnr_waits);
           break;
         }
         c.data_left = c.seg.payload_len;
@@ -272,7 +308,7 @@ bool rx_run_locked(Qp* qp) {
         if (c.crc) {
           uint32_t s = wire::crc32c_update(c.crc_state, c.trailer.data(), pad);
           if (wire::crc32c_final(s) != wire::load_le32(&c.trailer[pad])) {
-            SV_DBG("qp %u: MPA CRC error", qp->qpn());
+            SV_WARN("qp %u: MPA CRC error", qp->qpn());
             rx_fail(qp, llp_term(wire::LlpEcode::crc_error), true, IBV_WC_RETRY_EXC_ERR,
                     IBV_WC_WR_FLUSH_ERR);
             return false;

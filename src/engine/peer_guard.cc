@@ -80,7 +80,7 @@ void protection_error(const transport::SockAddr& peer) {
   auto [it, fresh] = t.peers.try_emplace(key_of(peer), Bucket{limits().burst, now});
   if (!fresh) refill(it->second, now);
   it->second.tokens = std::max(0.0, it->second.tokens - 1);
-  SV_DBG("protection error from %s: %.1f tries left", peer.str().c_str(), it->second.tokens);
+  SV_WARN("protection error from %s: %.1f tries left", peer.str().c_str(), it->second.tokens);
 }
 
 bool admit(const transport::SockAddr& peer) {

@@ -69,7 +69,7 @@ void Progress::add(int fd, uint32_t events, Handler* h) {
   epoll_event ev{};
   ev.events = events;
   ev.data.ptr = h;
-  if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) < 0) SV_DBG("epoll add fd %d: errno %d", fd, errno);
+  if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) < 0) SV_ERR("epoll add fd %d: errno %d", fd, errno);
 }
 
 void Progress::mod(int fd, uint32_t events, Handler* h) {
@@ -133,7 +133,7 @@ void Progress::loop() {
       }
     }
     int n = epoll_wait(epfd_, evs, kMaxEvents, timeout);
-    if (n < 0 && errno != EINTR) SV_DBG("epoll_wait errno %d", errno);
+    if (n < 0 && errno != EINTR) SV_ERR("epoll_wait errno %d", errno);
     for (int i = 0; i < n; ++i) {
       auto* h = static_cast<Handler*>(evs[i].data.ptr);
       if (!h) {

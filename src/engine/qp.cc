@@ -161,6 +161,7 @@ Qp* qp_create(Context* ctx, Pd* pd, const ibv_qp_init_attr* init, int* err) {
   }
   b.qp_num = qpn;
   b.handle = qpn;
+  qp->stats = stats::attach(qpn, IBV_QPT_RC);
   qp->attr.qp_state = IBV_QPS_RESET;
   qp->attr.cap = qp->cap;
   qp->attr.path_mtu = IBV_MTU_4096;
@@ -215,6 +216,7 @@ int qp_destroy(Qp* qp) {
   qp->ctx->retire_async(qp->ibqp(), reported);
   pthread_mutex_destroy(&qp->qpx.qp_base.mutex);
   pthread_cond_destroy(&qp->qpx.qp_base.cond);
+  stats::detach(qp->stats);
   delete qp;
   return 0;
 }
@@ -285,6 +287,7 @@ int qp_modify(Qp* qp, ibv_qp_attr* a, int mask) {
       qp->rq_head = qp->rq_count = 0;
     }
     qp->state = IBV_QPS_RESET;
+    stats::set_state(qp->stats, IBV_QPS_RESET);
     s.qp_state = IBV_QPS_RESET;
     qp->qpx.qp_base.state = IBV_QPS_RESET;
     qp->error_reported = false;
@@ -299,6 +302,7 @@ int qp_modify(Qp* qp, ibv_qp_attr* a, int mask) {
     return 0;
   }
   qp->state = next;
+  stats::set_state(qp->stats, next);
   s.qp_state = next;
   qp->qpx.qp_base.state = next;
   s.cur_qp_state = next;
@@ -540,13 +544,14 @@ int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
 }
 
 void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal) {
-  SV_DBG("qp %u: error, cause %s, %u WQEs outstanding", qp->qpn(), ibv_wc_status_str(status),
-         qp->sq_count);
+  SV_INFO("qp %u: error, cause %s, %u WQEs outstanding", qp->qpn(), ibv_wc_status_str(status),
+          qp->sq_count);
   bool first = false;
   {
     std::lock_guard lk(qp->tx_mu);
     if (qp->state.load() != IBV_QPS_ERR) {
       qp->state = IBV_QPS_ERR;
+      stats::set_state(qp->stats, IBV_QPS_ERR);
       qp->attr.qp_state = IBV_QPS_ERR;
       qp->qpx.qp_base.state = IBV_QPS_ERR;
       first = true;
@@ -663,10 +668,11 @@ void qp_take_endpoint(Qp* qp, Endpoint* ep) {
 }
 
 void qp_attach_conn(Qp* qp) {
+  stats::set_peer(qp->stats, transport::peer_addr(qp->conn.fd), qp->attr.dest_qp_num);
   transport::set_nonblock(qp->conn.fd, true);
   transport::set_nodelay(qp->conn.fd);
-  SV_DBG("qp %u connected fd %d crc %d sv %d", qp->qpn(), qp->conn.fd, qp->conn.crc,
-         qp->conn.peer_sv);
+  SV_INFO("qp %u connected fd %d crc %d sv %d", qp->qpn(), qp->conn.fd, qp->conn.crc,
+          qp->conn.peer_sv);
   qp_update_interest(qp);
   if (qp->state.load() == IBV_QPS_RTS || qp->conn.send_rtr) tx_run_locked(qp);
   if (qp->state.load() == IBV_QPS_ERR) flush_qp_locked(qp, IBV_WC_WR_FLUSH_ERR);

@@ -34,6 +34,7 @@
 
 #include "engine/context.h"
 #include "engine/cq.h"
+#include "engine/stats.h"
 #include "engine/mr.h"
 #include "engine/progress.h"
 #include "transport/tcp.h"
@@ -217,6 +218,7 @@ struct Qp {
   ibv_qp* ibqp() { return &qpx.qp_base; }
   static Qp* from(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
   uint32_t qpn() const { return qpx.qp_base.qp_num; }
+  stats::Slot* stats = nullptr;  // counters, published for softverbs-stat (never null once made)
 };
 
 struct Srq {

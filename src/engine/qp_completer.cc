@@ -24,6 +24,7 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
 }
 
 void push_cq(Qp* qp, Cq* cq, const ibv_wc& wc, bool solicited) {
+  stats::count_wc(qp->stats, wc.status);
   if (!cq->push(wc, solicited)) {
     ibv_async_event ev{};
     ev.element.cq = cq->ibcq();

@@ -33,6 +33,7 @@ struct Framer {
   size_t mark = 0;       // arena bytes from here are not yet in the iovec list
   size_t first = 0;      // this FPDU starts in iov[first] ...
   size_t first_off = 0;  // ... at this offset
+  uint64_t fpdus = 0;    // FPDUs framed: counted once per batch
 
   bool room(size_t pieces) const {
     return c.iov_n + pieces + 3 <= Conn::kMaxIov &&
@@ -77,6 +78,7 @@ struct Framer {
     ulpdu += len;
   }
   void end() {
+    ++fpdus;
     wire::store_be16(hdr, static_cast<uint16_t>(ulpdu));
     const size_t pad = wire::fpdu_pad(ulpdu);
     std::memset(&c.arena[c.arena_used], 0, pad + 4);
@@ -204,6 +206,12 @@ bool frame_sq(Qp* qp, Framer& f) {
         return false;
       }
       w.state = WqeState::sending;
+      stats::add(qp->stats,
+                 is_read     ? stats::Ctr::sent_read_reqs
+                 : is_atomic ? stats::Ctr::sent_atomics
+                 : (w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+                     ? stats::Ctr::sent_writes
+                     : stats::Ctr::sent_sends);
     }
     if (!f.room(w.num_sge)) return false;
     f.start();
@@ -347,6 +355,7 @@ bool build_batch(Qp* qp) {
     if (st == IBV_QPS_RTS) frame_sq(qp, f);
     if (sq_mid) frame_irq(qp, f);
   }
+  stats::add(qp->stats, stats::Ctr::sent_pkts, f.fpdus);
   return c.iov_n > before;
 }
 
@@ -380,6 +389,7 @@ void tx_run_locked(Qp* qp) {
         return;
       }
       c.tx_sent += static_cast<uint64_t>(n);
+      stats::add(qp->stats, stats::Ctr::sent_bytes, static_cast<uint64_t>(n));
       consume_iov(c, static_cast<size_t>(n));
     }
     if (qp->tx_blocked) {
@@ -411,6 +421,8 @@ void tx_terminate_locked(Qp* qp, const wire::Terminate& t) {
   wire::encode_terminate(h + wire::kDdpUntaggedHdrLen, t);
   f.end();
   c.tx_gated = true;  // nothing after the Terminate
+  stats::add(qp->stats, stats::Ctr::sent_terminates);
+  stats::add(qp->stats, stats::Ctr::sent_pkts, f.fpdus);
   for (int tries = 0; c.iov_pos < c.iov_n && tries < 100; ++tries) {
     msghdr mh{};
     mh.msg_iov = &c.iov[c.iov_pos];

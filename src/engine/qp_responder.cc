@@ -180,7 +180,7 @@ RxAction on_write(Qp* qp, Conn& c) {
     r = kt.check(s.stag, qp->pd, s.to, s.payload_len, IBV_ACCESS_REMOTE_WRITE, true, &p);
   }
   if (r != AccessResult::ok) {
-    SV_DBG("qp %u: write to stag %#x denied", qp->qpn(), s.stag);
+    SV_INFO("qp %u: write to stag %#x denied", qp->qpn(), s.stag);
     rx_fail(qp, access_to_terminate(r, true), true, IBV_WC_REM_ACCESS_ERR, IBV_WC_WR_FLUSH_ERR);
     return RxAction::dead;
   }
@@ -419,8 +419,8 @@ RxAction rx_on_header(Qp* qp) {
       return on_imm(qp, c);
     case RdmapOpcode::terminate: {
       const Terminate t = wire::decode_terminate(&c.hdr[2 + wire::kDdpUntaggedHdrLen]);
-      SV_DBG("qp %u: Terminate layer %d etype %d ecode %#x", qp->qpn(), int(t.layer), t.etype,
-             t.ecode);
+      SV_INFO("qp %u: Terminate layer %d etype %d ecode %#x", qp->qpn(), int(t.layer), t.etype,
+              t.ecode);
       if (c.have_recv) {
         complete_recv(qp, c.cur_recv, IBV_WC_WR_FLUSH_ERR, 0, IBV_WC_RECV, 0, 0, 0);
         c.have_recv = false;

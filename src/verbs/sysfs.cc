@@ -26,19 +26,13 @@
 
 #include "engine/device.h"
 #include "engine/log.h"
+#include "util/private_dir.h"
 
 #define SV_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace {
 
 using sv::engine::Device;
-
-bool own_private_dir(const std::string& p) {
-  if (mkdir(p.c_str(), 0700) != 0 && errno != EEXIST) return false;
-  struct stat st;
-  return lstat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid() &&
-         (st.st_mode & 077) == 0;
-}
 
 bool mkdirs(const std::string& root, const std::string& rel) {
   std::string p = root;
@@ -129,8 +123,8 @@ std::string compute_root() {
     r = s;
   else
     r = "/dev/shm/softverbs-sysfs-" + std::to_string(geteuid());
-  if (!own_private_dir(r)) {
-    SV_DBG("sysfs: %s is not a private directory of ours; reporting /sys", r.c_str());
+  if (!sv::own_private_dir(r)) {
+    SV_WARN("sysfs: %s is not a private directory of ours; reporting /sys", r.c_str());
     return "/sys";
   }
   publish(r, sv::engine::the_device());

@@ -1,0 +1,49 @@
+#include "engine/log.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace sv {
+
+std::optional<LogLevel> parse_log_level(const char* s) {
+  if (!s) return std::nullopt;
+  static const char* const names[] = {"none", "error", "warn", "info", "debug"};
+  for (int i = 0; i < 5; ++i)
+    if (std::strcmp(s, names[i]) == 0 || (s[0] == '0' + i && s[1] == '\0'))
+      return static_cast<LogLevel>(i);
+  if (std::strcmp(s, "warning") == 0) return LogLevel::warn;
+  return std::nullopt;
+}
+
+const char* log_level_name(LogLevel l) {
+  switch (l) {
+    case LogLevel::none:
+      return "none";
+    case LogLevel::error:
+      return "error";
+    case LogLevel::warn:
+      return "warning";
+    case LogLevel::info:
+      return "info";
+    case LogLevel::debug:
+      return "debug";
+  }
+  return "?";
+}
+
+LogLevel log_level() {
+  static const LogLevel level = [] {
+    if (const char* s = std::getenv("SOFTVERBS_LOG")) {
+      if (auto l = parse_log_level(s)) return *l;
+      std::fprintf(stderr,
+                   "softverbs: warning: SOFTVERBS_LOG=%s is not none|error|warn|info|debug "
+                   "(or 0-4); using error\n",
+                   s);
+      return LogLevel::error;
+    }
+    return std::getenv("SOFTVERBS_DEBUG") ? LogLevel::debug : LogLevel::error;
+  }();
+  return level;
+}
+
+}  // namespace sv

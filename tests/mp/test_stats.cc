@@ -1,0 +1,106 @@
+// Per-QP counters as softverbs-stat reads them: this process's statistics file
+// (/dev/shm/softverbs-stats-<uid>/<pid>, wire/stats_file.h), read back after traffic and after
+// an error, and the destroyed QP's counts kept in the process totals.
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "harness.h"
+#include "wire/stats_file.h"
+
+namespace mp {
+namespace {
+
+using sv::wire::Ctr;
+
+std::string stats_path() {
+  return "/dev/shm/softverbs-stats-" + std::to_string(geteuid()) + "/" + std::to_string(getpid());
+}
+
+bool read_stats(sv::wire::StatsView& v) {
+  std::ifstream in(stats_path(), std::ios::binary);
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto* p = reinterpret_cast<const std::byte*>(s.data());
+  return sv::wire::decode_stats({p, s.size()}, v) == sv::wire::StatsError::ok;
+}
+
+const sv::wire::QpStatsView* find_qp(const sv::wire::StatsView& v, uint32_t qpn) {
+  for (const auto& q : v.qps)
+    if (q.qpn == qpn) return &q;
+  return nullptr;
+}
+
+uint64_t ctr(const sv::wire::QpStatsView& q, Ctr c) {
+  return q.ctr[static_cast<size_t>(c)];
+}
+
+TEST_F(XProc, CountersFollowTrafficErrorsAndDestroy) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  struct stat st;
+  ASSERT_EQ(stat(stats_path().c_str(), &st), 0) << "no statistics file at " << stats_path();
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+
+  // 4 WRITEs of 4 KiB and one READ, all signaled.
+  for (uint64_t i = 0; i < 4; ++i)
+    ASSERT_EQ(local->post_send(make_rdma(IBV_WR_RDMA_WRITE, i, {sge(0, 4096)}, ri.addr, ri.rkey)),
+              0);
+  ASSERT_EQ(local->post_send(make_rdma(IBV_WR_RDMA_READ, 4, {sge(8192, 64)}, ri.addr, ri.rkey)), 0);
+  ASSERT_EQ(local->poll(CqSel::send, 5).size(), 5u);
+
+  sv::wire::StatsView v;
+  ASSERT_TRUE(read_stats(v));
+  EXPECT_EQ(v.pid, static_cast<uint32_t>(getpid()));
+  const auto* q = find_qp(v, local->qp->qp_num);
+  ASSERT_NE(q, nullptr) << "QP " << local->qp->qp_num << " not published";
+  EXPECT_EQ(q->state, static_cast<uint32_t>(IBV_QPS_RTS));
+  EXPECT_EQ(q->dest_qpn, ri.qpn);
+  EXPECT_TRUE(q->family == AF_INET || q->family == AF_INET6);
+  EXPECT_EQ(ctr(*q, Ctr::sent_writes), 4u);
+  EXPECT_EQ(ctr(*q, Ctr::sent_read_reqs), 1u);
+  EXPECT_GE(ctr(*q, Ctr::sent_pkts), 5u);
+  EXPECT_GE(ctr(*q, Ctr::sent_bytes), 4u * 4096);
+  EXPECT_GE(ctr(*q, Ctr::rcvd_pkts), 1u);  // the Read Response
+  EXPECT_GE(ctr(*q, Ctr::rcvd_bytes), 64u);
+  EXPECT_EQ(q->wc[IBV_WC_SUCCESS], 5u);
+
+  // A READ with a bad rkey: the peer's Terminate, REM_ACCESS_ERR, the QP in ERR.
+  ASSERT_EQ(local->post_send(
+                make_rdma(IBV_WR_RDMA_READ, 5, {sge(8192, 64)}, ri.addr, ri.rkey ^ 0x5A5A0000)),
+            0);
+  auto s = local->poll(CqSel::send, 1);
+  ASSERT_EQ(s.size(), 1u);
+  ASSERT_EQ(s[0].status, IBV_WC_REM_ACCESS_ERR);
+  ASSERT_TRUE(read_stats(v));
+  q = find_qp(v, local->qp->qp_num);
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->wc[IBV_WC_REM_ACCESS_ERR], 1u);
+  EXPECT_EQ(ctr(*q, Ctr::rcvd_terminates), 1u);
+  EXPECT_EQ(q->state, static_cast<uint32_t>(IBV_QPS_ERR));
+
+  // Destroyed: the slot is free, its counts are in the process totals.
+  const uint32_t qpn = local->qp->qp_num;
+  ASSERT_EQ(ibv_destroy_qp(local->qp), 0);
+  local->qp = nullptr;
+  ASSERT_TRUE(read_stats(v));
+  EXPECT_EQ(find_qp(v, qpn), nullptr);
+  EXPECT_GE(ctr(v.retired, Ctr::sent_writes), 4u);
+  EXPECT_GE(v.retired.wc[IBV_WC_REM_ACCESS_ERR], 1u);
+}
+
+// SOFTVERBS_STATS=0: nothing published (counters still kept in memory).
+TEST_F(XProc, StatsCanBeTurnedOff) {
+  setenv("SOFTVERBS_STATS", "0", 1);
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  struct stat st;
+  EXPECT_NE(stat(stats_path().c_str(), &st), 0);
+  ASSERT_EQ(local->post_send(make_rdma(IBV_WR_RDMA_WRITE, 1, {sge(0, 64)}, ri.addr, ri.rkey)), 0);
+  ASSERT_EQ(local->poll(CqSel::send, 1).size(), 1u);
+  unsetenv("SOFTVERBS_STATS");
+}
+
+}  // namespace
+}  // namespace mp
