@@ -71,13 +71,16 @@ bool take_recv(Qp* qp, RecvWqe& out, std::array<ibv_sge, kMaxSge>& sge) {
   return true;
 }
 
+// An SRQ's receives belong to the SRQ's PD (IB spec 10.2.9; rxe and siw check it), not to
+// the PD of the QP that happens to consume them.
 bool recv_keys_ok(Qp* qp, const RecvWqe& w) {
+  const Pd* pd = qp->srq ? qp->srq->pd : qp->pd;
   auto& kt = KeyTable::get();
   auto g = kt.read_guard();
   for (uint32_t i = 0; i < w.num_sge; ++i) {
     if (!w.sge[i].length) continue;
     std::byte* p;
-    if (kt.check(w.sge[i].lkey, qp->pd, w.sge[i].addr, w.sge[i].length, IBV_ACCESS_LOCAL_WRITE,
+    if (kt.check(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, IBV_ACCESS_LOCAL_WRITE,
                  false, &p) != AccessResult::ok)
       return false;
   }

@@ -171,6 +171,7 @@ std::unique_ptr<Peer> Peer::create(const PeerConfig& cfg, std::string* err) {
     return fail("ibv_create_cq(send)");
   if (!(p->rcq = ibv_create_cq(p->ctx, cfg.recv_cqe, p.get(), p->channel, 0)))
     return fail("ibv_create_cq(recv)");
+  if (cfg.srq == 2 && !(p->srq_pd = ibv_alloc_pd(p->ctx))) return fail("ibv_alloc_pd(srq)");
   MrInfo m = p->add_mr(cfg.buf_size, cfg.mr_access);
   if (m.err) {
     errno = m.err;
@@ -187,6 +188,14 @@ std::unique_ptr<Peer> Peer::create(const PeerConfig& cfg, std::string* err) {
   ia.cap.max_inline_data = cfg.max_inline_data;
   ia.qp_type = IBV_QPT_RC;
   ia.sq_sig_all = cfg.sq_sig_all;
+  if (cfg.srq) {
+    ibv_srq_init_attr sa{};
+    sa.attr.max_wr = cfg.max_recv_wr;
+    sa.attr.max_sge = cfg.max_recv_sge;
+    if (!(p->srq = ibv_create_srq(p->srq_pd ? p->srq_pd : p->pd, &sa)))
+      return fail("ibv_create_srq");
+    ia.srq = p->srq;
+  }
   if (!(p->qp = ibv_create_qp(p->pd, &ia))) return fail("ibv_create_qp");
   p->cap = ia.cap;
   return p;
@@ -194,6 +203,7 @@ std::unique_ptr<Peer> Peer::create(const PeerConfig& cfg, std::string* err) {
 
 Peer::~Peer() {
   if (qp) ibv_destroy_qp(qp);
+  if (srq) ibv_destroy_srq(srq);
   if (scq) ibv_destroy_cq(scq);
   if (rcq) ibv_destroy_cq(rcq);
   if (channel) ibv_destroy_comp_channel(channel);
@@ -202,6 +212,7 @@ Peer::~Peer() {
     if (r.base) munmap(r.base, r.len);
   }
   if (pd) ibv_dealloc_pd(pd);
+  if (srq_pd) ibv_dealloc_pd(srq_pd);
   if (ctx) ibv_close_device(ctx);
 }
 
@@ -270,7 +281,8 @@ MrInfo Peer::add_mr(uint64_t len, int access) {
     m.err = errno;
     return m;
   }
-  ibv_mr* mr = ibv_reg_mr(pd, p, len, access);
+  // PeerConfig::srq == 2: the main buffer belongs to the SRQ's PD.
+  ibv_mr* mr = ibv_reg_mr(regions.empty() && srq_pd ? srq_pd : pd, p, len, access);
   if (!mr) {
     m.err = errno ? errno : EINVAL;
     munmap(p, len);
@@ -366,7 +378,7 @@ int Peer::post_recv(uint64_t wr_id, const SgeSpec* sges, uint32_t n) {
   wr.sg_list = n ? sg : nullptr;
   wr.num_sge = static_cast<int>(n);
   ibv_recv_wr* bad = nullptr;
-  return ibv_post_recv(qp, &wr, &bad);
+  return srq ? ibv_post_srq_recv(srq, &wr, &bad) : ibv_post_recv(qp, &wr, &bad);
 }
 
 std::vector<ibv_wc> Peer::poll(CqSel which, size_t n, Ms timeout) {

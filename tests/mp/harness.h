@@ -70,6 +70,9 @@ struct PeerConfig {
   uint8_t timeout = 14;
   uint8_t min_rnr_timer = 12;
   bool with_channel = false;  // receive CQ on a completion channel
+  // Receives through a shared receive queue: 0 none; 1 an SRQ on the QP's PD; 2 an SRQ on a
+  // PD of its own, which also holds the main buffer's MR (later MRs are on the QP's PD).
+  uint8_t srq = 0;
 };
 
 // What the other side needs to know to connect and to address our main buffer.
@@ -172,6 +175,8 @@ class Peer {
   ibv_cq* scq = nullptr;
   ibv_cq* rcq = nullptr;
   ibv_qp* qp = nullptr;
+  ibv_srq* srq = nullptr;     // PeerConfig::srq
+  ibv_pd* srq_pd = nullptr;   // PeerConfig::srq == 2
   ibv_qp_cap cap{};  // as returned by ibv_create_qp
   ibv_gid gid{};
 
