@@ -543,7 +543,7 @@ int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   return err;
 }
 
-void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal) {
+void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal, ibv_event_type event) {
   SV_INFO("qp %u: error, cause %s, %u WQEs outstanding", qp->qpn(), ibv_wc_status_str(status),
           qp->sq_count);
   bool first = false;
@@ -563,7 +563,7 @@ void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal) {
     qp->error_reported = true;
     ibv_async_event ev{};
     ev.element.qp = qp->ibqp();
-    ev.event_type = IBV_EVENT_QP_FATAL;
+    ev.event_type = event;
     qp->ctx->post_async(ev);
   }
   // Close the socket so the peer sees the connection end (siw tears down the same way).

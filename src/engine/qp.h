@@ -245,7 +245,10 @@ int qp_post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 // Moves the QP to ERR: `status` for the oldest outstanding send WQE (IBV_WC_WR_FLUSH_ERR to
 // flush everything), async event if `fatal`, connection closed.
-void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal);
+// Moves the QP to ERR and flushes it. With `fatal`, the first error raises `event` (an
+// affiliated asynchronous event: QP_FATAL, or QP_ACCESS_ERR for an access violation).
+void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal,
+                  ibv_event_type event = IBV_EVENT_QP_FATAL);
 // Runs pending RX and TX without blocking (called by poll_cq and the progress thread).
 void qp_progress(Qp* qp);
 // Connection established: start TX/RX through the progress thread.

@@ -388,6 +388,10 @@ void rx_fail(Qp* qp, const Terminate& t, bool send_term, ibv_wc_status send_stat
     tx_terminate_locked(qp, t);
   }
   qp->rx_stalled = true;
+  // An access violation here (a peer's bad STag, bounds or rights; our own receive buffer
+  // failing its check) is the IB spec's Local Access Violation Work Queue Error (11.6.2):
+  // IBV_EVENT_QP_ACCESS_ERR, as siw raises; anything else is QP_FATAL.
+  const bool access = send_status == IBV_WC_REM_ACCESS_ERR || recv_status == IBV_WC_LOC_PROT_ERR;
   // The requester side learns of the failure from our Terminate; locally, outstanding
   // requests complete with the status the caller chose.
   qp_set_error(qp,
@@ -395,7 +399,7 @@ void rx_fail(Qp* qp, const Terminate& t, bool send_term, ibv_wc_status send_stat
                        send_status == IBV_WC_REM_INV_REQ_ERR
                    ? IBV_WC_WR_FLUSH_ERR
                    : send_status,
-               true);
+               true, access ? IBV_EVENT_QP_ACCESS_ERR : IBV_EVENT_QP_FATAL);
 }
 
 RxAction rx_on_header(Qp* qp) {
