@@ -42,8 +42,10 @@ int Cq::arm(bool solicited) {
     std::lock_guard lk(mu);
     // Arming a CQ that already holds completions still waits for the next one, as in
     // the kernel; apps poll after arming to close that window.
+    // A CQ armed for any completion stays so when asked for solicited ones only; an arm
+    // for solicited ones is widened by a request for any (rxe_req_notify_cq).
+    if (!armed || solicited_only) solicited_only = solicited;
     armed = true;
-    solicited_only = solicited;
   }
   return 0;
 }

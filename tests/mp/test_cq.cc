@@ -151,6 +151,36 @@ TEST_F(XProc, SolicitedOnlyArmWakesOnlyForSolicitedSends) {
 }
 
 // The receiver never polls its 4-entry receive CQ while more completions arrive than fit.
+// Arming twice: "next completion" wins over "solicited only", whatever the order (the
+// kernel's rule, rxe_req_notify_cq: a CQ armed for any completion is not narrowed by a later
+// solicited-only request; a solicited-only arm is widened by a later request for any).
+TEST_F(XProc, ArmForAnyCompletionIsNotNarrowedByASolicitedArm) {
+  ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
+  const int fd = local->channel->fd;
+  ibv_cq* cq = nullptr;
+  void* cq_ctx = nullptr;
+  for (uint64_t i = 0; i < 2; ++i) ASSERT_EQ(local->post_recv(i, {sge(i * 4096, 4096)}), 0);
+
+  // Any, then solicited-only: an unsolicited SEND still fires.
+  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
+  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 1), 0);
+  ASSERT_EQ(remote->post_send(make_send(0, {sge(0, 32)})), 0);
+  ASSERT_TRUE(readable_within_deadline(fd)) << "arm for any completion was narrowed";
+  ASSERT_EQ(ibv_get_cq_event(local->channel, &cq, &cq_ctx), 0);
+  ibv_ack_cq_events(cq, 1);
+  ASSERT_EQ(local->poll(CqSel::recv, 1).size(), 1u);
+
+  // Solicited-only, then any: an unsolicited SEND fires too.
+  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 1), 0);
+  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
+  ASSERT_EQ(remote->post_send(make_send(1, {sge(0, 32)})), 0);
+  ASSERT_TRUE(readable_within_deadline(fd)) << "solicited-only arm was not widened";
+  ASSERT_EQ(ibv_get_cq_event(local->channel, &cq, &cq_ctx), 0);
+  ibv_ack_cq_events(cq, 1);
+  ASSERT_EQ(local->poll(CqSel::recv, 1).size(), 1u);
+  EXPECT_EQ(remote->poll(CqSel::send, 2).size(), 2u);
+}
+
 TEST_F(InProc, CqOverflowRaisesCqErrAsyncEvent) {
   PeerConfig bc;
   bc.recv_cqe = 4;
