@@ -98,7 +98,9 @@ void fill_device_attr(const Device* d, ibv_device_attr* a) {
   a->sys_image_guid = htobe64(d->guid);
   a->max_mr_size = ~0ull;
   a->page_size_cap = 4096;
-  a->vendor_id = 0;
+  // rxe's vendor id (0xFFFFFF, no IEEE OUI): non-zero as rdma-core's tests require, and
+  // unknown to perftest, which stays on its generic path.
+  a->vendor_id = 0xFFFFFF;
   a->vendor_part_id = 0;
   a->hw_ver = 0;
   a->max_qp = kMaxQp;

@@ -1,6 +1,7 @@
 // The software device: one "softverbs0" per process, its attributes and GID table.
-// Persona (verbs-abi.md §3.7): node CA, transport IB, Ethernet link layer like rxe, vendor 0/0
-// so perftest stays on its generic path; GIDs are IPv4-mapped host addresses so a GID names
+// Persona (verbs-abi.md §3.7): node CA, transport IB, Ethernet link layer like rxe, vendor
+// 0xFFFFFF / part 0 like rxe (non-zero for rdma-core's tests; unknown to perftest, so it stays
+// on its generic path); GIDs are IPv4-mapped host addresses so a GID names
 // an IP address that peers can connect to.
 #pragma once
 #include <infiniband/verbs.h>

@@ -67,6 +67,8 @@ int op_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input,
   ibv_device_attr_ex a{};
   fill_device_attr(Context::from(ctx)->device, &a.orig_attr);
   a.max_dm_size = 0;
+  a.device_cap_flags_ex = a.orig_attr.device_cap_flags;
+  a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
   std::memset(attr, 0, size);
   std::memcpy(attr, &a, std::min(size, sizeof a));
   return 0;
