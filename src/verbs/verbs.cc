@@ -589,6 +589,13 @@ SV_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
     errno = EINVAL;
     return nullptr;
   }
+  // An Ethernet (RoCE-style) port is addressed by GID only: an AH without a GRH, or naming a
+  // source GID the port does not have, is EINVAL (the kernel's rdma_check_ah_attr).
+  if (!attr->is_global ||
+      attr->grh.sgid_index >= Context::from(pd->context)->device->gids.size()) {
+    errno = EINVAL;
+    return nullptr;
+  }
   auto* ah = static_cast<ibv_ah*>(calloc(1, sizeof(ibv_ah)));
   if (!ah) {
     errno = ENOMEM;

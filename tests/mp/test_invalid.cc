@@ -123,6 +123,27 @@ TEST_F(LocalVerbs, DeviceIdentityAndExtendedAttributes) {
   EXPECT_EQ(ex.device_cap_flags_ex, static_cast<uint64_t>(dev.device_cap_flags));
 }
 
+// An Ethernet port is addressed by GID: an AH without a GRH, or with a source GID index the
+// port does not have, is EINVAL (the kernel's rdma_check_ah_attr); a global one is made.
+TEST_F(LocalVerbs, CreateAhNeedsAGrhOnAnEthernetPort) {
+  ibv_ah_attr a{};
+  a.port_num = 1;
+  errno = 0;
+  EXPECT_EQ(ibv_create_ah(pd, &a), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  a.is_global = 1;
+  a.grh.dgid = gid;
+  a.grh.hop_limit = 64;
+  a.grh.sgid_index = 200;
+  errno = 0;
+  EXPECT_EQ(ibv_create_ah(pd, &a), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  a.grh.sgid_index = 0;
+  ibv_ah* ah = ibv_create_ah(pd, &a);
+  ASSERT_NE(ah, nullptr) << strerror(errno);
+  EXPECT_EQ(ibv_destroy_ah(ah), 0);
+}
+
 TEST_F(LocalVerbs, CreateCqRejectsBadSizesAndVectors) {
   errno = 0;
   EXPECT_EQ(ibv_create_cq(ctx, 0, nullptr, nullptr, 0), nullptr);
