@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "engine/iw_cm.h"
@@ -35,8 +36,9 @@ struct QpIo : Progress::Handler {
   }
 };
 
-// IB spec 11.2.4.2 / rdma-core qp_state_table: attributes required and allowed per
-// transition for RC.
+// IB spec 11.2.4.2 / the kernel's qp_state_table: attributes required and allowed per
+// transition for RC. IBV_QP_STATE is always allowed; a transition to the current state does
+// not require it (modify_qp with IBV_QP_ACCESS_FLAGS alone in RTS is RTS -> RTS).
 struct Transition {
   bool valid;
   int required;
@@ -53,7 +55,7 @@ Transition transition(ibv_qp_state cur, ibv_qp_state next) {
       break;
     case IBV_QPS_INIT:
       if (next == IBV_QPS_INIT)
-        return {true, kS, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS};
+        return {true, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS};
       if (next == IBV_QPS_RTR)
         return {true,
                 kS | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
@@ -70,7 +72,7 @@ Transition transition(ibv_qp_state cur, ibv_qp_state next) {
       break;
     case IBV_QPS_RTS:
       if (next == IBV_QPS_RTS)
-        return {true, kS,
+        return {true, 0,
                 IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE |
                     IBV_QP_MIN_RNR_TIMER};
       if (next == IBV_QPS_SQD) return {true, kS, IBV_QP_EN_SQD_ASYNC_NOTIFY};
@@ -81,7 +83,7 @@ Transition transition(ibv_qp_state cur, ibv_qp_state next) {
                 IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE |
                     IBV_QP_MIN_RNR_TIMER};
       if (next == IBV_QPS_SQD)
-        return {true, kS,
+        return {true, 0,
                 IBV_QP_AV | IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH |
                     IBV_QP_PATH_MIG_STATE | IBV_QP_MIN_RNR_TIMER | IBV_QP_MAX_QP_RD_ATOMIC |
                     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_PKEY_INDEX | IBV_QP_TIMEOUT |
@@ -228,7 +230,9 @@ int qp_modify(Qp* qp, ibv_qp_attr* a, int mask) {
   const ibv_qp_state next = (mask & IBV_QP_STATE) ? a->qp_state : cur;
   const Transition t = transition(qp->state.load(), next);
   if (!t.valid || cur != qp->state.load()) return EINVAL;
-  if ((mask & t.required) != t.required || (mask & ~(t.required | t.optional)) != 0) return EINVAL;
+  if ((mask & t.required) != t.required ||
+      (mask & ~(t.required | t.optional | IBV_QP_STATE)) != 0)
+    return EINVAL;
   // Validate every attribute before changing anything (rxe_qp_chk_attr).
   if ((mask & IBV_QP_PORT) && a->port_num != 1) return EINVAL;
   if ((mask & IBV_QP_PKEY_INDEX) && a->pkey_index != 0) return EINVAL;
@@ -669,6 +673,12 @@ void qp_take_endpoint(Qp* qp, Endpoint* ep) {
 
 void qp_attach_conn(Qp* qp) {
   stats::set_peer(qp->stats, transport::peer_addr(qp->conn.fd), qp->attr.dest_qp_num);
+  // SOFTVERBS_SNDBUF=bytes fixes the socket's send buffer (the kernel's autotuning otherwise):
+  // a knob for tuning, and for tests that need a transmit that stops when the peer stops reading.
+  if (const char* b = std::getenv("SOFTVERBS_SNDBUF")) {
+    const int v = std::atoi(b);
+    if (v > 0) setsockopt(qp->conn.fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v);
+  }
   transport::set_nonblock(qp->conn.fd, true);
   transport::set_nodelay(qp->conn.fd);
   SV_INFO("qp %u connected fd %d crc %d sv %d", qp->qpn(), qp->conn.fd, qp->conn.crc,

@@ -89,6 +89,8 @@ struct IrqEntry {
   uint32_t sink_stag = 0;
   uint64_t sink_to = 0;
   const std::byte* src = nullptr;
+  uint32_t src_stag = 0;  // re-checked as each Read Response segment is framed
+  uint64_t src_to = 0;
   uint32_t length = 0;
   uint32_t sent = 0;
   wire::AtomicResponse aresp{};

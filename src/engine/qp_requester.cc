@@ -139,6 +139,33 @@ uint32_t ord_limit(const Qp* qp) {
   return std::max<uint32_t>(ord, 1);
 }
 
+// The source of a Read Response is checked again as each segment is framed: the region may
+// have been deregistered since the Request was accepted, and its memory is then no longer
+// ours to send. The QP ends as for a bad STag on arrival (a Terminate, a remote access error
+// for the requester), from the progress thread since we hold tx_mu mid-batch.
+bool read_source_still_valid(Qp* qp, IrqEntry& e, uint32_t chunk) {
+  if (qp->conn.tx_gated) return false;
+  auto& kt = KeyTable::get();
+  auto g = kt.read_guard();
+  std::byte* p = nullptr;
+  const AccessResult r =
+      kt.check(e.src_stag, qp->pd, e.src_to + e.sent, chunk, IBV_ACCESS_REMOTE_READ, true, &p);
+  if (r == AccessResult::ok && p == e.src + e.sent) return true;
+  qp->conn.tx_gated = true;  // nothing more is framed; the Terminate below goes first
+  const wire::Terminate t =
+      access_to_terminate(r == AccessResult::ok ? AccessResult::invalid_key : r, false);
+  Progress::get().post([qp, qpn = qp->qpn(), t] {
+    if (oob::lookup(qpn) != qp) return;
+    {
+      std::lock_guard lk(qp->tx_mu);
+      qp->conn.tx_gated = false;
+      tx_terminate_locked(qp, t);
+    }
+    qp_set_error(qp, IBV_WC_WR_FLUSH_ERR, true, IBV_EVENT_QP_ACCESS_ERR);
+  });
+  return false;
+}
+
 // Frames as much of the IRQ head as fits. Returns false when the batch is full.
 bool frame_irq(Qp* qp, Framer& f) {
   Conn& c = qp->conn;
@@ -156,6 +183,7 @@ bool frame_irq(Qp* qp, Framer& f) {
       const uint32_t chunk =
           std::min<uint32_t>(e.length - e.sent, c.max_ulpdu - wire::kDdpTaggedHdrLen);
       const bool last = e.sent + chunk == e.length;
+      if (chunk && !read_source_still_valid(qp, e, chunk)) return false;
       std::byte* h = f.begin(wire::kDdpTaggedHdrLen);
       wire::encode_tagged(h, RdmapOpcode::read_response, last, e.sink_stag, e.sink_to + e.sent);
       f.payload(e.src + e.sent, chunk);

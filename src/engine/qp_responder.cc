@@ -80,8 +80,8 @@ bool recv_keys_ok(Qp* qp, const RecvWqe& w) {
   for (uint32_t i = 0; i < w.num_sge; ++i) {
     if (!w.sge[i].length) continue;
     std::byte* p;
-    if (kt.check(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, IBV_ACCESS_LOCAL_WRITE,
-                 false, &p) != AccessResult::ok)
+    if (kt.check(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, IBV_ACCESS_LOCAL_WRITE, false,
+                 &p) != AccessResult::ok)
       return false;
   }
   return true;
@@ -193,6 +193,25 @@ RxAction on_write(Qp* qp, Conn& c) {
   return RxAction::place;
 }
 
+// Read and Atomic Requests share the IRQ, bounded by the IRD we advertised: one more is the
+// peer ignoring its ORD (RFC 5040 §5.2 / siw: catastrophic), and is refused before it is
+// executed. Called with tx_mu held; true if the QP was ended.
+bool irq_overrun_locked(Qp* qp, Conn& c) {
+  const uint32_t ird =
+      std::min<uint32_t>(static_cast<uint32_t>(qp->irq.size()),
+                         std::max<uint32_t>({qp->attr.max_dest_rd_atomic, c.ird, 1u}));
+  if (qp->irq_count < ird) return false;
+  Terminate t;
+  t.layer = wire::TermLayer::rdmap;
+  t.etype = static_cast<uint8_t>(wire::RdmapEtype::catastrophic);
+  t.ecode = 0;
+  tx_terminate_locked(qp, t);
+  qp->tx_mu.unlock();
+  qp_set_error(qp, IBV_WC_WR_FLUSH_ERR, true);
+  qp->tx_mu.lock();
+  return true;
+}
+
 RxAction on_read_request(Qp* qp, Conn& c) {
   const auto& s = c.seg;
   if (s.msn != c.rreq_msn) {
@@ -217,26 +236,14 @@ RxAction on_read_request(Qp* qp, Conn& c) {
     return RxAction::dead;
   }
   std::lock_guard lk(qp->tx_mu);
-  const uint32_t ird =
-      std::min<uint32_t>(static_cast<uint32_t>(qp->irq.size()),
-                         std::max<uint32_t>({qp->attr.max_dest_rd_atomic, c.ird, 1u}));
-  if (qp->irq_count >= ird) {
-    // More outstanding Reads than we advertised (RFC 5040 §5.2 / siw: catastrophic).
-    Terminate t;
-    t.layer = wire::TermLayer::rdmap;
-    t.etype = static_cast<uint8_t>(wire::RdmapEtype::catastrophic);
-    t.ecode = 0;
-    tx_terminate_locked(qp, t);
-    qp->tx_mu.unlock();
-    qp_set_error(qp, IBV_WC_WR_FLUSH_ERR, true);
-    qp->tx_mu.lock();
-    return RxAction::dead;
-  }
+  if (irq_overrun_locked(qp, c)) return RxAction::dead;
   IrqEntry& e = qp->irq[(qp->irq_head + qp->irq_count) % qp->irq.size()];
   e = IrqEntry{};
   e.sink_stag = rr.sink_stag;
   e.sink_to = rr.sink_to;
   e.src = p;
+  e.src_stag = rr.source_stag;
+  e.src_to = rr.source_to;
   e.length = rr.read_size;
   ++qp->irq_count;
   ++c.rreq_msn;
@@ -262,6 +269,10 @@ RxAction on_atomic_request(Qp* qp, Conn& c) {
     rx_fail(qp, rdmap_op_term(wire::RdmapEcode::catastrophic_stream), true, IBV_WC_REM_INV_REQ_ERR,
             IBV_WC_WR_FLUSH_ERR);
     return RxAction::dead;
+  }
+  {
+    std::lock_guard lk(qp->tx_mu);  // only this thread adds to the IRQ: room stays
+    if (irq_overrun_locked(qp, c)) return RxAction::dead;
   }
   AccessResult r = AccessResult::access_rights;
   std::byte* p = nullptr;

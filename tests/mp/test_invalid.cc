@@ -321,6 +321,22 @@ TEST_F(LocalVerbs, ModifyQpRejectsInvalidTransitionsAndMasks) {
   }
   ASSERT_EQ(ibv_modify_qp(qp, &rts, kRtsMask), 0);
   EXPECT_EQ(state(qp), IBV_QPS_RTS);
+
+  // RTS -> RTS: IBV_QP_STATE is optional (the kernel's qp_state_table requires nothing for
+  // it); allowed attributes change, others are EINVAL and change nothing.
+  ibv_qp_attr acc{};
+  acc.qp_access_flags = IBV_ACCESS_REMOTE_READ;
+  ASSERT_EQ(ibv_modify_qp(qp, &acc, IBV_QP_ACCESS_FLAGS), 0) << "RTS -> RTS, access only";
+  ibv_qp_attr got{};
+  ibv_qp_init_attr gi{};
+  ASSERT_EQ(ibv_query_qp(qp, &got, IBV_QP_ACCESS_FLAGS, &gi), 0);
+  EXPECT_EQ(got.qp_access_flags, static_cast<unsigned>(IBV_ACCESS_REMOTE_READ));
+  acc.qp_state = IBV_QPS_RTS;
+  acc.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+  EXPECT_EQ(ibv_modify_qp(qp, &acc, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS), 0);
+  acc.path_mtu = IBV_MTU_1024;
+  EXPECT_EQ(ibv_modify_qp(qp, &acc, IBV_QP_PATH_MTU), EINVAL) << "RTS -> RTS, path MTU";
+  EXPECT_EQ(state(qp), IBV_QPS_RTS);
 }
 
 TEST_F(LocalVerbs, PostInWrongStateIsEinvalWithBadWr) {

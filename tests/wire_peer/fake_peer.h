@@ -110,8 +110,14 @@ struct Local {
 struct FakePeer {
   int fd = -1;
   bool accepted = false;  // a Reply that accepts came back
-  explicit FakePeer(uint32_t qpn, const char* src = "127.0.0.1", bool expect_accept = true) {
+  // rcvbuf: a small receive buffer (set before connecting, so the window stays small) lets a
+  // test stop the QP's transmit by not reading.
+  explicit FakePeer(uint32_t qpn, const char* src = "127.0.0.1", bool expect_accept = true,
+                    int rcvbuf = 0) {
     fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (rcvbuf) {
+      EXPECT_EQ(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf), 0);
+    }
     sockaddr_in b{};
     b.sin_family = AF_INET;
     inet_pton(AF_INET, src, &b.sin_addr);

@@ -3,6 +3,8 @@
 // Terminate RFC 5040/5041 prescribe (layer, etype, ecode), go to ERR and flush, and the
 // process must not crash. A Terminate from the peer must end an outstanding READ with the
 // status it maps to (RDMAP remote operation -> IBV_WC_REM_OP_ERR).
+#include <sys/mman.h>
+
 #include "fake_peer.h"
 
 using namespace wire_peer;
@@ -160,4 +162,124 @@ TEST(PeerTerminate, RemoteOperationErrorEndsTheReadWithRemOpErr) {
   EXPECT_EQ(wc[1].wr_id, 6u);
   EXPECT_EQ(wc[1].status, IBV_WC_WR_FLUSH_ERR);
   EXPECT_TRUE(l.wait_state(IBV_QPS_ERR));
+}
+
+namespace {
+
+// A Read far larger than one transmit batch (kMaxIov iovecs, about 16 MiB of 64 KiB FPDUs)
+// stays in the IRQ while it is framed batch by batch. With a small send buffer on our QP's
+// socket and a small receive window at the peer, the first batch cannot leave while the peer
+// does not read, so the Read is still in the IRQ when the next frames arrive.
+constexpr int kSmallBuf = 4096;
+constexpr uint32_t kReadLen = 32u << 20;
+
+struct BigRegion {
+  void* mem = nullptr;
+  ibv_mr* mr = nullptr;
+  BigRegion(ibv_pd* pd, char fill) {
+    mem = mmap(nullptr, kReadLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    std::memset(mem, fill, kReadLen);
+    mr = ibv_reg_mr(pd, mem, kReadLen, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  }
+  ~BigRegion() {
+    if (mr) ibv_dereg_mr(mr);
+    munmap(mem, kReadLen);
+  }
+  uint64_t to() const { return reinterpret_cast<uint64_t>(mem); }
+};
+
+std::vector<std::byte> read_request(uint32_t msn, uint64_t source_to, uint32_t stag, uint32_t len) {
+  auto u = untagged(RdmapOpcode::read_request, kQnReadRequest, msn, kReadRequestLen);
+  encode_read_request(u.data() + kDdpUntaggedHdrLen, ReadRequest{0x5151, 0, len, stag, source_to});
+  return u;
+}
+
+void send_all(FakePeer& p, const std::vector<std::vector<std::byte>>& ulpdus) {
+  std::vector<std::byte> all;
+  for (const auto& u : ulpdus) {
+    std::vector<std::byte> f(fpdu_len(u.size()), std::byte{0});
+    store_be16(f.data(), static_cast<uint16_t>(u.size()));
+    std::memcpy(f.data() + 2, u.data(), u.size());
+    all.insert(all.end(), f.begin(), f.end());
+  }
+  ASSERT_EQ(write(p.fd, all.data(), all.size()), static_cast<ssize_t>(all.size()));
+}
+
+}  // namespace
+
+// Read and Atomic Requests share the IRQ, bounded by our IRD (1 here). A peer that ignores its
+// ORD and sends an Atomic while a Read is still being answered gets a Terminate (RFC 5040
+// §5.2, as siw), and the Atomic is refused before it runs: the target word is unchanged.
+TEST(PeerIgnoringOrd, AnAtomicBeyondIrdIsRefusedBeforeItRuns) {
+  setenv("SOFTVERBS_SNDBUF", std::to_string(kSmallBuf).c_str(), 1);
+  Local l;
+  alignas(8) static uint64_t word = 77;
+  ibv_mr* amr =
+      ibv_reg_mr(l.pd, &word, sizeof word, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+  ASSERT_NE(amr, nullptr);
+  ibv_qp_attr a{};
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  ASSERT_EQ(ibv_modify_qp(l.qp, &a, IBV_QP_ACCESS_FLAGS), 0);
+  FakePeer p(l.qp->qp_num, "127.0.0.1", true, kSmallBuf);
+  auto atomic = untagged(RdmapOpcode::atomic_request, kQnReadRequest, 2, kAtomicRequestLen);
+  AtomicRequest ar;
+  ar.op = AtomicOp::fetch_add;
+  ar.req_id = 9;
+  ar.stag = amr->rkey;
+  ar.to = reinterpret_cast<uint64_t>(&word);
+  ar.add_swap = 1;
+  encode_atomic_request(atomic.data() + kDdpUntaggedHdrLen, ar);
+  BigRegion big(l.pd, 'R');
+  ASSERT_NE(big.mr, nullptr);
+  send_all(p, {read_request(1, big.to(), big.mr->rkey, kReadLen), atomic});
+  EXPECT_TRUE(l.wait_state(IBV_QPS_ERR)) << "an Atomic beyond IRD was accepted";
+  EXPECT_EQ(word, 77u) << "the Atomic beyond IRD ran";
+  ibv_dereg_mr(amr);
+  unsetenv("SOFTVERBS_SNDBUF");
+}
+
+// The source of a Read Response is checked again as each batch of it is framed: deregistered
+// while the response waits for the peer's window, the rest of the region is not sent (what
+// was framed before is, as a NIC's DMA in flight would be); the peer gets a Terminate, and
+// the QP ends with the access-violation event.
+TEST(ReadResponse, ARegionDeregisteredMidResponseIsNotSent) {
+  setenv("SOFTVERBS_SNDBUF", std::to_string(kSmallBuf).c_str(), 1);
+  Local l;
+  BigRegion src(l.pd, 'S');
+  ASSERT_NE(src.mr, nullptr);
+  FakePeer p(l.qp->qp_num, "127.0.0.1", true, kSmallBuf);
+  send_all(p, {read_request(1, src.to(), src.mr->rkey, kReadLen)});
+  // The response has started and stalled on the peer's window (the Request was taken: the
+  // QP is alive and nothing more is coming). Deregister, then let it drain.
+  std::byte first[2];
+  ASSERT_TRUE(p.read_exact(first, 2));
+  ASSERT_EQ(ibv_dereg_mr(src.mr), 0);
+  src.mr = nullptr;
+  std::vector<std::byte> body(load_be16(first) + fpdu_pad(load_be16(first)) + 4);
+  ASSERT_TRUE(p.read_exact(body.data(), body.size()));
+  uint64_t sent_after_dereg = 0;
+  bool terminated = false;
+  for (int i = 0; i < 2000 && !terminated; ++i) {
+    std::byte len[2];
+    if (!p.read_exact(len, 2)) break;
+    const uint16_t ul = load_be16(len);
+    std::vector<std::byte> b(ul + fpdu_pad(ul) + 4);
+    if (!p.read_exact(b.data(), b.size())) break;
+    DdpSegment seg;
+    ASSERT_EQ(ddp_decode(b, ul, seg), DdpError::ok);
+    if (seg.opcode == RdmapOpcode::terminate) {
+      terminated = true;
+    } else {
+      ASSERT_EQ(seg.opcode, RdmapOpcode::read_response);
+      sent_after_dereg += ul - seg.hdr_len;
+    }
+  }
+  EXPECT_TRUE(terminated) << "no Terminate after the region went away";
+  EXPECT_LT(sent_after_dereg, kReadLen);
+  EXPECT_TRUE(l.wait_state(IBV_QPS_ERR));
+  ibv_async_event ev{};
+  ASSERT_EQ(ibv_get_async_event(l.ctx, &ev), 0);
+  EXPECT_EQ(ev.event_type, IBV_EVENT_QP_ACCESS_ERR);
+  ibv_ack_async_event(&ev);
+  unsetenv("SOFTVERBS_SNDBUF");
 }
