@@ -51,6 +51,12 @@ bool KeyTable::add(Mr* mr) {
   return true;
 }
 
+void KeyTable::change(Mr* mr, Pd* pd, int access) {
+  std::unique_lock lk(mu_);
+  mr->pd = pd;
+  mr->access = access;
+}
+
 void KeyTable::remove(Mr* mr) {
   std::unique_lock lk(mu_);
   const uint32_t slot = mr->mr.lkey & 0xFFFF;

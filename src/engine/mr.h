@@ -47,6 +47,9 @@ class KeyTable {
   // Assigns a key to mr (sets lkey/rkey). Returns false when the table is full.
   bool add(Mr* mr);
   void remove(Mr* mr);
+  // Changes a registered region's PD and/or access in place, keys unchanged (rereg with
+  // CHANGE_PD/CHANGE_ACCESS, as rxe does): no check sees a half-made change.
+  void change(Mr* mr, Pd* pd, int access);
   // Resolves (key, addr, len) for an access needing `need` (IBV_ACCESS_* bits; 0 = local
   // read). `remote` chooses addressing by iova (remote TO) or by local virtual address.
   // On ok, *ptr is the local address. Caller holds a ReadGuard.

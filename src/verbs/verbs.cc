@@ -249,7 +249,7 @@ SV_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
 
 SV_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
   auto* p = reinterpret_cast<Pd*>(pd);
-  if (p->users.load()) return EBUSY;  // as the kernel: resources still use it
+  if (p->users.load()) return errno = EBUSY;  // as the kernel (errno too, as the write() sets it)
   delete p;
   return 0;
 }
@@ -324,31 +324,48 @@ SV_EXPORT int ibv_dereg_mr(ibv_mr* ibmr) {
   return 0;
 }
 
+// rdma-core's ibv_rereg_mr: its own input checks fail with IBV_REREG_MR_ERR_INPUT, what the
+// kernel refuses with IBV_REREG_MR_ERR_CMD, errno set either way. CHANGE_PD and CHANGE_ACCESS
+// keep the keys (rxe changes the region in place; a peer's rkey goes on working); a new
+// translation gets new keys, as after a fresh registration.
 SV_EXPORT int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size_t length,
                            int access) {
-  if (!ibmr || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED) || !flags) return IBV_REREG_MR_ERR_INPUT;
+  auto input_error = [] {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  };
+  auto cmd_error = [](int e) {
+    errno = e;
+    return IBV_REREG_MR_ERR_CMD;
+  };
+  if (!ibmr || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED)) return input_error();
+  if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!addr || !length)) return input_error();
+  if (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS)) return input_error();
   auto* mr = reinterpret_cast<Mr*>(ibmr);
-  if ((flags & IBV_REREG_MR_CHANGE_ACCESS) && check_mr_access(access))
-    return IBV_REREG_MR_ERR_INPUT;
-  if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!addr || !length))
-    return IBV_REREG_MR_ERR_INPUT;
-  if ((flags & IBV_REREG_MR_CHANGE_PD) && !pd) return IBV_REREG_MR_ERR_INPUT;
-  // New keys, as after a fresh registration: the old ones must stop working.
+  if (!flags) return cmd_error(EINVAL);  // uverbs: nothing to change is EINVAL
+  if ((flags & IBV_REREG_MR_CHANGE_ACCESS))
+    if (int e = check_mr_access(access)) return cmd_error(e);
+  if ((flags & IBV_REREG_MR_CHANGE_PD) && !pd) return cmd_error(EINVAL);
+  Pd* new_pd = (flags & IBV_REREG_MR_CHANGE_PD) ? reinterpret_cast<Pd*>(pd) : mr->pd;
+  const int new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? access & kMrAllowed : mr->access;
   auto& kt = KeyTable::get();
-  kt.remove(mr);
-  if (flags & IBV_REREG_MR_CHANGE_PD) {
+  if (new_pd != mr->pd) {
+    ++new_pd->users;
     --mr->pd->users;
-    mr->pd = reinterpret_cast<Pd*>(pd);
-    ++mr->pd->users;
     mr->mr.pd = pd;
   }
-  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
-    mr->mr.addr = addr;
-    mr->mr.length = length;
-    mr->iova = reinterpret_cast<uintptr_t>(addr);
+  if (!(flags & IBV_REREG_MR_CHANGE_TRANSLATION)) {
+    kt.change(mr, new_pd, new_access);
+    return 0;
   }
-  if (flags & IBV_REREG_MR_CHANGE_ACCESS) mr->access = access & kMrAllowed;
-  if (!kt.add(mr)) return IBV_REREG_MR_ERR_CMD;
+  kt.remove(mr);
+  mr->pd = new_pd;
+  mr->access = new_access;
+  mr->mr.addr = addr;
+  mr->mr.length = length;
+  mr->iova = reinterpret_cast<uintptr_t>(addr);
+  if (!kt.add(mr)) return cmd_error(ENOMEM);
+  mr->mr.handle = mr->mr.lkey;
   return 0;
 }
 
@@ -591,8 +608,7 @@ SV_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
   }
   // An Ethernet (RoCE-style) port is addressed by GID only: an AH without a GRH, or naming a
   // source GID the port does not have, is EINVAL (the kernel's rdma_check_ah_attr).
-  if (!attr->is_global ||
-      attr->grh.sgid_index >= Context::from(pd->context)->device->gids.size()) {
+  if (!attr->is_global || attr->grh.sgid_index >= Context::from(pd->context)->device->gids.size()) {
     errno = EINVAL;
     return nullptr;
   }

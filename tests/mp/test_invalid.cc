@@ -447,17 +447,68 @@ TEST_F(LocalVerbs, DestroyCompChannelWithCqIsEbusy) {
   EXPECT_EQ(ibv_destroy_comp_channel(ch), 0);
 }
 
+// ibv_rereg_mr as rdma-core and the kernel answer it: input errors rdma-core itself catches
+// are IBV_REREG_MR_ERR_INPUT, what the kernel refuses is IBV_REREG_MR_ERR_CMD, errno EINVAL
+// either way and the region unchanged; CHANGE_ACCESS and CHANGE_PD keep both keys (rxe).
+TEST_F(LocalVerbs, ReregMrErrorsAndKeys) {
+  ibv_mr* mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr);
+  mrs.push_back(mr);
+  const uint32_t lkey = mr->lkey, rkey = mr->rkey;
+  auto rereg = [&](int flags, ibv_pd* p, int access) {
+    errno = 0;
+    return ibv_rereg_mr(mr, flags, p, nullptr, 0, access);
+  };
+  EXPECT_EQ(rereg(1 << 7, nullptr, 0), IBV_REREG_MR_ERR_INPUT) << "unknown flag";
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rereg(IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, 0), IBV_REREG_MR_ERR_INPUT);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rereg(IBV_REREG_MR_CHANGE_PD, pd, IBV_ACCESS_LOCAL_WRITE), IBV_REREG_MR_ERR_INPUT)
+      << "access without CHANGE_ACCESS";
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rereg(0, nullptr, 0), IBV_REREG_MR_ERR_CMD) << "nothing to change";
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rereg(IBV_REREG_MR_CHANGE_ACCESS, nullptr, IBV_ACCESS_REMOTE_WRITE),
+            IBV_REREG_MR_ERR_CMD)
+      << "remote write without local write";
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(rereg(IBV_REREG_MR_CHANGE_PD, nullptr, 0), IBV_REREG_MR_ERR_CMD) << "no PD";
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(mr->lkey, lkey);
+
+  ASSERT_EQ(rereg(IBV_REREG_MR_CHANGE_ACCESS, nullptr,
+                  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ),
+            0);
+  EXPECT_EQ(mr->lkey, lkey);
+  EXPECT_EQ(mr->rkey, rkey);
+  ibv_pd* pd2 = ibv_alloc_pd(ctx);
+  ASSERT_NE(pd2, nullptr);
+  ASSERT_EQ(rereg(IBV_REREG_MR_CHANGE_PD, pd2, 0), 0);
+  EXPECT_EQ(mr->pd, pd2);
+  EXPECT_EQ(mr->rkey, rkey);
+  EXPECT_EQ(ibv_dealloc_pd(pd2), EBUSY) << "the region now holds pd2";
+  ASSERT_EQ(rereg(IBV_REREG_MR_CHANGE_PD, pd, 0), 0);
+  EXPECT_EQ(ibv_dealloc_pd(pd2), 0);
+  // A new translation is a new registration: new keys.
+  ASSERT_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, nullptr,
+                         static_cast<char*>(buf) + 4096, 4096, 0),
+            0);
+  EXPECT_NE(mr->rkey, rkey);
+  EXPECT_EQ(mr->addr, static_cast<char*>(buf) + 4096);
+}
+
 // ibv_dealloc_pd(3): "may fail if any other resource is still associated with the PD";
-// the kernel (uverbs_free_pd -> ib_destroy_usecnt) returns EBUSY.
-// KNOWN ENGINE BUG (reported): softverbs frees the PD anyway and returns 0, leaving the MR
-// and QP pointing at freed memory.
+// the kernel (uverbs_free_pd -> ib_destroy_usecnt) returns EBUSY, and errno is EBUSY too
+// (rdma-core's command write() failed with it).
 TEST_F(LocalVerbs, DeallocPdInUseIsEbusy) {
   ibv_pd* p = ibv_alloc_pd(ctx);
   ASSERT_NE(p, nullptr);
   ibv_mr* mr = ibv_reg_mr(p, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
   ASSERT_NE(mr, nullptr);
+  errno = 0;
   const int rc = ibv_dealloc_pd(p);
   EXPECT_EQ(rc, EBUSY) << "PD with a registered MR was deallocated";
+  EXPECT_EQ(errno, EBUSY);
   EXPECT_EQ(ibv_dereg_mr(mr), 0);
   if (rc != 0) {
     EXPECT_EQ(ibv_dealloc_pd(p), 0);  // else it is already gone
