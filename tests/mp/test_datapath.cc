@@ -222,8 +222,7 @@ TEST_F(XProc, RdmaWriteWithImm) {
 // WRITE (ibv_poll_cq(3): "byte_len ... relevant if the Receive Queue for incoming Send or
 // RDMA Write with immediate operations"; rxe reports qp->resp.length since the kernel fix
 // for write-with-imm byte_len, mlx5 reports the CQE byte count). An application that sizes
-// the data it was just written from byte_len gets 0 here.
-// KNOWN ENGINE BUG (reported, not worked around): softverbs reports byte_len 0.
+// the data it was just written from byte_len (it used to get 0 from softverbs).
 TEST_F(XProc, RdmaWriteWithImmByteLenIsWriteLength) {
   ASSERT_NO_FATAL_FAILURE(Connect());
   const uint32_t len = 4095;

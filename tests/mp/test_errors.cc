@@ -130,6 +130,24 @@ TEST_F(XProc, BadLkeyOnSendIsLocProtErr) {
   expect_dead_qp(*local);
 }
 
+// An Atomic whose local buffer (where the original value lands) has a bad lkey is a local
+// protection error: it must never reach the responder, so the target word is unchanged
+// (the IB spec checks the local SGE before the request is sent; rxe's requester too).
+TEST_F(XProc, AtomicWithBadLkeyNeverRunsAtTheResponder) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  remote->write_u64(0, 64, 1000);
+  SgeSpec bad = sge(0, 8);
+  bad.lkey_override = local->regions[0].mr->lkey ^ kBadKeyBits;
+  std::vector<SendSpec> chain = {
+      make_atomic(IBV_WR_ATOMIC_FETCH_AND_ADD, 1, bad, ri.addr + 64, ri.rkey, 5)};
+  for (auto& s : sends(2, 3)) chain.push_back(s);
+  ASSERT_EQ(local->post_send_chain(chain), 0);
+  auto s = local->poll(CqSel::send, chain.size());
+  ASSERT_EQ(s.size(), chain.size());
+  expect_error_then_flush(s, 1, 0, IBV_WC_LOC_PROT_ERR);
+  EXPECT_EQ(remote->read_u64(0, 64), 1000u) << "the Atomic ran at the responder";
+}
+
 // After a local error no later WR may go out, and a WR completed as flushed must not have
 // been delivered. The requester posts a WR with a bad lkey and 8 good ones in RTS while its
 // peer has not reached RTR yet (the connection waits for it, as OOB set-up allows), then the
@@ -141,13 +159,8 @@ TEST_F(XProc, BadLkeyOnSendIsLocProtErr) {
 // transmitted SEND gets to show up -- on loopback it arrives within microseconds; a correct
 // engine passes however long we wait.
 //
-// KNOWN ENGINE BUG (reported): qp_requester.cc frame_sq() skips a WQE that failed locally
-// (state done) and frames the WQEs behind it whenever TX runs again before the progress
-// thread has run the qp_set_error() that set_error_in_tx() posted. On the connecting side
-// that happens every time: qp_attach_conn() -> tx_run_locked() frames the RTR and fails WR 1
-// in the first batch, sends it, and the next build_batch() frames WRs 2..9. They are
-// delivered to the peer and then completed locally with IBV_WC_WR_FLUSH_ERR. (It also
-// happens, racily, when the application posts again right after the failing post.)
+// (frame_sq() once skipped a WQE that failed locally and framed the ones behind it whenever
+// TX ran again before the error was applied; a failed WQE now stops the SQ.)
 TEST_F(InProc, WrsBehindLocProtErrAreNotTransmitted) {
   std::string err;
   a = Peer::create(PeerConfig{}, &err);
