@@ -230,8 +230,7 @@ int qp_modify(Qp* qp, ibv_qp_attr* a, int mask) {
   const ibv_qp_state next = (mask & IBV_QP_STATE) ? a->qp_state : cur;
   const Transition t = transition(qp->state.load(), next);
   if (!t.valid || cur != qp->state.load()) return EINVAL;
-  if ((mask & t.required) != t.required ||
-      (mask & ~(t.required | t.optional | IBV_QP_STATE)) != 0)
+  if ((mask & t.required) != t.required || (mask & ~(t.required | t.optional | IBV_QP_STATE)) != 0)
     return EINVAL;
   // Validate every attribute before changing anything (rxe_qp_chk_attr).
   if ((mask & IBV_QP_PORT) && a->port_num != 1) return EINVAL;
@@ -375,6 +374,32 @@ static int check_send_wr(const Qp* qp, const ibv_send_wr* wr) {
   return 0;
 }
 
+// Work posted while the connection to the peer is not up (its QP has not reached RTR, or is
+// not there): an IB requester retransmits retry_cnt times, each after the local ACK timeout
+// (4.096 us * 2^timeout), then completes with IBV_WC_RETRY_EXC_ERR (IB spec 9.7.6.1.3). We
+// give the connection that long to come up. timeout 0 means infinite, as in the spec.
+// Called with tx_mu held.
+static void arm_transport_timer(Qp* qp) {
+  if (qp->ack_timer_armed || qp->attr.timeout == 0) return;
+  qp->ack_timer_armed = true;
+  const uint64_t us =
+      (uint64_t{qp->attr.retry_cnt} + 1) * 4096 * (uint64_t{1} << qp->attr.timeout) / 1000;
+  const auto delay = std::chrono::milliseconds(std::max<uint64_t>(us / 1000, 1));
+  Progress::get().post_after(delay, [qp, qpn = qp->qpn()] {
+    if (oob::lookup(qpn) != qp) return;  // destroyed meanwhile
+    bool expired;
+    {
+      std::lock_guard lk(qp->tx_mu);
+      qp->ack_timer_armed = false;
+      expired = !qp->conn_up.load(std::memory_order_acquire) && qp->sq_count &&
+                qp->state.load() != IBV_QPS_ERR;
+    }
+    if (!expired) return;
+    SV_INFO("qp %u: peer never reached RTR within the transport timeout", qp->qpn());
+    qp_set_error(qp, IBV_WC_RETRY_EXC_ERR, true);
+  });
+}
+
 int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   std::unique_lock lk(qp->tx_mu);
   const ibv_qp_state st = qp->state.load(std::memory_order_acquire);
@@ -448,6 +473,7 @@ int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   if (qp->state.load() == IBV_QPS_ERR) {
     flush_qp_locked(qp, IBV_WC_WR_FLUSH_ERR);
   } else if (st == IBV_QPS_RTS) {
+    if (!qp->conn_up.load(std::memory_order_acquire) && qp->sq_count) arm_transport_timer(qp);
     tx_run_locked(qp);
   }
   return err;

@@ -34,9 +34,9 @@
 
 #include "engine/context.h"
 #include "engine/cq.h"
-#include "engine/stats.h"
 #include "engine/mr.h"
 #include "engine/progress.h"
+#include "engine/stats.h"
 #include "transport/tcp.h"
 #include "wire/ddp_rdmap.h"
 
@@ -209,13 +209,14 @@ struct Qp {
   bool cm_managed = false;  // rdma_cm drives transitions and owns set-up
   bool connecting = false;  // OOB handshake in flight
   bool error_reported = false;
-  void* cm_id = nullptr;  // rdma_cm_id when cm_managed
+  bool ack_timer_armed = false;  // tx_mu: a transport-timeout check is pending
+  void* cm_id = nullptr;         // rdma_cm_id when cm_managed
   // rdma_cm is told when the connection ends (peer closed or QP error). Cleared by
   // rdma_destroy_qp while the progress thread may be reading it.
   using DisconnectFn = void (*)(void* cm_id);
   std::atomic<DisconnectFn> on_disconnect{nullptr};
   std::unique_ptr<Progress::Handler> io;  // epoll handler for conn.fd
-  uint32_t events_reported = 0;  // async events posted for it (qpx.qp_base.mutex)
+  uint32_t events_reported = 0;           // async events posted for it (qpx.qp_base.mutex)
 
   ibv_qp* ibqp() { return &qpx.qp_base; }
   static Qp* from(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
@@ -233,7 +234,7 @@ struct Srq {
   uint32_t head = 0, count = 0;
   uint32_t max_wr = 0, max_sge = 0, limit = 0;
   std::mutex qps_mu;
-  std::vector<Qp*> qps;  // to restart QPs stalled waiting for a buffer
+  std::vector<Qp*> qps;          // to restart QPs stalled waiting for a buffer
   uint32_t events_reported = 0;  // async events posted for it (srq.mutex)
 };
 

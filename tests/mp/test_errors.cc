@@ -189,6 +189,52 @@ TEST_F(InProc, WrsBehindLocProtErrAreNotTransmitted) {
         << "a WR completed as flushed was delivered to the peer: " << wc_str(w);
 }
 
+// A requester whose peer QP never reaches RTR: as on IB, its work ends in
+// IBV_WC_RETRY_EXC_ERR once retry_cnt retransmissions would have timed out (here
+// (1 + 1) * 4.096 us * 2^10, about 8 ms), and the rest is flushed.
+TEST_F(InProc, PeerNeverInRtrEndsInRetryExcErr) {
+  std::string err;
+  PeerConfig quick;
+  quick.timeout = 10;
+  quick.retry_cnt = 1;
+  a = Peer::create(quick, &err);
+  ASSERT_TRUE(a) << err;
+  b = Peer::create(PeerConfig{}, &err);
+  ASSERT_TRUE(b) << err;
+  ASSERT_EQ(b->modify_init(), 0);  // b stays in INIT
+  ASSERT_EQ(a->connect(b->info()), 0);
+  ASSERT_EQ(a->post_send(make_send(1, {sge(0, 32)})), 0);
+  ASSERT_EQ(a->post_send(make_send(2, {sge(0, 32)})), 0);
+  auto s = a->poll(CqSel::send, 2);
+  ASSERT_EQ(s.size(), 2u) << "no completion for work toward a peer that never reached RTR";
+  expect_error_then_flush(s, 1, 0, IBV_WC_RETRY_EXC_ERR);
+  EXPECT_EQ(a->state(), IBV_QPS_ERR);
+}
+
+// timeout 0 is infinite (IB spec): the work waits for the peer however long it takes, and
+// completes once the peer arrives.
+TEST_F(InProc, InfiniteTimeoutWaitsForThePeer) {
+  std::string err;
+  PeerConfig patient;
+  patient.timeout = 0;
+  a = Peer::create(patient, &err);
+  ASSERT_TRUE(a) << err;
+  b = Peer::create(PeerConfig{}, &err);
+  ASSERT_TRUE(b) << err;
+  ASSERT_EQ(b->modify_init(), 0);
+  ASSERT_EQ(b->post_recv(9, {sge(0, 64)}), 0);
+  ASSERT_EQ(a->connect(b->info()), 0);
+  ASSERT_EQ(a->post_send(make_send(1, {sge(0, 32)})), 0);
+  // Bounded look for a wrong early completion (a correct engine passes however long we wait).
+  EXPECT_TRUE(a->poll(CqSel::send, 1, Ms(300)).empty()) << "completed before the peer was there";
+  ASSERT_EQ(b->modify_rtr(a->info()), 0);
+  ASSERT_EQ(b->modify_rts(), 0);
+  auto s = a->poll(CqSel::send, 1);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND)) << wc_str(s[0]);
+  EXPECT_EQ(b->poll(CqSel::recv, 1).size(), 1u);
+}
+
 TEST_F(XProc, BadLkeyOnRecvIsLocProtErrWhenSendArrives) {
   ASSERT_NO_FATAL_FAILURE(Connect());
   SgeSpec bad = sge(0, 4096);
