@@ -229,6 +229,11 @@ bool frame_sq(Qp* qp, Framer& f) {
         set_error_in_tx(qp, w, IBV_WC_LOC_QP_OP_ERR);
         return false;
       }
+      if (is_atomic && (w.length != 8 || w.num_sge != 1)) {
+        // The original value needs exactly one 8-byte local buffer (IB spec 9.4.5).
+        set_error_in_tx(qp, w, IBV_WC_LOC_LEN_ERR);
+        return false;
+      }
       if (!local_keys_ok(qp, w, (is_read || is_atomic) ? IBV_ACCESS_LOCAL_WRITE : 0)) {
         set_error_in_tx(qp, w, IBV_WC_LOC_PROT_ERR);
         return false;

@@ -444,7 +444,18 @@ RxAction rx_on_header(Qp* qp) {
         c.have_recv = false;
       }
       qp->rx_stalled = true;
-      qp_set_error(qp, terminate_to_wc_status(t), true);
+      ibv_wc_status st = terminate_to_wc_status(t);
+      // RFC 7306 names no Terminate code for a misaligned Atomic: softverbs' responder answers
+      // it with Remote Operation / Catastrophic (Stream), and an Atomic at the head of the SQ
+      // reports it as IB does, IBV_WC_REM_INV_REQ_ERR (rxe: RESPST_ERR_MISALIGNED_ATOMIC).
+      if (st == IBV_WC_REM_OP_ERR &&
+          t.ecode == static_cast<uint8_t>(wire::RdmapEcode::catastrophic_stream)) {
+        std::lock_guard lk(qp->tx_mu);
+        const SendWqe* w = oldest_awaiting(qp, true);
+        if (w && qp->sq_count && w == &qp->sq[qp->sq_head & (qp->cap.max_send_wr - 1)])
+          st = IBV_WC_REM_INV_REQ_ERR;
+      }
+      qp_set_error(qp, st, true);
       return RxAction::dead;
     }
   }
