@@ -16,10 +16,15 @@
 #include "engine/device.h"
 #include "engine/mr.h"
 #include "engine/qp.h"
+#include "verbs/handles.h"
 
 #define SV_EXPORT extern "C" __attribute__((visibility("default")))
 
 using namespace sv::engine;
+using sv::verbs::handle_add;
+using sv::verbs::handle_ok;
+using sv::verbs::handle_remove;
+using sv::verbs::HKind;
 
 namespace {
 
@@ -137,10 +142,12 @@ SV_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
   c->vctx.sz = sizeof(verbs_context);
   c->vctx.query_port = op_query_port;
   c->vctx.query_device_ex = op_query_device_ex;
+  handle_add(HKind::context, &ctx, &ctx);
   return &ctx;
 }
 
 SV_EXPORT int ibv_close_device(ibv_context* ctx) {
+  if (!handle_remove(HKind::context, ctx)) return EINVAL;
   Context* c = Context::from(ctx);
   c->async.close_fd();
   pthread_mutex_destroy(&ctx->mutex);
@@ -236,6 +243,10 @@ SV_EXPORT int ibv_query_gid_type(ibv_context* ctx, uint8_t port, unsigned int in
 // ---- protection domains and memory regions --------------------------------------------
 
 SV_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
+  if (!handle_ok(HKind::context, ctx)) {
+    errno = EINVAL;
+    return nullptr;
+  }
   auto* pd = new (std::nothrow) Pd();
   if (!pd) {
     errno = ENOMEM;
@@ -244,12 +255,15 @@ SV_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
   static std::atomic<uint32_t> handles{1};
   pd->pd.context = ctx;
   pd->pd.handle = handles++;
+  handle_add(HKind::pd, &pd->pd, ctx);
   return &pd->pd;
 }
 
 SV_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
+  if (!handle_ok(HKind::pd, pd)) return errno = EINVAL;
   auto* p = reinterpret_cast<Pd*>(pd);
   if (p->users.load()) return errno = EBUSY;  // as the kernel (errno too, as the write() sets it)
+  handle_remove(HKind::pd, pd);
   delete p;
   return 0;
 }
@@ -273,7 +287,7 @@ int check_mr_access(int access) {
 
 SV_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
                                    unsigned int access) {
-  if (!pd || (!addr && length) || length == 0) {
+  if (!handle_ok(HKind::pd, pd) || (!addr && length) || length == 0) {
     errno = EINVAL;
     return nullptr;
   }
@@ -300,6 +314,7 @@ SV_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64
   }
   mr->mr.handle = mr->mr.lkey;
   ++mr->pd->users;
+  handle_add(HKind::mr, &mr->mr, pd->context);
   return &mr->mr;
 }
 
@@ -316,7 +331,7 @@ SV_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_
 }
 
 SV_EXPORT int ibv_dereg_mr(ibv_mr* ibmr) {
-  if (!ibmr) return EINVAL;
+  if (!handle_remove(HKind::mr, ibmr)) return EINVAL;
   auto* mr = reinterpret_cast<Mr*>(ibmr);
   KeyTable::get().remove(mr);
   --mr->pd->users;
@@ -338,14 +353,15 @@ SV_EXPORT int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size
     errno = e;
     return IBV_REREG_MR_ERR_CMD;
   };
-  if (!ibmr || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED)) return input_error();
+  if (!handle_ok(HKind::mr, ibmr) || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED)) return input_error();
   if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!addr || !length)) return input_error();
   if (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS)) return input_error();
   auto* mr = reinterpret_cast<Mr*>(ibmr);
   if (!flags) return cmd_error(EINVAL);  // uverbs: nothing to change is EINVAL
   if ((flags & IBV_REREG_MR_CHANGE_ACCESS))
     if (int e = check_mr_access(access)) return cmd_error(e);
-  if ((flags & IBV_REREG_MR_CHANGE_PD) && !pd) return cmd_error(EINVAL);
+  if ((flags & IBV_REREG_MR_CHANGE_PD) && !handle_ok(HKind::pd, pd, ibmr->context))
+    return cmd_error(EINVAL);
   Pd* new_pd = (flags & IBV_REREG_MR_CHANGE_PD) ? reinterpret_cast<Pd*>(pd) : mr->pd;
   const int new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? access & kMrAllowed : mr->access;
   auto& kt = KeyTable::get();
@@ -372,6 +388,10 @@ SV_EXPORT int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size
 // ---- completion channels and CQs --------------------------------------------------------
 
 SV_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* ctx) {
+  if (!handle_ok(HKind::context, ctx)) {
+    errno = EINVAL;
+    return nullptr;
+  }
   auto* ch = new (std::nothrow) CompChannel();
   if (!ch) {
     errno = ENOMEM;
@@ -384,12 +404,15 @@ SV_EXPORT ibv_comp_channel* ibv_create_comp_channel(ibv_context* ctx) {
   ch->ch.context = ctx;
   ch->ch.fd = ch->events.fd();
   ch->ch.refcnt = 0;
+  handle_add(HKind::channel, &ch->ch, ctx);
   return &ch->ch;
 }
 
 SV_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
+  if (!handle_ok(HKind::channel, channel)) return EINVAL;
   auto* ch = reinterpret_cast<CompChannel*>(channel);
   if (ch->ch.refcnt) return EBUSY;
+  handle_remove(HKind::channel, channel);
   ch->events.close_fd();
   delete ch;
   return 0;
@@ -397,7 +420,8 @@ SV_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
 
 SV_EXPORT ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_context,
                                 ibv_comp_channel* channel, int comp_vector) {
-  if (cqe < 1 || cqe > kMaxCqe || comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {
+  if (!handle_ok(HKind::context, ctx) || (channel && !handle_ok(HKind::channel, channel, ctx)) ||
+      cqe < 1 || cqe > kMaxCqe || comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {
     errno = EINVAL;
     return nullptr;
   }
@@ -419,12 +443,15 @@ SV_EXPORT ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_context,
   pthread_mutex_init(&c->mutex, nullptr);
   pthread_cond_init(&c->cond, nullptr);
   if (channel) ++channel->refcnt;
+  handle_add(HKind::cq, c, ctx);
   return c;
 }
 
 SV_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {
+  if (!handle_ok(HKind::cq, ibcq)) return EINVAL;
   Cq* cq = Cq::from(ibcq);
   if (cq->nqps.load()) return EBUSY;
+  handle_remove(HKind::cq, ibcq);
   if (ibcq->channel) --ibcq->channel->refcnt;
   pthread_mutex_destroy(&ibcq->mutex);
   pthread_cond_destroy(&ibcq->cond);
@@ -433,6 +460,7 @@ SV_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {
 }
 
 SV_EXPORT int ibv_resize_cq(ibv_cq* ibcq, int cqe) {
+  if (!handle_ok(HKind::cq, ibcq)) return EINVAL;
   Cq* cq = Cq::from(ibcq);
   if (cqe < 1 || cqe > kMaxCqe) return EINVAL;
   std::lock_guard lk(cq->mu);
@@ -464,7 +492,11 @@ SV_EXPORT void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
 // ---- QPs ------------------------------------------------------------------------------
 
 SV_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
-  if (!pd || !init) {
+  // The PD, both CQs and the SRQ must be live objects of one context.
+  if (!handle_ok(HKind::pd, pd) || !init ||
+      (init->send_cq && !handle_ok(HKind::cq, init->send_cq, pd->context)) ||
+      (init->recv_cq && !handle_ok(HKind::cq, init->recv_cq, pd->context)) ||
+      (init->srq && !handle_ok(HKind::srq, init->srq, pd->context))) {
     errno = EINVAL;
     return nullptr;
   }
@@ -476,24 +508,28 @@ SV_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
   }
   init->cap = qp->cap;
   ++qp->pd->users;
+  handle_add(HKind::qp, qp->ibqp(), pd->context);
   return qp->ibqp();
 }
 
 SV_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init) {
-  if (!qp || !attr) return EINVAL;
+  if (!handle_ok(HKind::qp, qp) || !attr) return EINVAL;
   return qp_query(Qp::from(qp), attr, mask, init);
 }
 
 SV_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
-  if (!qp) return EINVAL;
+  if (!handle_ok(HKind::qp, qp)) return EINVAL;
   return qp_modify(Qp::from(qp), attr, mask);
 }
 
 SV_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
-  if (!qp) return EINVAL;
+  if (!handle_remove(HKind::qp, qp)) return EINVAL;
   Pd* pd = Qp::from(qp)->pd;
   const int r = qp_destroy(Qp::from(qp));
-  if (r == 0) --pd->users;
+  if (r == 0)
+    --pd->users;
+  else
+    handle_add(HKind::qp, qp, qp->context);  // still alive
   return r;
 }
 
@@ -512,7 +548,7 @@ SV_EXPORT int ibv_query_qp_data_in_order(ibv_qp*, enum ibv_wr_opcode, uint32_t) 
 // ---- SRQs -----------------------------------------------------------------------------
 
 SV_EXPORT ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
-  if (!pd || !init || init->attr.max_wr == 0 ||
+  if (!handle_ok(HKind::pd, pd) || !init || init->attr.max_wr == 0 ||
       init->attr.max_wr > static_cast<uint32_t>(kMaxSrqWr) ||
       init->attr.max_sge > static_cast<uint32_t>(kMaxSge) ||
       init->attr.srq_limit > init->attr.max_wr) {
@@ -539,12 +575,14 @@ SV_EXPORT ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
   pthread_cond_init(&s->srq.cond, nullptr);
   init->attr.max_sge = s->max_sge;
   ++s->pd->users;
+  handle_add(HKind::srq, &s->srq, pd->context);
   return &s->srq;
 }
 
 SV_EXPORT int ibv_modify_srq(ibv_srq* srq, ibv_srq_attr* attr, int mask) {
   auto* s = reinterpret_cast<Srq*>(srq);
-  if (!attr || (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT))) return EINVAL;
+  if (!handle_ok(HKind::srq, srq) || !attr || (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)))
+    return EINVAL;
   std::lock_guard lk(s->mu);
   if (mask & IBV_SRQ_MAX_WR) {
     if (attr->max_wr == 0 || attr->max_wr > static_cast<uint32_t>(kMaxSrqWr) ||
@@ -574,6 +612,7 @@ SV_EXPORT int ibv_modify_srq(ibv_srq* srq, ibv_srq_attr* attr, int mask) {
 }
 
 SV_EXPORT int ibv_query_srq(ibv_srq* srq, ibv_srq_attr* attr) {
+  if (!handle_ok(HKind::srq, srq) || !attr) return EINVAL;
   auto* s = reinterpret_cast<Srq*>(srq);
   std::lock_guard lk(s->mu);
   attr->max_wr = s->max_wr;
@@ -583,11 +622,13 @@ SV_EXPORT int ibv_query_srq(ibv_srq* srq, ibv_srq_attr* attr) {
 }
 
 SV_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
+  if (!handle_ok(HKind::srq, srq)) return EINVAL;
   auto* s = reinterpret_cast<Srq*>(srq);
   {
     std::lock_guard lk(s->qps_mu);
     if (!s->qps.empty()) return EBUSY;
   }
+  handle_remove(HKind::srq, srq);
   pthread_mutex_lock(&srq->mutex);
   const uint32_t reported = s->events_reported;
   pthread_mutex_unlock(&srq->mutex);
@@ -602,7 +643,7 @@ SV_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
 // ---- address handles and multicast (UD only: RC is all we carry) ------------------------
 
 SV_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
-  if (!pd || !attr || attr->port_num != 1) {
+  if (!handle_ok(HKind::pd, pd) || !attr || attr->port_num != 1) {
     errno = EINVAL;
     return nullptr;
   }
@@ -620,10 +661,12 @@ SV_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
   ah->context = pd->context;
   ah->pd = pd;
   ++reinterpret_cast<Pd*>(pd)->users;
+  handle_add(HKind::ah, ah, pd->context);
   return ah;
 }
 
 SV_EXPORT int ibv_destroy_ah(ibv_ah* ah) {
+  if (!handle_remove(HKind::ah, ah)) return EINVAL;
   --reinterpret_cast<Pd*>(ah->pd)->users;
   free(ah);
   return 0;

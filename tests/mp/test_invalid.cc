@@ -144,6 +144,77 @@ TEST_F(LocalVerbs, CreateAhNeedsAGrhOnAnEthernetPort) {
   EXPECT_EQ(ibv_destroy_ah(ah), 0);
 }
 
+// Handles are checked as the kernel checks them (uverbs looks each one up): a garbled
+// pointer, an object already destroyed, or an object of another context is EINVAL, and the
+// object behind a valid handle is not touched.
+TEST_F(LocalVerbs, GarbledOrForeignHandlesAreEinval) {
+  // A plausible-looking fake of each object: never dereferenced by a correct library.
+  alignas(64) static char junk[4096];
+  std::memset(junk, 0x5a, sizeof junk);
+  auto* fake_qp = reinterpret_cast<ibv_qp*>(junk);
+  auto* fake_cq = reinterpret_cast<ibv_cq*>(junk);
+  auto* fake_pd = reinterpret_cast<ibv_pd*>(junk);
+  auto* fake_mr = reinterpret_cast<ibv_mr*>(junk);
+  auto* fake_srq = reinterpret_cast<ibv_srq*>(junk);
+  EXPECT_EQ(ibv_destroy_qp(fake_qp), EINVAL);
+  EXPECT_EQ(ibv_destroy_cq(fake_cq), EINVAL);
+  EXPECT_EQ(ibv_dealloc_pd(fake_pd), EINVAL);
+  EXPECT_EQ(ibv_dereg_mr(fake_mr), EINVAL);
+  EXPECT_EQ(ibv_destroy_srq(fake_srq), EINVAL);
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qi{};
+  EXPECT_EQ(ibv_modify_qp(fake_qp, &qa, IBV_QP_STATE), EINVAL);
+  EXPECT_EQ(ibv_query_qp(fake_qp, &qa, IBV_QP_STATE, &qi), EINVAL);
+  EXPECT_EQ(ibv_resize_cq(fake_cq, 16), EINVAL);
+
+  // Creation with a garbled PD or CQ.
+  ibv_qp_init_attr ia = rc_attr();
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp(fake_pd, &ia), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ia.send_cq = fake_cq;
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp(pd, &ia), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(fake_pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_srq_init_attr sa{};
+  sa.attr.max_wr = 4;
+  sa.attr.max_sge = 1;
+  errno = 0;
+  EXPECT_EQ(ibv_create_srq(fake_pd, &sa), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+
+  // Objects of another context: a QP may not mix them.
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  ASSERT_GE(n, 1);
+  ibv_context* other = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  ASSERT_NE(other, nullptr);
+  ibv_cq* other_cq = ibv_create_cq(other, 16, nullptr, nullptr, 0);
+  ASSERT_NE(other_cq, nullptr);
+  ia = rc_attr();
+  ia.recv_cq = other_cq;
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp(pd, &ia), nullptr) << "a QP over another context's CQ";
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(ibv_destroy_cq(other_cq), 0);
+  EXPECT_EQ(ibv_close_device(other), 0);
+
+  // Destroyed objects are stale handles: a second destroy is EINVAL, not a double free.
+  ibv_qp* qp = ibv_create_qp(pd, &(ia = rc_attr()));
+  ASSERT_NE(qp, nullptr);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_qp(qp), EINVAL);
+  ibv_mr* mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  EXPECT_EQ(ibv_dereg_mr(mr), EINVAL);
+  for (char c : junk) ASSERT_EQ(c, 0x5a) << "a fake object was written to";
+}
+
 TEST_F(LocalVerbs, CreateCqRejectsBadSizesAndVectors) {
   errno = 0;
   EXPECT_EQ(ibv_create_cq(ctx, 0, nullptr, nullptr, 0), nullptr);
