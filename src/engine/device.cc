@@ -4,6 +4,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -72,6 +73,48 @@ void refresh_gids(Device* d) {
   }
 }
 
+namespace {
+
+struct Limits {
+  int max[static_cast<int>(Limit::count)];
+  std::atomic<int> used[static_cast<int>(Limit::count)] = {};
+  Limits() {
+    const char* env[] = {"SOFTVERBS_MAX_QP", "SOFTVERBS_MAX_CQ", "SOFTVERBS_MAX_PD",
+                         "SOFTVERBS_MAX_MR", "SOFTVERBS_MAX_SRQ"};
+    const int dflt[] = {kMaxQp, 65535, 65535, kMaxMr, 65535};
+    for (int i = 0; i < static_cast<int>(Limit::count); ++i) {
+      max[i] = dflt[i];
+      if (const char* v = std::getenv(env[i])) {
+        const long n = std::atol(v);
+        if (n > 0 && n < dflt[i]) max[i] = static_cast<int>(n);  // lower only
+      }
+    }
+  }
+};
+
+// Per process generation: a forked child owns none of its parent's objects.
+ForkLocal<Limits> g_limits;
+
+}  // namespace
+
+int limit_of(Limit l) {
+  return g_limits.get().max[static_cast<int>(l)];
+}
+
+bool limit_take(Limit l) {
+  Limits& t = g_limits.get();
+  const int i = static_cast<int>(l);
+  if (t.used[i].fetch_add(1, std::memory_order_relaxed) >= t.max[i]) {
+    t.used[i].fetch_sub(1, std::memory_order_relaxed);
+    return false;
+  }
+  return true;
+}
+
+void limit_give(Limit l) {
+  g_limits.get().used[static_cast<int>(l)].fetch_sub(1, std::memory_order_relaxed);
+}
+
 Device* the_device() {
   static Device* dev = [] {
     auto* d = new Device{};
@@ -103,22 +146,22 @@ void fill_device_attr(const Device* d, ibv_device_attr* a) {
   a->vendor_id = 0xFFFFFF;
   a->vendor_part_id = 0;
   a->hw_ver = 0;
-  a->max_qp = kMaxQp;
+  a->max_qp = limit_of(Limit::qp);
   a->max_qp_wr = kMaxQpWr;
   a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SRQ_RESIZE |
                         IBV_DEVICE_CHANGE_PHY_PORT | IBV_DEVICE_N_NOTIFY_CQ;
   a->max_sge = kMaxSge;
   a->max_sge_rd = kMaxSgeRd;
-  a->max_cq = 65535;
+  a->max_cq = limit_of(Limit::cq);
   a->max_cqe = kMaxCqe;
-  a->max_mr = kMaxMr;
-  a->max_pd = 65535;
+  a->max_mr = limit_of(Limit::mr);
+  a->max_pd = limit_of(Limit::pd);
   a->max_qp_rd_atom = kMaxRdAtom;
   a->max_ee_rd_atom = 0;
   a->max_res_rd_atom = kMaxRdAtom * 1024;
   a->max_qp_init_rd_atom = kMaxRdAtom;
   a->atomic_cap = IBV_ATOMIC_HCA;
-  a->max_srq = 65535;
+  a->max_srq = limit_of(Limit::srq);
   a->max_srq_wr = kMaxSrqWr;
   a->max_srq_sge = kMaxSge;
   a->max_pkeys = 1;

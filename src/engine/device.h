@@ -20,7 +20,7 @@ inline constexpr int kMaxCqe = 4 * 1024 * 1024;
 inline constexpr int kMaxInline = 256;
 inline constexpr int kMaxRdAtom = 128;  // same as siw
 inline constexpr int kMaxMr = 65535;
-inline constexpr int kMaxQp = 65535;
+inline constexpr int kMaxQp = 256 * 254;  // QPNs: 256 out-of-band listeners x 254 (iw_cm.cc)
 inline constexpr int kMaxSrqWr = 16384;
 inline constexpr uint32_t kMaxMsgSize = 1u << 31;
 inline constexpr uint16_t kPkey = 0xFFFF;
@@ -31,6 +31,15 @@ struct Device {
   std::vector<ibv_gid> gids;
   std::vector<transport::SockAddr> gid_addrs;
 };
+
+// Object limits, as ibv_query_device reports them and as creation enforces them (ENOMEM
+// beyond, as the kernel's pools): the defaults, or lower values from SOFTVERBS_MAX_{QP,CQ,
+// PD,MR,SRQ} (like a provider's module parameters; read once per process).
+enum class Limit : uint8_t { qp, cq, pd, mr, srq, count };
+int limit_of(Limit l);
+// Takes one object of kind l; false (nothing taken) at the limit.
+bool limit_take(Limit l);
+void limit_give(Limit l);
 
 // The process' device list (built once). Refreshes the GID table on each call.
 Device* the_device();

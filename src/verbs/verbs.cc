@@ -247,8 +247,13 @@ SV_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
     errno = EINVAL;
     return nullptr;
   }
+  if (!limit_take(Limit::pd)) {
+    errno = ENOMEM;
+    return nullptr;
+  }
   auto* pd = new (std::nothrow) Pd();
   if (!pd) {
+    limit_give(Limit::pd);
     errno = ENOMEM;
     return nullptr;
   }
@@ -265,6 +270,7 @@ SV_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
   if (p->users.load()) return errno = EBUSY;  // as the kernel (errno too, as the write() sets it)
   handle_remove(HKind::pd, pd);
   delete p;
+  limit_give(Limit::pd);
   return 0;
 }
 
@@ -295,8 +301,13 @@ SV_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64
     errno = e;
     return nullptr;
   }
+  if (!limit_take(Limit::mr)) {
+    errno = ENOMEM;
+    return nullptr;
+  }
   auto* mr = new (std::nothrow) Mr();
   if (!mr) {
+    limit_give(Limit::mr);
     errno = ENOMEM;
     return nullptr;
   }
@@ -309,6 +320,7 @@ SV_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64
   mr->mr.length = length;
   if (!KeyTable::get().add(mr)) {
     delete mr;
+    limit_give(Limit::mr);
     errno = ENOMEM;
     return nullptr;
   }
@@ -336,6 +348,7 @@ SV_EXPORT int ibv_dereg_mr(ibv_mr* ibmr) {
   KeyTable::get().remove(mr);
   --mr->pd->users;
   delete mr;
+  limit_give(Limit::mr);
   return 0;
 }
 
@@ -425,8 +438,13 @@ SV_EXPORT ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_context,
     errno = EINVAL;
     return nullptr;
   }
+  if (!limit_take(Limit::cq)) {
+    errno = ENOMEM;
+    return nullptr;
+  }
   auto* cq = new (std::nothrow) Cq();
   if (!cq) {
+    limit_give(Limit::cq);
     errno = ENOMEM;
     return nullptr;
   }
@@ -456,6 +474,7 @@ SV_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {
   pthread_mutex_destroy(&ibcq->mutex);
   pthread_cond_destroy(&ibcq->cond);
   delete cq;
+  limit_give(Limit::cq);
   return 0;
 }
 
@@ -500,9 +519,14 @@ SV_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
     errno = EINVAL;
     return nullptr;
   }
+  if (!limit_take(Limit::qp)) {
+    errno = ENOMEM;
+    return nullptr;
+  }
   int err = 0;
   Qp* qp = qp_create(Context::from(pd->context), reinterpret_cast<Pd*>(pd), init, &err);
   if (!qp) {
+    limit_give(Limit::qp);
     errno = err;
     return nullptr;
   }
@@ -526,10 +550,12 @@ SV_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
   if (!handle_remove(HKind::qp, qp)) return EINVAL;
   Pd* pd = Qp::from(qp)->pd;
   const int r = qp_destroy(Qp::from(qp));
-  if (r == 0)
+  if (r == 0) {
     --pd->users;
-  else
+    limit_give(Limit::qp);
+  } else {
     handle_add(HKind::qp, qp, qp->context);  // still alive
+  }
   return r;
 }
 
@@ -555,8 +581,13 @@ SV_EXPORT ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
     errno = EINVAL;
     return nullptr;
   }
+  if (!limit_take(Limit::srq)) {
+    errno = ENOMEM;
+    return nullptr;
+  }
   auto* s = new (std::nothrow) Srq();
   if (!s) {
+    limit_give(Limit::srq);
     errno = ENOMEM;
     return nullptr;
   }
@@ -637,6 +668,7 @@ SV_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
   pthread_cond_destroy(&srq->cond);
   --s->pd->users;
   delete s;
+  limit_give(Limit::srq);
   return 0;
 }
 
