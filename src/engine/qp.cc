@@ -289,10 +289,7 @@ int qp_modify(Qp* qp, ibv_qp_attr* a, int mask) {
       std::lock_guard rq(qp->rq_mu);
       qp->rq_head = qp->rq_count = 0;
     }
-    qp->state = IBV_QPS_RESET;
-    stats::set_state(qp->stats, IBV_QPS_RESET);
-    s.qp_state = IBV_QPS_RESET;
-    qp->qpx.qp_base.state = IBV_QPS_RESET;
+    qp_set_state_locked(qp, IBV_QPS_RESET);
     qp->error_reported = false;
     lk.unlock();
     close_conn(qp);
@@ -304,11 +301,7 @@ int qp_modify(Qp* qp, ibv_qp_attr* a, int mask) {
     qp->tx_blocked = false;
     return 0;
   }
-  qp->state = next;
-  stats::set_state(qp->stats, next);
-  s.qp_state = next;
-  qp->qpx.qp_base.state = next;
-  s.cur_qp_state = next;
+  qp_set_state_locked(qp, next);
   if (next == IBV_QPS_RTR && !qp->cm_managed) oob::start(qp);
   if (next == IBV_QPS_RTS && prev != IBV_QPS_RTS) tx_run_locked(qp);
   if (next == IBV_QPS_SQD && s.en_sqd_async_notify) {
@@ -574,6 +567,14 @@ int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   return err;
 }
 
+void qp_set_state_locked(Qp* qp, ibv_qp_state s) {
+  qp->state = s;
+  qp->attr.qp_state = s;
+  qp->attr.cur_qp_state = s;
+  qp->qpx.qp_base.state = s;
+  stats::set_state(qp->stats, s);
+}
+
 void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal, ibv_event_type event) {
   SV_INFO("qp %u: error, cause %s, %u WQEs outstanding", qp->qpn(), ibv_wc_status_str(status),
           qp->sq_count);
@@ -581,10 +582,7 @@ void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal, ibv_event_type event
   {
     std::lock_guard lk(qp->tx_mu);
     if (qp->state.load() != IBV_QPS_ERR) {
-      qp->state = IBV_QPS_ERR;
-      stats::set_state(qp->stats, IBV_QPS_ERR);
-      qp->attr.qp_state = IBV_QPS_ERR;
-      qp->qpx.qp_base.state = IBV_QPS_ERR;
+      qp_set_state_locked(qp, IBV_QPS_ERR);
       first = true;
     }
     flush_qp_locked(qp, first ? status : IBV_WC_WR_FLUSH_ERR);

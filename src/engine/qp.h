@@ -248,6 +248,11 @@ int qp_post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 // Moves the QP to ERR: `status` for the oldest outstanding send WQE (IBV_WC_WR_FLUSH_ERR to
 // flush everything), async event if `fatal`, connection closed.
+// The one writer of a QP's state: the engine's copy (qp->state, read lock-free), the copy
+// ibv_query_qp reports (attr.qp_state / cur_qp_state), the one the application may read in
+// struct ibv_qp, and the published one (softverbs-stat). Called with tx_mu held.
+void qp_set_state_locked(Qp* qp, ibv_qp_state s);
+
 // Moves the QP to ERR and flushes it. With `fatal`, the first error raises `event` (an
 // affiliated asynchronous event: QP_FATAL, or QP_ACCESS_ERR for an access violation).
 void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal,

@@ -183,11 +183,7 @@ void qp_connect(CmId* id, Endpoint* ep) {
     qp->attr.timeout = 14;
     qp->attr.path_mtu = IBV_MTU_4096;
     qp->attr.dest_qp_num = 0;
-    for (ibv_qp_state s : {IBV_QPS_RTR, IBV_QPS_RTS}) {
-      qp->state = s;
-      qp->attr.qp_state = s;
-      qp->qpx.qp_base.state = s;
-    }
+    qp_set_state_locked(qp, IBV_QPS_RTS);  // through RTR: the connection sets both up
   }
   qp_take_endpoint(qp, ep);
 }

@@ -11,8 +11,13 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <future>
+#include <iterator>
 #include <string>
 #include <thread>
+
+#include "wire/stats_file.h"
 
 namespace {
 
@@ -191,6 +196,66 @@ TEST(CmVerbsHelpers, EndpointsGetTheAddressQpTypeAndEachRequestAQp) {
   client.join();
   EXPECT_EQ(client_rc, 0);
   EXPECT_EQ(client_type, IBV_QPT_RC);
+  rdma_disconnect(child);
+  rdma_destroy_ep(child);
+  rdma_destroy_ep(listen);
+  rdma_freeaddrinfo(sres);
+}
+
+// A QP that rdma_cm connects goes through RTR to RTS in one step: every copy of its state
+// says RTS, ibv_query_qp's and the one softverbs-stat reads (it stayed RESET there).
+TEST(CmVerbsHelpers, AConnectedQpIsRtsEverywhere) {
+  const std::string port = std::to_string(test_port(4));
+  rdma_addrinfo hints{};
+  hints.ai_flags = RAI_PASSIVE;
+  hints.ai_port_space = RDMA_PS_TCP;
+  rdma_addrinfo* sres = nullptr;
+  ASSERT_EQ(rdma_getaddrinfo("127.0.0.1", port.c_str(), &hints, &sres), 0);
+  ibv_qp_init_attr attr{};
+  attr.cap = {4, 4, 1, 1, 16};
+  rdma_cm_id* listen = nullptr;
+  ASSERT_EQ(rdma_create_ep(&listen, sres, nullptr, &attr), 0) << strerror(errno);
+  ASSERT_EQ(rdma_listen(listen, 4), 0);
+  std::promise<void> checked;
+  std::thread client([&, done = checked.get_future()]() mutable {
+    rdma_addrinfo h{};
+    h.ai_port_space = RDMA_PS_TCP;
+    rdma_addrinfo* res = nullptr;
+    if (rdma_getaddrinfo("127.0.0.1", port.c_str(), &h, &res)) return;
+    ibv_qp_init_attr a{};
+    a.cap = {4, 4, 1, 1, 16};
+    rdma_cm_id* id = nullptr;
+    if (rdma_create_ep(&id, res, nullptr, &a) == 0) {
+      if (rdma_connect(id, nullptr) == 0) done.wait();
+      rdma_disconnect(id);
+      rdma_destroy_ep(id);
+    }
+    rdma_freeaddrinfo(res);
+  });
+  rdma_cm_id* child = nullptr;
+  ASSERT_EQ(rdma_get_request(listen, &child), 0);
+  ASSERT_EQ(rdma_accept(child, nullptr), 0);
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qi{};
+  ASSERT_EQ(ibv_query_qp(child->qp, &qa, IBV_QP_STATE, &qi), 0);
+  EXPECT_EQ(qa.qp_state, IBV_QPS_RTS);
+  EXPECT_EQ(child->qp->state, IBV_QPS_RTS);
+  std::ifstream in(
+      "/dev/shm/softverbs-stats-" + std::to_string(geteuid()) + "/" + std::to_string(getpid()),
+      std::ios::binary);
+  std::string f((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  sv::wire::StatsView v;
+  ASSERT_EQ(sv::wire::decode_stats({reinterpret_cast<const std::byte*>(f.data()), f.size()}, v),
+            sv::wire::StatsError::ok);
+  bool found = false;
+  for (const auto& q : v.qps) {
+    if (q.qpn != child->qp->qp_num) continue;
+    found = true;
+    EXPECT_EQ(q.state, static_cast<uint32_t>(IBV_QPS_RTS)) << "published state";
+  }
+  EXPECT_TRUE(found);
+  checked.set_value();
+  client.join();
   rdma_disconnect(child);
   rdma_destroy_ep(child);
   rdma_destroy_ep(listen);
