@@ -1,5 +1,7 @@
-// Every error mapping in one place: internal access results -> RFC 5040/5041 Terminate
-// codes, and Terminate codes -> ibv_wc_status for the WQE that provoked them.
+// Every error mapping in one place: internal access results, DDP header errors, untagged
+// and RDMAP operation errors and LLP (MPA) errors -> RFC 5040/5041/5044 Terminate codes,
+// and Terminate codes -> ibv_wc_status for the WQE that provoked them. Table-tested in
+// tests/unit/test_engine_errors.cc.
 #include "engine/qp.h"
 #include "wire/terminate_codes.h"
 
@@ -51,6 +53,61 @@ Terminate access_to_terminate(AccessResult r, bool tagged) {
       t.ecode = static_cast<uint8_t>(RdmapEcode::access_rights);
       break;
   }
+  return t;
+}
+
+Terminate llp_term(LlpEcode e) {
+  Terminate t;
+  t.layer = TermLayer::llp;
+  t.etype = 0;
+  t.ecode = static_cast<uint8_t>(e);
+  return t;
+}
+
+Terminate ddp_error_term(DdpError e) {
+  Terminate t;
+  switch (e) {
+    case DdpError::ddp_version:
+      t.layer = TermLayer::ddp;
+      t.etype = static_cast<uint8_t>(DdpEtype::untagged);
+      t.ecode = static_cast<uint8_t>(DdpUntaggedEcode::invalid_version);
+      break;
+    case DdpError::rdmap_version:
+      t.layer = TermLayer::rdmap;
+      t.etype = static_cast<uint8_t>(RdmapEtype::remote_operation);
+      t.ecode = static_cast<uint8_t>(RdmapEcode::invalid_version);
+      break;
+    case DdpError::bad_qn:
+      t.layer = TermLayer::ddp;
+      t.etype = static_cast<uint8_t>(DdpEtype::untagged);
+      t.ecode = static_cast<uint8_t>(DdpUntaggedEcode::invalid_qn);
+      break;
+    case DdpError::bad_opcode:
+    case DdpError::unexpected_payload:
+    case DdpError::short_ulpdu:
+    case DdpError::ok:
+      // siw answers unknown opcodes (e.g. RFC 7306 ones) with RDMAP remote-operation 0x06.
+      t.layer = TermLayer::rdmap;
+      t.etype = static_cast<uint8_t>(RdmapEtype::remote_operation);
+      t.ecode = static_cast<uint8_t>(RdmapEcode::unexpected_opcode);
+      break;
+  }
+  return t;
+}
+
+Terminate untagged_term(DdpUntaggedEcode e) {
+  Terminate t;
+  t.layer = TermLayer::ddp;
+  t.etype = static_cast<uint8_t>(DdpEtype::untagged);
+  t.ecode = static_cast<uint8_t>(e);
+  return t;
+}
+
+Terminate rdmap_op_term(RdmapEcode e) {
+  Terminate t;
+  t.layer = TermLayer::rdmap;
+  t.etype = static_cast<uint8_t>(RdmapEtype::remote_operation);
+  t.ecode = static_cast<uint8_t>(e);
   return t;
 }
 

@@ -89,45 +89,6 @@ void advance_place(Conn& c, uint32_t n) {
     c.place.offset += n;
 }
 
-wire::Terminate llp_term(wire::LlpEcode e) {
-  wire::Terminate t;
-  t.layer = wire::TermLayer::llp;
-  t.etype = 0;
-  t.ecode = static_cast<uint8_t>(e);
-  return t;
-}
-
-wire::Terminate ddp_error_term(wire::DdpError e) {
-  wire::Terminate t;
-  switch (e) {
-    case wire::DdpError::ddp_version:
-      t.layer = wire::TermLayer::ddp;
-      t.etype = static_cast<uint8_t>(wire::DdpEtype::untagged);
-      t.ecode = static_cast<uint8_t>(wire::DdpUntaggedEcode::invalid_version);
-      break;
-    case wire::DdpError::rdmap_version:
-      t.layer = wire::TermLayer::rdmap;
-      t.etype = static_cast<uint8_t>(wire::RdmapEtype::remote_operation);
-      t.ecode = static_cast<uint8_t>(wire::RdmapEcode::invalid_version);
-      break;
-    case wire::DdpError::bad_qn:
-      t.layer = wire::TermLayer::ddp;
-      t.etype = static_cast<uint8_t>(wire::DdpEtype::untagged);
-      t.ecode = static_cast<uint8_t>(wire::DdpUntaggedEcode::invalid_qn);
-      break;
-    case wire::DdpError::bad_opcode:
-    case wire::DdpError::unexpected_payload:
-    case wire::DdpError::short_ulpdu:
-    case wire::DdpError::ok:
-      // siw answers unknown opcodes (e.g. RFC 7306 ones) with RDMAP remote-operation 0x06.
-      t.layer = wire::TermLayer::rdmap;
-      t.etype = static_cast<uint8_t>(wire::RdmapEtype::remote_operation);
-      t.ecode = static_cast<uint8_t>(wire::RdmapEcode::unexpected_opcode);
-      break;
-  }
-  return t;
-}
-
 void conn_eof(Qp* qp) {
   Conn& c = qp->conn;
   if (c.have_recv) {
@@ -141,10 +102,6 @@ void conn_eof(Qp* qp) {
   qp->rx_stalled = true;  // stop reading
   qp_conn_lost(qp, IBV_WC_RETRY_EXC_ERR);
 }
-
-}  // namespace
-
-namespace {
 
 // One accepted DDP segment; a message is counted at its last segment.
 void count_rx_segment(stats::Slot* s, const wire::DdpSegment& seg) {

@@ -39,6 +39,7 @@
 #include "engine/stats.h"
 #include "transport/tcp.h"
 #include "wire/ddp_rdmap.h"
+#include "wire/terminate_codes.h"
 
 namespace sv::engine {
 
@@ -287,5 +288,9 @@ bool rx_run_locked(Qp* qp);
 // ---- errors.cc ------------------------------------------------------------------------
 ibv_wc_status terminate_to_wc_status(const wire::Terminate& t);
 wire::Terminate access_to_terminate(AccessResult r, bool tagged);
+wire::Terminate ddp_error_term(wire::DdpError e);         // a DDP/RDMAP header we refuse
+wire::Terminate untagged_term(wire::DdpUntaggedEcode e);  // DDP untagged buffer errors
+wire::Terminate rdmap_op_term(wire::RdmapEcode e);        // RDMAP remote operation errors
+wire::Terminate llp_term(wire::LlpEcode e);               // MPA (LLP) errors
 
 }  // namespace sv::engine

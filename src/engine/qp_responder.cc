@@ -18,22 +18,6 @@ namespace {
 using wire::RdmapOpcode;
 using wire::Terminate;
 
-Terminate untagged_term(wire::DdpUntaggedEcode e) {
-  Terminate t;
-  t.layer = wire::TermLayer::ddp;
-  t.etype = static_cast<uint8_t>(wire::DdpEtype::untagged);
-  t.ecode = static_cast<uint8_t>(e);
-  return t;
-}
-
-Terminate rdmap_op_term(wire::RdmapEcode e) {
-  Terminate t;
-  t.layer = wire::TermLayer::rdmap;
-  t.etype = static_cast<uint8_t>(wire::RdmapEtype::remote_operation);
-  t.ecode = static_cast<uint8_t>(e);
-  return t;
-}
-
 // Pops a receive WQE (RQ or SRQ) into conn.cur_recv, copying its SGEs.
 bool take_recv(Qp* qp, RecvWqe& out, std::array<ibv_sge, kMaxSge>& sge) {
   if (qp->srq) {
