@@ -20,6 +20,12 @@ namespace sv::engine {
 namespace {
 
 constexpr uint32_t kDirectMin = 4096;  // below this, one buffered read beats a second recv
+// After a payload read straight into its target, the same recvmsg takes only the FPDU's
+// trailer (pad + CRC) and the next segment's header into rxbuf: MPA length (2) + the
+// longest common DDP/RDMAP header (untagged: control 2, RsvdULP 4, QN 4, MSN 4, MO 4).
+// Reading more would stage the next payload and copy it; reading less would cost a call.
+// So a stream of large segments settles into one recvmsg and no copy per segment.
+constexpr size_t kNextHdr = 2 + 18;
 
 void place_bytes(Conn& c, const std::byte* src, uint32_t n) {
   Placement& p = c.place;
@@ -159,7 +165,8 @@ bool rx_run_locked(Qp* qp) {
         // receive buffers), whatever follows it into rxbuf. No second copy, no extra call.
         iovec iov[kMaxSge + 1];
         const int k = target_iov(c, iov);
-        iov[k] = iovec{c.rxbuf.data(), c.rxbuf.size()};
+        const size_t tail = wire::fpdu_pad(c.ulpdu_len) + wire::kMpaCrcLen + kNextHdr;
+        iov[k] = iovec{c.rxbuf.data(), tail};
         msghdr mh{};
         mh.msg_iov = iov;
         mh.msg_iovlen = static_cast<size_t>(k) + 1;
