@@ -1,7 +1,7 @@
 # Install layout (GNUInstallDirs; `cmake --install <build> [--prefix P]`, or the .deb that
 # `cpack -G DEB` makes from it):
 #   <libdir>/libsvrds.so.0, libsvrds_preload.so     the RDS library and its LD_PRELOAD shim
-#   <includedir>/softverbs/rds.h
+#   <includedir>/softverbs/rds.h, verbs_ext.h
 #   <bindir>/rds-ping rds-info rds-stress blockserver softverbs-stat
 #   <bindir>/softverbs-run                           runs an unmodified program on softverbs
 #   <bindir>/softverbs-demo                          the demo, from the installed files
@@ -48,7 +48,7 @@ install(TARGETS ibverbs rdmacm EXPORT softverbsTargets
 install(TARGETS mlx5_stub efa_stub LIBRARY DESTINATION ${SV_PRIVATE_LIBDIR} COMPONENT runtime
         NAMELINK_SKIP)
 install(TARGETS ${_sv_tools} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
-install(FILES include/softverbs/rds.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/softverbs
+install(FILES include/softverbs/rds.h include/softverbs/verbs_ext.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/softverbs
         COMPONENT dev)
 
 configure_file(cmake/templates/softverbs-run.in ${CMAKE_BINARY_DIR}/install/softverbs-run @ONLY)

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "engine/progress.h"
+
 namespace sv::engine {
 
 bool Cq::push(const ibv_wc& wc, bool solicited) {
@@ -21,8 +23,35 @@ bool Cq::push(const ibv_wc& wc, bool solicited) {
       notify = true;
     }
   }
-  if (notify && channel) channel->events.push(ibcq());
+  if (notify) this->notify();
   return true;
+}
+
+void Cq::notify() {
+  bool handler;
+  {
+    std::lock_guard lk(mu);
+    handler = comp_handler != nullptr;
+  }
+  // Elsewhere than on the progress thread a caller may hold any engine lock (a poller
+  // driving RX holds rx_mu): the handler would run under it, so the channel gets it.
+  if (handler && Progress::get().on_thread()) {
+    Progress::get().defer_cq(this);
+    return;
+  }
+  if (channel) channel->events.push(ibcq());
+}
+
+void Cq::run_handler() {
+  bool (*fn)(ibv_cq*, void*);
+  void* arg;
+  {
+    std::lock_guard lk(mu);
+    fn = comp_handler;
+    arg = comp_arg;
+  }
+  if (fn && fn(ibcq(), arg)) return;
+  if (channel) channel->events.push(ibcq());
 }
 
 int Cq::poll(int n, ibv_wc* out) {

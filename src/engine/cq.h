@@ -33,6 +33,11 @@ struct Cq {
   bool armed = false;
   bool solicited_only = false;
   bool overflowed = false;
+  // softverbs_cq_set_comp_handler (include/softverbs/verbs_ext.h): a notification raised on
+  // the progress thread calls this there, after the event that raised it, instead of queuing
+  // a channel event (the kernel's ib_cq comp_handler). Guarded by mu.
+  bool (*comp_handler)(ibv_cq*, void*) = nullptr;
+  void* comp_arg = nullptr;
 
   // QPs attached to this CQ, so a busy-polling caller drives their receive path itself
   // instead of waiting for the progress thread (no thread hand-off on the fast path).
@@ -45,6 +50,10 @@ struct Cq {
 
   // Adds a completion; returns false on overflow (caller raises IBV_EVENT_CQ_ERR).
   bool push(const ibv_wc& wc, bool solicited);
+  // The notification: to the handler (deferred, progress thread only) or the channel.
+  void notify();
+  // Runs the handler for a deferred notification; queues the channel event if it declines.
+  void run_handler();
   int poll(int n, ibv_wc* out);
   int arm(bool solicited);
   void attach(Qp* qp);

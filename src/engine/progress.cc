@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include <future>
 #include <vector>
 
+#include "engine/cq.h"
 #include "engine/log.h"
 #include "util/fork_local.h"
 
@@ -111,6 +113,23 @@ void Progress::run_sync(std::function<void()> fn) {
   f.wait();
 }
 
+void Progress::defer_cq(Cq* cq) {
+  if (std::find(due_cqs_.begin(), due_cqs_.end(), cq) == due_cqs_.end()) due_cqs_.push_back(cq);
+}
+
+void Progress::forget_cq(Cq* cq) {
+  due_cqs_.erase(std::remove(due_cqs_.begin(), due_cqs_.end(), cq), due_cqs_.end());
+}
+
+void Progress::run_deferred_cqs() {
+  // A handler may raise the next notification (it re-arms and polls): run until quiet.
+  while (!due_cqs_.empty()) {
+    Cq* cq = due_cqs_.front();
+    due_cqs_.erase(due_cqs_.begin());
+    cq->run_handler();
+  }
+}
+
 void Progress::post_after(std::chrono::milliseconds delay, std::function<void()> fn) {
   {
     std::lock_guard lk(mu_);
@@ -144,6 +163,7 @@ void Progress::loop() {
       }
       h->on_event(evs[i].events);
     }
+    run_deferred_cqs();
     // Commands and due timers. Commands may free handlers, so they run after dispatch.
     for (;;) {
       std::function<void()> fn;
@@ -159,6 +179,7 @@ void Progress::loop() {
       }
       if (!fn) break;
       fn();
+      run_deferred_cqs();
     }
   }
 }

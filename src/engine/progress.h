@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace sv {
 template <class T>
@@ -19,6 +20,8 @@ class ForkLocal;
 }
 
 namespace sv::engine {
+
+struct Cq;
 
 class Progress {
  public:
@@ -41,6 +44,11 @@ class Progress {
   void post(std::function<void()> fn);
   // Runs fn on the progress thread and waits; inline when already on it.
   void run_sync(std::function<void()> fn);
+  // A CQ notification raised on this thread: its handler runs once the current event or
+  // command is done, with no engine lock held (progress thread only).
+  void defer_cq(Cq* cq);
+  // The CQ is being destroyed: drop a deferred notification of it (progress thread only).
+  void forget_cq(Cq* cq);
   // Runs fn on the progress thread after `delay`.
   void post_after(std::chrono::milliseconds delay, std::function<void()> fn);
 
@@ -49,6 +57,7 @@ class Progress {
   Progress();
   void loop();
   void wake();
+  void run_deferred_cqs();
 
   int epfd_ = -1;
   int evfd_ = -1;
@@ -57,6 +66,7 @@ class Progress {
   std::mutex mu_;
   std::deque<std::function<void()>> queue_;
   std::multimap<std::chrono::steady_clock::time_point, std::function<void()>> timers_;
+  std::vector<Cq*> due_cqs_;  // progress thread only
 };
 
 }  // namespace sv::engine

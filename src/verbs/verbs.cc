@@ -16,6 +16,7 @@
 #include "engine/device.h"
 #include "engine/mr.h"
 #include "engine/qp.h"
+#include "softverbs/verbs_ext.h"
 #include "verbs/handles.h"
 
 #define SV_EXPORT extern "C" __attribute__((visibility("default")))
@@ -465,11 +466,27 @@ SV_EXPORT ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_context,
   return c;
 }
 
+SV_EXPORT int softverbs_cq_set_comp_handler(ibv_cq* ibcq, bool (*handler)(ibv_cq*, void*),
+                                            void* arg) {
+  if (!handle_ok(HKind::cq, ibcq) || !ibcq->channel) return EINVAL;
+  Cq* cq = Cq::from(ibcq);
+  {
+    std::lock_guard lk(cq->mu);
+    cq->comp_handler = handler;
+    cq->comp_arg = arg;
+  }
+  // A notification deferred under the old handler must not reach the new one's arg.
+  if (!handler) Progress::get().run_sync([cq] { Progress::get().forget_cq(cq); });
+  return 0;
+}
+
 SV_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {
   if (!handle_ok(HKind::cq, ibcq)) return EINVAL;
   Cq* cq = Cq::from(ibcq);
   if (cq->nqps.load()) return EBUSY;
   handle_remove(HKind::cq, ibcq);
+  // A notification the progress thread deferred must not outlive the CQ.
+  if (cq->comp_handler) Progress::get().run_sync([cq] { Progress::get().forget_cq(cq); });
   if (ibcq->channel) --ibcq->channel->refcnt;
   pthread_mutex_destroy(&ibcq->mutex);
   pthread_cond_destroy(&ibcq->cond);

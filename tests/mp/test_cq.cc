@@ -3,7 +3,12 @@
 #include <fcntl.h>
 #include <poll.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <thread>
+
+#include "softverbs/verbs_ext.h"
 
 #include "harness.h"
 
@@ -179,6 +184,98 @@ TEST_F(XProc, ArmForAnyCompletionIsNotNarrowedByASolicitedArm) {
   ibv_ack_cq_events(cq, 1);
   ASSERT_EQ(local->poll(CqSel::recv, 1).size(), 1u);
   EXPECT_EQ(remote->poll(CqSel::send, 2).size(), 2u);
+}
+
+// softverbs_cq_set_comp_handler: what a handler saw, written on the progress thread.
+struct HandlerLog {
+  std::atomic<int> calls{0};
+  std::atomic<bool> decline{false};
+  std::atomic<bool> other_thread{true};
+  std::atomic<uint64_t> wr_id{~0ull};
+  std::atomic<int> polled{0};
+  std::thread::id test_thread = std::this_thread::get_id();
+};
+
+bool log_handler(ibv_cq* cq, void* arg) {
+  auto* l = static_cast<HandlerLog*>(arg);
+  if (std::this_thread::get_id() == l->test_thread) l->other_thread = false;
+  if (l->decline) {
+    l->calls.fetch_add(1);
+    return false;
+  }
+  // A handler polls and re-arms from the device's own thread: that must not deadlock.
+  ibv_wc wc{};
+  int n = ibv_poll_cq(cq, 1, &wc);
+  if (n == 1) {
+    l->wr_id = wc.wr_id;
+    l->polled.fetch_add(1);
+  }
+  ibv_req_notify_cq(cq, 0);
+  l->calls.fetch_add(1);  // last: the test reads the rest once it sees the call
+  return true;
+}
+
+bool wait_calls(const HandlerLog& l, int n) {
+  const auto until = std::chrono::steady_clock::now() + kWait;
+  while (l.calls.load() < n && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return l.calls.load() >= n;
+}
+
+TEST_F(XProc, CompHandlerRunsOnTheDeviceThreadInsteadOfAChannelEvent) {
+  ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
+  HandlerLog log;
+  ASSERT_EQ(softverbs_cq_set_comp_handler(local->rcq, log_handler, &log), 0);
+  const int fd = local->channel->fd;
+  for (uint64_t round = 0; round < 3; ++round) {
+    SCOPED_TRACE(testing::Message() << "round " << round);
+    ASSERT_EQ(local->post_recv(round, {sge(0, 4096)}), 0);
+    if (round == 0) {
+      ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);  // from then on the handler arms
+    }
+    ASSERT_EQ(remote->post_send(make_send(round, {sge(0, 64)})), 0);
+    ASSERT_TRUE(wait_calls(log, static_cast<int>(round) + 1)) << "handler not called";
+    EXPECT_EQ(log.polled.load(), static_cast<int>(round) + 1) << "the handler polls its completion";
+    EXPECT_EQ(log.wr_id.load(), round);
+  }
+  EXPECT_TRUE(log.other_thread.load()) << "the handler ran on the application's thread";
+  EXPECT_FALSE(readable_soon(fd)) << "a handled notification also queued a channel event";
+  EXPECT_EQ(log.calls.load(), 3) << "one notification per arm";
+
+  // Declined: the notification goes to the channel after all.
+  log.decline = true;
+  ASSERT_EQ(local->post_recv(7, {sge(0, 4096)}), 0);
+  ASSERT_EQ(remote->post_send(make_send(7, {sge(0, 64)})), 0);
+  ASSERT_TRUE(readable_within_deadline(fd)) << "a declined notification was lost";
+  ibv_cq* cq = nullptr;
+  void* cq_ctx = nullptr;
+  ASSERT_EQ(ibv_get_cq_event(local->channel, &cq, &cq_ctx), 0);
+  EXPECT_EQ(cq, local->rcq);
+  ibv_ack_cq_events(cq, 1);
+  EXPECT_EQ(log.calls.load(), 4);
+
+  // Removed: channel events as before, and the handler is not called again.
+  ASSERT_EQ(softverbs_cq_set_comp_handler(local->rcq, nullptr, nullptr), 0);
+  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
+  ASSERT_EQ(local->post_recv(8, {sge(0, 4096)}), 0);
+  ASSERT_EQ(remote->post_send(make_send(8, {sge(0, 64)})), 0);
+  ASSERT_TRUE(readable_within_deadline(fd));
+  ASSERT_EQ(ibv_get_cq_event(local->channel, &cq, &cq_ctx), 0);
+  ibv_ack_cq_events(cq, 1);
+  EXPECT_EQ(log.calls.load(), 4);
+  auto r = local->poll(CqSel::recv, 2);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_TRUE(wc_is(r[0], 7, IBV_WC_SUCCESS, IBV_WC_RECV));
+  EXPECT_TRUE(wc_is(r[1], 8, IBV_WC_SUCCESS, IBV_WC_RECV));
+}
+
+TEST_F(XProc, CompHandlerNeedsAChannelAndAValidCq) {
+  ASSERT_NO_FATAL_FAILURE(Connect());  // CQs without a completion channel
+  HandlerLog log;
+  EXPECT_EQ(softverbs_cq_set_comp_handler(local->rcq, log_handler, &log), EINVAL);
+  EXPECT_EQ(softverbs_cq_set_comp_handler(nullptr, log_handler, &log), EINVAL);
+  ibv_cq* stale = reinterpret_cast<ibv_cq*>(&log);  // not a CQ of ours
+  EXPECT_EQ(softverbs_cq_set_comp_handler(stale, log_handler, &log), EINVAL);
 }
 
 TEST_F(InProc, CqOverflowRaisesCqErrAsyncEvent) {

@@ -1,0 +1,35 @@
+/* softverbs extensions to the verbs API. Not part of rdma-core: resolve them with
+ * dlsym(RTLD_DEFAULT, ...) so that the same program still runs on the system's libibverbs.
+ */
+#ifndef SOFTVERBS_VERBS_EXT_H
+#define SOFTVERBS_VERBS_EXT_H
+
+#include <infiniband/verbs.h>
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A completion handler, as a kernel consumer gives ib_create_cq (comp_handler): when an
+ * armed CQ's notification is raised by the device's progress thread, handler(cq, arg) runs
+ * on that thread, once the event that raised it has been processed and with no device lock
+ * held, instead of an event being queued on the CQ's completion channel. That saves the
+ * thread hand-off of ibv_get_cq_event on the receive path.
+ *
+ * The handler must not block. It polls the CQ, re-arms it with ibv_req_notify_cq and polls
+ * again, as a channel consumer would. Returning false declines: the event goes to the
+ * channel as it would without a handler (e.g. when the consumer's own lock is taken).
+ * Notifications raised on other threads (an application thread whose ibv_poll_cq drives
+ * the receive path) always go to the channel, so a CQ with a handler still needs one.
+ *
+ * handler == NULL removes it. Returns 0, or EINVAL for a CQ without a completion channel.
+ */
+int softverbs_cq_set_comp_handler(struct ibv_cq* cq, bool (*handler)(struct ibv_cq* cq, void* arg),
+                                  void* arg);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
