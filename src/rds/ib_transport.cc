@@ -8,6 +8,7 @@
 //   the send queue; reconnect after a random exponential backoff if anything is queued.
 // Racing connects (both ends connect at once): see the CONNECT_REQUEST case in handle_cm.
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <malloc.h>
 #include <poll.h>
@@ -23,6 +24,7 @@
 #include <chrono>
 #include <cstring>
 #include <set>
+#include <string_view>
 #include <thread>
 
 #include "rds/rds_impl.h"
@@ -550,6 +552,42 @@ void after_completions_locked() {
   }
 }
 
+void wake_engine() {
+  if (g().wake_fd < 0) return;
+  uint64_t one = 1;
+  ssize_t w = write(g().wake_fd, &one, sizeof one);
+  (void)w;
+}
+
+// softverbs' completion handler (include/softverbs/verbs_ext.h): the device's progress thread
+// hands us the CQ right after it queued a completion, so a message goes from the wire to the
+// socket on that thread, without the engine thread's wake-up (net/rds does this work in its
+// CQ tasklet). Declines when the stack lock is taken: the engine thread gets the channel event.
+bool on_cq_ready(ibv_cq* cq, void*) {
+  Global& G = g();
+  std::unique_lock lk(G.mu, std::try_to_lock);
+  if (!lk.owns_lock()) {
+    count("cq_handler_declined");
+    return false;
+  }
+  count("cq_handler_runs");
+  drain_cq_locked();
+  ibv_req_notify_cq(cq, 0);
+  drain_cq_locked();  // what came between the drain and the arm raised no notification
+  after_completions_locked();
+  // A delayed ack now due before the engine thread's next wake-up: it must hear of it.
+  if (G.engine_wakes_at != std::chrono::steady_clock::time_point{}) {
+    for (auto& [k, c] : G.conns)
+      if (c->ack_needed && c->ack_due != std::chrono::steady_clock::time_point{} &&
+          c->ack_due < G.engine_wakes_at) {
+        G.engine_wakes_at = {};
+        wake_engine();
+        break;
+      }
+  }
+  return true;
+}
+
 void engine_loop() {
   Global& G = g();
   uint64_t last_publish = 0;
@@ -568,10 +606,12 @@ void engine_loop() {
       for (auto& [k, c] : G.conns)
         if (c->ack_needed && c->ack_due != std::chrono::steady_clock::time_point{})
           until(c->ack_due);
+      G.engine_wakes_at = t + std::chrono::milliseconds(timeout);
     }
     pollfd p[3] = {{G.cq_ch->fd, POLLIN, 0}, {G.cm_ch->fd, POLLIN, 0}, {G.wake_fd, POLLIN, 0}};
     ::poll(p, 3, timeout);
     std::lock_guard lk(G.mu);
+    G.engine_wakes_at = {};  // awake: it recomputes its timeout before sleeping again
     if (p[2].revents) {
       uint64_t v;
       ssize_t r = read(G.wake_fd, &v, sizeof v);
@@ -661,7 +701,12 @@ Global& g() {
 }
 
 void count(const char* name, uint64_t n) {
-  g().counters[name] += n;
+  auto& m = g().counters;
+  const std::string_view k(name);
+  if (auto it = m.find(k); it != m.end())
+    it->second += n;
+  else
+    m.emplace(k, n);
 }
 
 int transport_start() {
@@ -686,6 +731,14 @@ int transport_start() {
   if (!G.cq || !G.cm_ch) return -ENOMEM;
   fcntl(G.cm_ch->fd, F_SETFL, fcntl(G.cm_ch->fd, F_GETFL) | O_NONBLOCK);
   fcntl(G.cq_ch->fd, F_SETFL, fcntl(G.cq_ch->fd, F_GETFL) | O_NONBLOCK);
+  // On softverbs, take completions on the device's progress thread (SOFTVERBS_RDS_CQ_HANDLER=0:
+  // always through the engine thread, as on any other verbs provider).
+  using SetHandler = int (*)(ibv_cq*, bool (*)(ibv_cq*, void*), void*);
+  const char* h = std::getenv("SOFTVERBS_RDS_CQ_HANDLER");
+  if (auto* set =
+          reinterpret_cast<SetHandler>(dlsym(RTLD_DEFAULT, "softverbs_cq_set_comp_handler"));
+      set && !(h && std::strcmp(h, "0") == 0))
+    set(G.cq, on_cq_ready, nullptr);
   ibv_req_notify_cq(G.cq, 0);
   if (rdma_create_id(G.cm_ch, &G.listen_id, nullptr, RDMA_PS_TCP)) return -errno;
   sockaddr_in any{};

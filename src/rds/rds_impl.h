@@ -56,11 +56,11 @@ inline constexpr int kSendSlots = 64;  // per connection
 inline constexpr int kRdmaDepth = 16;  // RDMA ops in flight per connection (its ORD)
 inline constexpr uint32_t kDefaultSndBuf = 256 * 1024;
 inline constexpr uint32_t kDefaultRcvBuf = 256 * 1024;
-inline constexpr int kAckEvery = 8;            // max_unacked_packets
-inline constexpr int kAckDelayUs = 1000;       // a lone ack waits this long for a reply to ride
-inline constexpr int kSignalEvery = 16;        // max_unsignaled_wrs (net/rds ib_send.c)
+inline constexpr int kAckEvery = 8;       // max_unacked_packets
+inline constexpr int kAckDelayUs = 1000;  // a lone ack waits this long for a reply to ride
+inline constexpr int kSignalEvery = 16;   // max_unsignaled_wrs (net/rds ib_send.c)
 inline constexpr size_t kCongMapBytes = wire::kRdsCongMapBytes;  // RDS_CONG_MAP_BYTES
-inline constexpr size_t kMaxZcopySge = 15;     // payload SGEs per SEND (the data QP has 16)
+inline constexpr size_t kMaxZcopySge = 15;  // payload SGEs per SEND (the data QP has 16)
 // A connection with nothing queued, unacked or in flight for this long is closed, freeing
 // its buffers (about 8 MiB); the next message reconnects it, sequence state intact.
 // SOFTVERBS_RDS_IDLE_MS overrides it (0: never). Linux RDS never closes idle connections,
@@ -270,11 +270,14 @@ struct Global {
   uint32_t mr_max = 0;   // the device's max_mr (RDS_INFO_IB_CONNECTIONS)
   uint64_t gen = 0;      // random per process: a restarted peer is a new peer
   int wake_fd = -1;
+  // When the engine thread's poll() times out (zero while it is awake): a completion handler
+  // that makes an ack due before then wakes it (ib_transport.cc).
+  std::chrono::steady_clock::time_point engine_wakes_at{};
   bool started = false;
   // Our congestion map: one bit per port, little-endian bit order (net/rds cong.c).
   std::vector<uint8_t> lcong = std::vector<uint8_t>(kCongMapBytes, 0);
-  // counters (rds-info -c)
-  std::map<std::string, uint64_t> counters;
+  // counters (rds-info -c); looked up by string_view, so counting allocates nothing
+  std::map<std::string, uint64_t, std::less<>> counters;
   // ib_transport.cc: connection ids (in wr ids), reconnect timers (connection, channel),
   // RDMA channels: ours (active, by id) and the peers' (passive: we only respond on them).
   std::map<uint32_t, Conn*> conn_by_id;

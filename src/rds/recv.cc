@@ -185,7 +185,6 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
   Sock* s = sock_of(fd);
   if (!s) return fail(no_sock(fd));
   if (flags & MSG_OOB) return 0;
-  const bool nb = (flags & MSG_DONTWAIT) || (fcntl(s->app_fd, F_GETFL) & O_NONBLOCK);
   if (s->cong_poll) {  // the congestion-update POLLIN has been seen
     s->cong_poll = false;
     sock_update_poll(s);
@@ -231,7 +230,8 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
       return 0;
     }
     if (!s->rq.empty()) break;
-    if (nb) {
+    // O_NONBLOCK is the application's to change on its descriptor: asked only when it matters.
+    if ((flags & MSG_DONTWAIT) || (fcntl(s->app_fd, F_GETFL) & O_NONBLOCK)) {
       // No datagram: a completed zero-copy send is the answer, if one is queued.
       CmsgOut out{msg};
       msg->msg_flags = 0;

@@ -4,6 +4,7 @@
 #include <linux/rds.h>
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <map>
 
@@ -315,6 +316,47 @@ TEST(RdsData, OneMebibyteAndManyInOrderFromOneSocket) {
   }
   svrds_close(a);
   svrds_close(b);
+}
+
+// On softverbs the stack takes its completions on the device's progress thread
+// (softverbs_cq_set_comp_handler), with no engine-thread hop; SOFTVERBS_RDS_CQ_HANDLER=0 turns
+// that off and the engine thread does it all, as on any other verbs provider. ctest runs this
+// binary both ways (rds_api_engine_thread). RDS_INFO_COUNTERS sums the whole host, so the
+// exchange runs in a child with a directory of its own: the counters are its alone.
+TEST(RdsData, CompletionsTakenOnTheDeviceThreadUnlessTurnedOff) {
+  const char* e = std::getenv("SOFTVERBS_RDS_CQ_HANDLER");
+  const bool handler = !(e && std::strcmp(e, "0") == 0);
+  char dir[] = "/tmp/sv-rds-handler-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // A fresh stack in the child (fork-local), with its own registry and counters.
+    setenv("SOFTVERBS_RDS_DIR", dir, 1);
+    int a = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0), b = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
+    sockaddr_in aa = addr(port(50)), ba = addr(port(51));
+    if (svrds_bind(a, reinterpret_cast<sockaddr*>(&aa), sizeof aa) ||
+        svrds_bind(b, reinterpret_cast<sockaddr*>(&ba), sizeof ba))
+      _exit(10);
+    std::vector<char> buf(64);
+    for (uint32_t i = 0; i < 50; ++i) {
+      uint32_t v = ~i;
+      if (send_to(a, port(51), &i, sizeof i) != 4 || recv_one(b, buf) != 4) _exit(11);
+      std::memcpy(&v, buf.data(), 4);
+      if (v != i) _exit(12);
+    }
+    const uint64_t runs = counter(a, "cq_handler_runs");
+    const uint64_t any = runs + counter(a, "cq_handler_declined");
+    _exit(handler ? (runs > 0 ? 0 : 20) : (any == 0 ? 0 : 21));
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  std::string cmd = std::string("rm -rf ") + dir;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 20) << "every completion went through the engine thread";
+  EXPECT_NE(WEXITSTATUS(status), 21) << "the handler ran although turned off";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "10: bind, 11: send/recv, 12: wrong data";
 }
 
 TEST(RdsData, SendBufferFullIsEagainAndPollOutReturns) {
