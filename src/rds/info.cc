@@ -211,6 +211,12 @@ int local_records(int optname, std::vector<char>& out, int* each) {
         r.value = val;
         v.push_back(r);
       }
+      if (const uint64_t d = G.cq_declined.load(std::memory_order_relaxed)) {
+        rds_info_counter r{};
+        std::strncpy(reinterpret_cast<char*>(r.name), "cq_handler_declined", sizeof r.name - 1);
+        r.value = d;
+        v.push_back(r);
+      }
       return as_bytes(v, out, each);
     }
     case RDS_INFO_SOCKETS: {

@@ -29,6 +29,7 @@
 #include <netinet/in.h>
 #include <rdma/rdma_cma.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -273,6 +274,7 @@ struct Global {
   // When the engine thread's poll() times out (zero while it is awake): a completion handler
   // that makes an ack due before then wakes it (ib_transport.cc).
   std::chrono::steady_clock::time_point engine_wakes_at{};
+  std::atomic<uint64_t> cq_declined{0};  // completion handler found mu taken (counter)
   bool started = false;
   // Our congestion map: one bit per port, little-endian bit order (net/rds cong.c).
   std::vector<uint8_t> lcong = std::vector<uint8_t>(kCongMapBytes, 0);
