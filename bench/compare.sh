@@ -6,18 +6,30 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 LIB=${1:-$ROOT/build/lib}
-for p in qperf sockperf ucx-utils; do
+for p in qperf sockperf ucx-utils time; do
   dpkg-query -W -f='${Status}' $p 2>/dev/null | grep -q "ok installed" ||
-    { apt-get install -y -qq --no-install-recommends qperf sockperf ucx-utils >/dev/null; break; }
+    { apt-get install -y -qq --no-install-recommends qperf sockperf ucx-utils time >/dev/null; break; }
 done
+T=$(mktemp -d)
+timed() {  # timed <file> <cmd...>: GNU time writes "user sys maxrss_kB" (last line) to <file>
+  local f=$1; shift
+  /usr/bin/time -f "%U %S %M" -o "$f" "$@"
+}
+cpu_of() { tail -1 "$1" | awk '{print $1 + $2}'; }
+rss_of() { tail -1 "$1" | awk '{print $3}'; }
+# CPU seconds (both processes, user + system) per GB moved in <seconds> at <MB/s>.
+per_gb() { awk -v c="$1" -v bw="$2" -v t="$3" 'BEGIN{ if (bw > 0) printf "%.2f", c / (bw * t / 1000); else print "n/a" }'; }
 A=127.0.0.1
 pids=()
-trap 'for p in "${pids[@]}"; do kill $p 2>/dev/null; done' EXIT
+trap 'for p in "${pids[@]}"; do kill $p 2>/dev/null; done; rm -rf "$T"' EXIT
 num() { grep -Eo '[0-9]+(\.[0-9]+)?' | head -1; }
 
 # --- anchors -----------------------------------------------------------------------------
+timed $T/qs qperf >/dev/null 2>&1 & pids+=($!); sleep 0.5
+TCP_BW=$(timed $T/qc qperf -t 3 -m 1M $A tcp_bw | awk '/^ *bw/{v=$3; u=$4; if (u=="GB/sec") v*=1000; print v}')
+kill ${pids[-1]} 2>/dev/null; wait ${pids[-1]} 2>/dev/null
+TCP_CPU=$(per_gb "$(awk -v a="$(cpu_of $T/qs)" -v b="$(cpu_of $T/qc)" 'BEGIN{print a+b}')" "$TCP_BW" 3)
 qperf >/dev/null 2>&1 & pids+=($!); sleep 0.5
-TCP_BW=$(qperf -t 3 -m 1M $A tcp_bw | awk '/^ *bw/{v=$3; u=$4; if (u=="GB/sec") v*=1000; print v}')
 TCP_LAT=$(qperf -t 3 -m 8 $A tcp_lat | awk '/latency/{v=$3; if ($4=="ms") v*=1000; print v}')
 kill ${pids[-1]} 2>/dev/null
 taskset -c 1 sockperf server --tcp -i $A -p 11111 --nonblocked >/dev/null 2>&1 & pids+=($!); sleep 0.5
@@ -32,14 +44,21 @@ wait ${pids[-1]} 2>/dev/null
 
 # --- softverbs through unmodified perftest -------------------------------------------
 export LD_LIBRARY_PATH=$LIB SOFTVERBS_NETDEV=lo
-pt() {  # pt <tool> <args...> -> prints the perftest result line's column $COL
-  "$@" >/dev/null 2>&1 & local s=$!; pids+=($s); sleep 0.8
-  "$@" $A 2>/dev/null | grep -E "^ *[0-9]+ +[0-9]+" | tail -1
+pt() {  # pt <tool> <args...>: the perftest result line; CPU and max RSS in $T/ps, $T/pc
+  timed $T/ps "$@" >/dev/null 2>&1 & local s=$!; pids+=($s); sleep 0.8
+  timed $T/pc "$@" $A 2>/dev/null | grep -E "^ *[0-9]+ +[0-9]+" | tail -1
   wait $s 2>/dev/null
 }
+pt_cpu() { awk -v a="$(cpu_of $T/ps)" -v b="$(cpu_of $T/pc)" 'BEGIN{print a+b}'; }
 WBW=$(pt ib_write_bw -s 1048576 -D 3 | awk '{print $4}')
+WBW_CPU=$(per_gb "$(pt_cpu)" "$WBW" 3)
 WBW_R=$(pt ib_write_bw -R -s 1048576 -D 3 | awk '{print $4}')
 RBW=$(pt ib_read_bw -s 1048576 -D 3 | awk '{print $4}')
+RBW_CPU=$(per_gb "$(pt_cpu)" "$RBW" 3)
+# Memory per QP: the server's peak RSS with 16 QPs against 1 (64 KiB messages).
+pt ib_write_bw -q 1 -s 65536 -D 1 >/dev/null; RSS1=$(rss_of $T/ps)
+pt ib_write_bw -q 16 -s 65536 -D 1 >/dev/null; RSS16=$(rss_of $T/ps)
+QP_KB=$(awk -v a="${RSS1:-0}" -v b="${RSS16:-0}" 'BEGIN{printf "%.0f", (b - a) / 15}')
 SLAT=$(pt ib_send_lat -s 8 -n 20000 | awk '{print $5}')
 WLAT=$(pt ib_write_lat -s 8 -n 20000 | awk '{print $5}')
 SBW8=$(pt ib_send_bw -s 8 -D 3 | awk '{print $5}')
@@ -55,3 +74,6 @@ printf '%-46s %12s %12s %s\n' "SEND 8 B typical us vs sockperf busy-poll" "$SLAT
 printf '%-46s %12s %12s %s\n' "WRITE 8 B typical us vs sockperf busy-poll" "$WLAT" "$BP_LAT" "$(ratio "$WLAT" "$BP_LAT")"
 printf '%-46s %12s %12s %s\n' "SEND 8 B typical us vs qperf tcp_lat (blocking)" "$SLAT" "$TCP_LAT" "$(ratio "$SLAT" "$TCP_LAT")"
 printf '%-46s %12s %12s %s\n' "SEND 8 B message rate Mpps (goal >= 1)" "$SBW8" "1" "$(ratio "$SBW8" 1)"
+printf '%-46s %12s %12s %s\n' "CPU s per GB, WRITE 1 MiB vs qperf tcp_bw" "$WBW_CPU" "$TCP_CPU" "$(ratio "$WBW_CPU" "$TCP_CPU") (perftest's client spins)"
+printf '%-46s %12s %12s %s\n' "CPU s per GB, READ 1 MiB vs qperf tcp_bw" "$RBW_CPU" "$TCP_CPU" "$(ratio "$RBW_CPU" "$TCP_CPU")"
+printf '%-46s %12s %12s %s\n' "memory per QP, kB (server RSS, 16 QPs vs 1)" "$QP_KB" "" ""

@@ -120,7 +120,7 @@ class Endpoint : public Progress::Handler {
   uint16_t ird_ = 0, ord_ = 0;
   std::function<void(Endpoint*, int)> on_done_;
   std::function<void(Endpoint*)> on_request_;
-  uint64_t serial_ = 0;  // names it in the live table its timeout looks it up in
+  uint64_t serial_ = 0;    // names it in the live table its timeout looks it up in
   bool watching_ = false;  // in epoll for hang-up while waiting for a decision
 };
 
