@@ -21,7 +21,10 @@ extern "C" {
  * again, as a channel consumer would. Returning false declines: the event goes to the
  * channel as it would without a handler (e.g. when the consumer's own lock is taken).
  * Notifications raised on other threads (an application thread whose ibv_poll_cq drives
- * the receive path) always go to the channel, so a CQ with a handler still needs one.
+ * the receive path) go to the channel, so a CQ with a handler still needs one; except that
+ * a completion made inside an ibv_poll_cq of this same CQ raises none: that poll returns it,
+ * and the CQ stays armed for the next one. A handler-driven consumer therefore polls until
+ * the CQ is empty, as it would anyway.
  *
  * handler == NULL removes it. Returns 0, or EINVAL for a CQ without a completion channel.
  */

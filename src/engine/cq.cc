@@ -8,6 +8,8 @@
 
 namespace sv::engine {
 
+thread_local Cq* tl_polling = nullptr;
+
 bool Cq::push(const ibv_wc& wc, bool solicited) {
   bool notify = false;
   {
@@ -18,7 +20,11 @@ bool Cq::push(const ibv_wc& wc, bool solicited) {
     }
     ring[(head + count) % ring.size()] = wc;
     ++count;
-    if (armed && (!solicited_only || solicited || wc.status != IBV_WC_SUCCESS)) {
+    // With a completion handler, a completion made by the consumer's own ibv_poll_cq of this
+    // CQ (it drove the receive path) is returned by that poll: the CQ stays armed for the
+    // next one instead of handing the consumer an event about what it is already holding.
+    if (armed && (!solicited_only || solicited || wc.status != IBV_WC_SUCCESS) &&
+        !(comp_handler && tl_polling == this)) {
       armed = false;
       notify = true;
     }

@@ -20,6 +20,10 @@ struct CompChannel {
   EventQueue<ibv_cq*> events;
 };
 
+struct Cq;
+// The CQ whose ibv_poll_cq this thread is running the receive path for (verbs.cc), if any.
+extern thread_local Cq* tl_polling;
+
 struct Cq {
   ibv_cq_ex cqx;  // first: ibv_cq_ex begins with the ibv_cq members
   Context* ctx = nullptr;

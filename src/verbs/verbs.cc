@@ -38,7 +38,9 @@ int op_poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   // progress thread to wake up (a cross-core wake-up costs ~30 us on this class of VM).
   {
     std::lock_guard lk(cq->qps_mu);
+    tl_polling = cq;
     for (Qp* qp : cq->qps) qp_progress(qp);
+    tl_polling = nullptr;
   }
   return cq->poll(n, wc);
 }
