@@ -22,9 +22,8 @@ sizes() { local s=8; while [ $s -le 4194304 ]; do echo $s; s=$((s * 2)); done; }
 # --- anchors -------------------------------------------------------------------------------
 qperf >/dev/null 2>&1 & pids+=($!); sleep 0.5
 qperf -t 1 -oo msg_size:8:4M:*2 $A tcp_bw 2>/dev/null |
-  awk '/^ *bw/{v=$3; u=$4; if (u=="GB/sec") v*=1000; else if (u=="KB/sec") v/=1000; bw=v}
-       /msg_size/{s=$3; u=$4; if (u=="KiB") s*=1024; else if (u=="MiB") s*=1048576; print s, bw}' \
-  > "$OUT/.qperf"
+  awk 'BEGIN{s=8} /^ *bw/{v=$3; u=$4; if (u=="GB/sec") v*=1000; else if (u=="KB/sec") v/=1000;
+       print s, v; s*=2}' > "$OUT/.qperf"   # one "bw =" per size, in order
 kill ${pids[-1]} 2>/dev/null
 : > "$OUT/.ucx"
 for s in $(sizes); do
@@ -70,34 +69,6 @@ read -r smin s50 s99 s999 < "$OUT/.sockperf"
   echo "TCP busy-poll 14 B (sockperf),$smin,$s50,$s99,$s999"
 } > "$OUT/lat.csv"
 rm -f "$OUT"/.qperf "$OUT"/.ucx "$OUT"/.write "$OUT"/.read "$OUT"/.send "$OUT"/.sockperf
-gnuplot <<EOF
-set datafile separator ","
-set terminal pngcairo size 900,560
-set output "$OUT/bw.png"
-set title "Bandwidth against message size, loopback, one run ($(date -u +%Y-%m-%d))"
-set logscale x 2
-set format x "%.0s%cB"
-set xlabel "message size"
-set ylabel "MB/s"
-set key left top
-set grid
-plot "$OUT/bw.csv" skip 1 using 1:2 with linespoints title "softverbs RDMA WRITE", \
-     "" skip 1 using 1:3 with linespoints title "softverbs RDMA READ", \
-     "" skip 1 using 1:4 with linespoints title "softverbs SEND", \
-     "" skip 1 using 1:5 with lines dt 2 lw 2 title "anchor: qperf tcp_bw", \
-     "" skip 1 using 1:6 with lines dt 3 lw 2 title "anchor: UCX tcp put_bw"
-set output "$OUT/lat.png"
-unset logscale x
-set format x "%g"
-set title "One-way latency percentiles, 8 B, loopback"
-set style data histograms
-set style histogram clustered gap 1
-set style fill solid 0.8
-set ylabel "us"
-set xtics rotate by 0
-set key left top
-plot "$OUT/lat.csv" skip 1 using 2:xtic(1) title "min", "" skip 1 using 3 title "typical", \
-     "" skip 1 using 4 title "99%", "" skip 1 using 5 title "99.9%"
-EOF
+gnuplot -e "out='$OUT'; day='$(date -u +%Y-%m-%d)'" "$ROOT/bench/plot.gp"
 echo "wrote $OUT/bw.csv $OUT/bw.png $OUT/lat.csv $OUT/lat.png"
 cat "$OUT/bw.csv" "$OUT/lat.csv"
