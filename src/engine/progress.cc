@@ -2,6 +2,7 @@
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -60,6 +61,8 @@ Progress::Progress() {
   std::promise<std::thread::id> started;
   auto f = started.get_future();
   thread_ = std::thread([this, &started] {
+    // Its timers are microseconds apart: the default 50 us of timer slack would swamp them.
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     started.set_value(std::this_thread::get_id());
     loop();
   });
@@ -130,7 +133,7 @@ void Progress::run_deferred_cqs() {
   }
 }
 
-void Progress::post_after(std::chrono::milliseconds delay, std::function<void()> fn) {
+void Progress::post_after(std::chrono::microseconds delay, std::function<void()> fn) {
   {
     std::lock_guard lk(mu_);
     timers_.emplace(std::chrono::steady_clock::now() + delay, std::move(fn));
@@ -142,16 +145,26 @@ void Progress::loop() {
   constexpr int kMaxEvents = 64;
   epoll_event evs[kMaxEvents];
   for (;;) {
-    int timeout = -1;
+    bool timed = false;
+    timespec ts{};
     {
       std::lock_guard lk(mu_);
       if (!timers_.empty()) {
-        auto d = std::chrono::duration_cast<std::chrono::milliseconds>(
+        const auto d = std::chrono::duration_cast<std::chrono::nanoseconds>(
             timers_.begin()->first - std::chrono::steady_clock::now());
-        timeout = d.count() < 0 ? 0 : static_cast<int>(d.count()) + 1;
+        const int64_t ns = std::max<int64_t>(d.count(), 0);
+        ts.tv_sec = static_cast<time_t>(ns / 1000000000);
+        ts.tv_nsec = static_cast<long>(ns % 1000000000);
+        timed = true;
       }
     }
-    int n = epoll_wait(epfd_, evs, kMaxEvents, timeout);
+    // epoll_pwait2 (Linux 5.11) takes a timespec: timers finer than epoll_wait's millisecond
+    // (the TX batch flush is due microseconds after a post). Older kernels: milliseconds.
+    int n = epoll_pwait2(epfd_, evs, kMaxEvents, timed ? &ts : nullptr, nullptr);
+    if (n < 0 && errno == ENOSYS) {
+      const int ms = timed ? static_cast<int>(ts.tv_sec * 1000 + ts.tv_nsec / 1000000) + 1 : -1;
+      n = epoll_wait(epfd_, evs, kMaxEvents, ms);
+    }
     if (n < 0 && errno != EINTR) SV_ERR("epoll_wait errno %d", errno);
     for (int i = 0; i < n; ++i) {
       auto* h = static_cast<Handler*>(evs[i].data.ptr);

@@ -49,8 +49,8 @@ class Progress {
   void defer_cq(Cq* cq);
   // The CQ is being destroyed: drop a deferred notification of it (progress thread only).
   void forget_cq(Cq* cq);
-  // Runs fn on the progress thread after `delay`.
-  void post_after(std::chrono::milliseconds delay, std::function<void()> fn);
+  // Runs fn on the progress thread after `delay` (microsecond resolution: epoll_pwait2).
+  void post_after(std::chrono::microseconds delay, std::function<void()> fn);
 
  private:
   friend class sv::ForkLocal<Progress>;
