@@ -48,6 +48,9 @@ struct Cq {
   std::mutex qps_mu;
   std::vector<Qp*> qps;
   std::atomic<int> nqps{0};
+  // A QP using this CQ has deferred WQEs (doorbell batching): polling or arming this CQ
+  // flushes them first, so their completions, or the answers to them, can show up.
+  std::atomic<bool> tx_deferred{false};
 
   ibv_cq* ibcq() { return reinterpret_cast<ibv_cq*>(&cqx); }
   static Cq* from(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }

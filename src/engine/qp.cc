@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 #include "engine/iw_cm.h"
 #include "engine/log.h"
@@ -468,9 +469,63 @@ int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     flush_qp_locked(qp, IBV_WC_WR_FLUSH_ERR);
   } else if (st == IBV_QPS_RTS) {
     if (!qp->conn_up.load(std::memory_order_acquire) && qp->sq_count) arm_transport_timer(qp);
-    tx_run_locked(qp);
+    tx_post_locked(qp);
   }
   return err;
+}
+
+namespace {
+// SOFTVERBS_TX_BATCH_US (default 10, 0: off): the doorbell batching window.
+uint64_t tx_batch_ns() {
+  static const uint64_t ns = [] {
+    const char* e = std::getenv("SOFTVERBS_TX_BATCH_US");
+    return static_cast<uint64_t>(e && *e ? std::strtoul(e, nullptr, 10) : 10) * 1000;
+  }();
+  return ns;
+}
+
+uint64_t now_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1000000000ull + static_cast<uint64_t>(t.tv_nsec);
+}
+}  // namespace
+
+// One sendmsg per post caps the message rate (a loopback sendmsg costs microseconds, most
+// of it the receiver's TCP work done in the sender's call). A post with nothing sent just
+// before goes out at once, so a lone post (a ping-pong, an RPC) pays nothing; posts that
+// follow it within the window are queued and leave together at the first flush point.
+// This is the doorbell batching a NIC driver does with a WR list, for callers that post
+// one WR at a time.
+void tx_post_locked(Qp* qp) {
+  const uint64_t window = tx_batch_ns();
+  const uint64_t now = window ? now_ns() : 0;
+  if (window && now < qp->tx_window_end_ns && qp->conn_up.load(std::memory_order_acquire) &&
+      !qp->tx_blocked) {
+    qp->tx_deferred.store(true, std::memory_order_release);
+    // Either CQ's poll or arm flushes: a caller may wait for the answer on its receive CQ.
+    qp->scq->tx_deferred.store(true, std::memory_order_release);
+    qp->rcq->tx_deferred.store(true, std::memory_order_release);
+    if (!qp->tx_flush_timer) {
+      qp->tx_flush_timer = true;
+      Progress::get().post_after(std::chrono::microseconds(window / 1000), [qp, qpn = qp->qpn()] {
+        if (oob::lookup(qpn) != qp) return;  // destroyed meanwhile
+        std::lock_guard lk(qp->tx_mu);
+        qp->tx_flush_timer = false;
+        if (qp->tx_deferred.exchange(false)) tx_run_locked(qp);
+      });
+    }
+    return;
+  }
+  qp->tx_deferred.store(false, std::memory_order_relaxed);
+  tx_run_locked(qp);
+  if (window) qp->tx_window_end_ns = now + window;
+}
+
+void qp_tx_flush(Qp* qp) {
+  if (!qp->tx_deferred.load(std::memory_order_acquire)) return;
+  std::lock_guard lk(qp->tx_mu);
+  if (qp->tx_deferred.exchange(false)) tx_run_locked(qp);
 }
 
 // Copies a receive WR into its ring slot (the slot keeps its own SGE storage).

@@ -188,8 +188,14 @@ struct Qp {
   uint32_t sq_head = 0;  // oldest not yet completed
   uint32_t sq_tx = 0;    // next to frame
   uint32_t sq_count = 0;
-  uint32_t orq_used = 0;      // outstanding Read/Atomic requests (<= ORD)
-  std::vector<IrqEntry> irq;  // ring, size IRD
+  // Doorbell batching (qp_post_send): posts that follow a transmit within the batch window
+  // are queued, and go out together at the next flush point (a post after the window, an
+  // ibv_poll_cq or ibv_req_notify_cq of its send CQ, or the progress thread's timer).
+  uint64_t tx_window_end_ns = 0;
+  bool tx_flush_timer = false;           // the safety flush is scheduled
+  std::atomic<bool> tx_deferred{false};  // WQEs wait for a flush
+  uint32_t orq_used = 0;                 // outstanding Read/Atomic requests (<= ORD)
+  std::vector<IrqEntry> irq;             // ring, size IRD
   uint32_t irq_head = 0, irq_count = 0;
 
   // RQ ring (rq_mu)
@@ -270,7 +276,10 @@ void qp_conn_lost(Qp* qp, ibv_wc_status status);
 // ---- qp_requester.cc ------------------------------------------------------------------
 // Frames and writes as much as the socket takes. Caller holds tx_mu.
 void tx_run_locked(Qp* qp);
-void tx_kick(Qp* qp);  // takes tx_mu
+void tx_post_locked(Qp* qp);  // after a post: transmit now or batch (doorbell batching)
+void tx_kick(Qp* qp);         // takes tx_mu
+// Sends what doorbell batching deferred (takes tx_mu; nothing to do is one atomic load).
+void qp_tx_flush(Qp* qp);
 // Sends a Terminate (best effort) and no more FPDUs afterwards. Caller holds tx_mu.
 void tx_terminate_locked(Qp* qp, const wire::Terminate& t);
 

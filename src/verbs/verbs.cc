@@ -29,11 +29,24 @@ using sv::verbs::HKind;
 
 namespace {
 
+// Posts that doorbell batching held back leave when a poll comes up empty or the CQ is
+// armed, so a caller waiting for their completions never waits for the batch timer.
+void flush_deferred_tx(Cq* cq) {
+  if (!cq->tx_deferred.load(std::memory_order_acquire)) return;
+  cq->tx_deferred.store(false, std::memory_order_relaxed);
+  std::lock_guard lk(cq->qps_mu);
+  for (Qp* qp : cq->qps) qp_tx_flush(qp);
+}
+
 int op_poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   Cq* cq = Cq::from(ibcq);
   if (n <= 0) return 0;
   int got = cq->poll(n, wc);
-  if (got || cq->nqps.load(std::memory_order_acquire) == 0) return got;
+  // A poll that finds completions leaves a batch to grow (a streaming sender polls between
+  // posts); one that finds none may be waiting for what the batch holds: flush it.
+  if (got) return got;
+  flush_deferred_tx(cq);
+  if (cq->nqps.load(std::memory_order_acquire) == 0) return cq->poll(n, wc);
   // Empty: run the attached QPs' receive path here rather than waiting for the
   // progress thread to wake up (a cross-core wake-up costs ~30 us on this class of VM).
   {
@@ -46,6 +59,7 @@ int op_poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
 }
 
 int op_req_notify_cq(ibv_cq* ibcq, int solicited) {
+  flush_deferred_tx(Cq::from(ibcq));
   return Cq::from(ibcq)->arm(solicited != 0);
 }
 

@@ -645,5 +645,51 @@ TEST_F(InProc, SendWriteReadBetweenQpsOfOneProcess) {
   EXPECT_EQ(a->check(0, kMiB, len, 2), -1);
 }
 
+// Doorbell batching (qp_post_send): a post right after a transmit waits for the next flush
+// point. With a 2 s window the batch timer never fires during the test, so what arrives
+// shows which call flushed. (The variable is read once, at the first post.)
+TEST_F(XProc, BatchedPostsLeaveAtThePollOrArmOfTheirSendCq) {
+  setenv("SOFTVERBS_TX_BATCH_US", "2000000", 1);
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  for (uint64_t i = 0; i < 8; ++i) ASSERT_EQ(remote->post_recv(i, {sge(i * 64, 64)}), 0);
+  ASSERT_EQ(local->post_send(make_send(0, {sge(0, 16)})), 0);
+  auto first = remote->poll(CqSel::recv, 1);
+  ASSERT_EQ(first.size(), 1u) << "a post after a quiet spell goes at once";
+  EXPECT_TRUE(wc_is(first[0], 0, IBV_WC_SUCCESS, IBV_WC_RECV));
+  for (uint64_t i = 1; i < 5; ++i) ASSERT_EQ(local->post_send(make_send(i, {sge(i * 64, 16)})), 0);
+  // Staying put is the expected outcome: this bound only limits how long we give a wrong
+  // early transmit to show up, it never decides a pass by running out.
+  EXPECT_TRUE(remote->poll(CqSel::recv, 1, Ms(200)).empty()) << "batched posts left unflushed";
+  auto sent = local->poll(CqSel::send, 5);  // the flush point
+  ASSERT_EQ(sent.size(), 5u);
+  auto rest = remote->poll(CqSel::recv, 4);
+  ASSERT_EQ(rest.size(), 4u);
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_TRUE(wc_is(rest[i], i + 1, IBV_WC_SUCCESS, IBV_WC_RECV));
+  // Arming the send CQ flushes too (the caller is about to block on its channel).
+  for (uint64_t i = 5; i < 8; ++i) ASSERT_EQ(local->post_send(make_send(i, {sge(i * 64, 16)})), 0);
+  EXPECT_TRUE(remote->poll(CqSel::recv, 1, Ms(200)).empty());
+  ASSERT_EQ(ibv_req_notify_cq(local->scq, 0), 0);
+  auto armed = remote->poll(CqSel::recv, 3);
+  ASSERT_EQ(armed.size(), 3u);
+  for (uint64_t i = 0; i < 3; ++i) EXPECT_TRUE(wc_is(armed[i], i + 5, IBV_WC_SUCCESS, IBV_WC_RECV));
+  EXPECT_EQ(local->poll(CqSel::send, 3).size(), 3u);
+  unsetenv("SOFTVERBS_TX_BATCH_US");
+}
+
+// With the default window a batch leaves on the progress thread's timer when the sender
+// neither polls nor arms (it may be waiting on memory for its peer's answer).
+TEST_F(XProc, BatchedPostsLeaveOnTheTimerWhenNobodyPolls) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  for (uint64_t i = 0; i < 17; ++i) ASSERT_EQ(remote->post_recv(i, {sge(i * 64, 64)}), 0);
+  // A first round trip: the connection is up, so the posts below can be batched.
+  ASSERT_EQ(local->post_send(make_send(0, {sge(0, 16)}, 0)), 0);
+  ASSERT_EQ(remote->poll(CqSel::recv, 1).size(), 1u);
+  for (uint64_t i = 1; i < 17; ++i)
+    ASSERT_EQ(local->post_send(make_send(i, {sge(i * 64, 16)}, 0)), 0);  // unsignaled
+  auto got = remote->poll(CqSel::recv, 16);
+  ASSERT_EQ(got.size(), 16u) << "a batch waited for a poll that never came";
+  for (uint64_t i = 0; i < 16; ++i) EXPECT_TRUE(wc_is(got[i], i + 1, IBV_WC_SUCCESS, IBV_WC_RECV));
+}
+
 }  // namespace
 }  // namespace mp
