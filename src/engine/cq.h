@@ -34,7 +34,7 @@ struct Cq {
   std::vector<ibv_wc> ring;
   uint32_t head = 0;
   uint32_t count = 0;
-  bool armed = false;
+  std::atomic<bool> armed{false};  // written under mu; read without it when posting
   bool solicited_only = false;
   bool overflowed = false;
   // softverbs_cq_set_comp_handler (include/softverbs/verbs_ext.h): a notification raised on

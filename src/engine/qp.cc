@@ -500,8 +500,11 @@ uint64_t now_ns() {
 void tx_post_locked(Qp* qp) {
   const uint64_t window = tx_batch_ns();
   const uint64_t now = window ? now_ns() : 0;
+  // Only for a consumer that polls: with either CQ armed it is about to block on a channel
+  // (or has a completion handler, as RDS does) and may never poll or arm again to flush.
   if (window && now < qp->tx_window_end_ns && qp->conn_up.load(std::memory_order_acquire) &&
-      !qp->tx_blocked) {
+      !qp->tx_blocked && !qp->scq->armed.load(std::memory_order_relaxed) &&
+      !qp->rcq->armed.load(std::memory_order_relaxed)) {
     qp->tx_deferred.store(true, std::memory_order_release);
     // Either CQ's poll or arm flushes: a caller may wait for the answer on its receive CQ.
     qp->scq->tx_deferred.store(true, std::memory_order_release);

@@ -648,10 +648,10 @@ TEST_F(InProc, SendWriteReadBetweenQpsOfOneProcess) {
 // Doorbell batching (qp_post_send): a post right after a transmit waits for the next flush
 // point. With a 2 s window the batch timer never fires during the test, so what arrives
 // shows which call flushed. (The variable is read once, at the first post.)
-TEST_F(XProc, BatchedPostsLeaveAtThePollOrArmOfTheirSendCq) {
+TEST_F(XProc, BatchedPostsLeaveAtThePollOrArmAndArmedCqsAreNotBatched) {
   setenv("SOFTVERBS_TX_BATCH_US", "2000000", 1);
   ASSERT_NO_FATAL_FAILURE(Connect());
-  for (uint64_t i = 0; i < 8; ++i) ASSERT_EQ(remote->post_recv(i, {sge(i * 64, 64)}), 0);
+  for (uint64_t i = 0; i < 9; ++i) ASSERT_EQ(remote->post_recv(i, {sge(i * 64, 64)}), 0);
   ASSERT_EQ(local->post_send(make_send(0, {sge(0, 16)})), 0);
   auto first = remote->poll(CqSel::recv, 1);
   ASSERT_EQ(first.size(), 1u) << "a post after a quiet spell goes at once";
@@ -673,6 +673,14 @@ TEST_F(XProc, BatchedPostsLeaveAtThePollOrArmOfTheirSendCq) {
   ASSERT_EQ(armed.size(), 3u);
   for (uint64_t i = 0; i < 3; ++i) EXPECT_TRUE(wc_is(armed[i], i + 5, IBV_WC_SUCCESS, IBV_WC_RECV));
   EXPECT_EQ(local->poll(CqSel::send, 3).size(), 3u);
+  // A consumer with an armed CQ is event-driven (it blocks on a channel, or has a completion
+  // handler): it may never poll or arm again, so its posts are not batched. Within the window
+  // still, this one arrives long before the window's timer could send it.
+  ASSERT_EQ(ibv_req_notify_cq(local->scq, 0), 0);
+  ASSERT_EQ(local->post_send(make_send(8, {sge(8 * 64, 16)})), 0);
+  auto lone = remote->poll(CqSel::recv, 1, Ms(1000));
+  ASSERT_EQ(lone.size(), 1u) << "a post to an armed CQ's QP waited for the batch";
+  EXPECT_TRUE(wc_is(lone[0], 8, IBV_WC_SUCCESS, IBV_WC_RECV));
   unsetenv("SOFTVERBS_TX_BATCH_US");
 }
 
