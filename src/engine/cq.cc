@@ -12,6 +12,7 @@ thread_local Cq* tl_polling = nullptr;
 
 bool Cq::push(const ibv_wc& wc, bool solicited) {
   bool notify = false;
+  bool handler = false;
   {
     std::lock_guard lk(mu);
     if (count == ring.size()) {
@@ -27,25 +28,17 @@ bool Cq::push(const ibv_wc& wc, bool solicited) {
         !(comp_handler && tl_polling == this)) {
       armed = false;
       notify = true;
+      handler = comp_handler != nullptr;
     }
   }
-  if (notify) this->notify();
-  return true;
-}
-
-void Cq::notify() {
-  bool handler;
-  {
-    std::lock_guard lk(mu);
-    handler = comp_handler != nullptr;
-  }
+  if (!notify) return true;
   // Elsewhere than on the progress thread a caller may hold any engine lock (a poller
   // driving RX holds rx_mu): the handler would run under it, so the channel gets it.
-  if (handler && Progress::get().on_thread()) {
+  if (handler && Progress::get().on_thread())
     Progress::get().defer_cq(this);
-    return;
-  }
-  if (channel) channel->events.push(ibcq());
+  else if (channel)
+    channel->events.push(ibcq());
+  return true;
 }
 
 void Cq::run_handler() {

@@ -55,10 +55,9 @@ struct Cq {
   ibv_cq* ibcq() { return reinterpret_cast<ibv_cq*>(&cqx); }
   static Cq* from(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
 
-  // Adds a completion; returns false on overflow (caller raises IBV_EVENT_CQ_ERR).
+  // Adds a completion; returns false on overflow (caller raises IBV_EVENT_CQ_ERR). A
+  // notification goes to the handler (deferred, progress thread only) or the channel.
   bool push(const ibv_wc& wc, bool solicited);
-  // The notification: to the handler (deferred, progress thread only) or the channel.
-  void notify();
   // Runs the handler for a deferred notification; queues the channel event if it declines.
   void run_handler();
   int poll(int n, ibv_wc* out);

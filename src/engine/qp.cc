@@ -484,6 +484,11 @@ uint64_t tx_batch_ns() {
   return ns;
 }
 
+// Sends what doorbell batching deferred. Caller holds tx_mu.
+void tx_flush_locked(Qp* qp) {
+  if (qp->tx_deferred.exchange(false)) tx_run_locked(qp);
+}
+
 uint64_t now_ns() {
   timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -515,7 +520,7 @@ void tx_post_locked(Qp* qp) {
         if (oob::lookup(qpn) != qp) return;  // destroyed meanwhile
         std::lock_guard lk(qp->tx_mu);
         qp->tx_flush_timer = false;
-        if (qp->tx_deferred.exchange(false)) tx_run_locked(qp);
+        tx_flush_locked(qp);
       });
     }
     return;
@@ -528,7 +533,7 @@ void tx_post_locked(Qp* qp) {
 void qp_tx_flush(Qp* qp) {
   if (!qp->tx_deferred.load(std::memory_order_acquire)) return;
   std::lock_guard lk(qp->tx_mu);
-  if (qp->tx_deferred.exchange(false)) tx_run_locked(qp);
+  tx_flush_locked(qp);
 }
 
 // Copies a receive WR into its ring slot (the slot keeps its own SGE storage).

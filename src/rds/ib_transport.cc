@@ -51,6 +51,14 @@ uint64_t now_ms() {
 void conn_down(Conn* c, const char* why);
 void rdma_chan_down(Conn* c);
 
+// The engine thread recomputes its poll() timeout (a new timer, or an ack due sooner).
+void wake_engine() {
+  if (g().wake_fd < 0) return;
+  uint64_t one = 1;
+  ssize_t w = write(g().wake_fd, &one, sizeof one);
+  (void)w;
+}
+
 int setup_qp(Conn* c, rdma_cm_id* id) {
   Global& G = g();
   ibv_qp_init_attr a{};
@@ -136,9 +144,7 @@ void schedule_reconnect(Conn* c, uint16_t chan = kChanData) {
   const int delay = attempts == 0 ? 0 : static_cast<int>(r % static_cast<uint32_t>(backoff)) + 1;
   g().timers.emplace(std::chrono::steady_clock::now() + std::chrono::milliseconds(delay),
                      std::make_pair(c, chan));
-  uint64_t one = 1;
-  ssize_t w = write(g().wake_fd, &one, sizeof one);
-  (void)w;
+  wake_engine();
 }
 
 void start_connect(Conn* c) {
@@ -550,13 +556,6 @@ void after_completions_locked() {
       c->ack_due = t + std::chrono::microseconds(kAckDelayUs);
     if (c->ack_now || c->ack_due <= t) conn_send_ack(c);
   }
-}
-
-void wake_engine() {
-  if (g().wake_fd < 0) return;
-  uint64_t one = 1;
-  ssize_t w = write(g().wake_fd, &one, sizeof one);
-  (void)w;
 }
 
 // softverbs' completion handler (include/softverbs/verbs_ext.h): the device's progress thread

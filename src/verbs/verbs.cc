@@ -44,9 +44,8 @@ int op_poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   int got = cq->poll(n, wc);
   // A poll that finds completions leaves a batch to grow (a streaming sender polls between
   // posts); one that finds none may be waiting for what the batch holds: flush it.
-  if (got) return got;
+  if (got || cq->nqps.load(std::memory_order_acquire) == 0) return got;
   flush_deferred_tx(cq);
-  if (cq->nqps.load(std::memory_order_acquire) == 0) return cq->poll(n, wc);
   // Empty: run the attached QPs' receive path here rather than waiting for the
   // progress thread to wake up (a cross-core wake-up costs ~30 us on this class of VM).
   {

@@ -43,6 +43,17 @@ bool readable_within_deadline(int fd) {
   return r == 1 && (p.revents & POLLIN);
 }
 
+// Waits (bounded) for the channel's next event, takes it and acks it: the CQ it names, or
+// null if none came or it could not be read.
+ibv_cq* take_cq_event(ibv_comp_channel* ch) {
+  if (!readable_within_deadline(ch->fd)) return nullptr;
+  ibv_cq* cq = nullptr;
+  void* cq_ctx = nullptr;
+  if (ibv_get_cq_event(ch, &cq, &cq_ctx) != 0) return nullptr;
+  ibv_ack_cq_events(cq, 1);
+  return cq;
+}
+
 PeerConfig with_channel() {
   PeerConfig c;
   c.with_channel = true;
@@ -129,12 +140,7 @@ TEST_F(XProc, SolicitedOnlyArmWakesOnlyForSolicitedSends) {
   // Solicited SEND: fires the arm still in place.
   ASSERT_EQ(remote->post_send(make_send(1, {sge(0, 32)}, IBV_SEND_SIGNALED | IBV_SEND_SOLICITED)),
             0);
-  ASSERT_TRUE(readable_within_deadline(fd)) << "no event for a solicited SEND";
-  ibv_cq* cq = nullptr;
-  void* cq_ctx = nullptr;
-  ASSERT_EQ(ibv_get_cq_event(local->channel, &cq, &cq_ctx), 0);
-  EXPECT_EQ(cq, local->rcq);
-  ibv_ack_cq_events(cq, 1);
+  ASSERT_EQ(take_cq_event(local->channel), local->rcq) << "no event for a solicited SEND";
   r = local->poll(CqSel::recv, 1);
   ASSERT_EQ(r.size(), 1u);
   EXPECT_TRUE(wc_is(r[0], 1, IBV_WC_SUCCESS, IBV_WC_RECV));
@@ -145,9 +151,7 @@ TEST_F(XProc, SolicitedOnlyArmWakesOnlyForSolicitedSends) {
   s.opcode = IBV_WR_SEND_WITH_IMM;
   s.imm_or_inv = 0x01020304;
   ASSERT_EQ(remote->post_send(s), 0);
-  ASSERT_TRUE(readable_within_deadline(fd)) << "no event for a solicited SEND_WITH_IMM";
-  ASSERT_EQ(ibv_get_cq_event(local->channel, &cq, &cq_ctx), 0);
-  ibv_ack_cq_events(cq, 1);
+  ASSERT_EQ(take_cq_event(local->channel), local->rcq) << "no event for a solicited SEND_WITH_IMM";
   r = local->poll(CqSel::recv, 1);
   ASSERT_EQ(r.size(), 1u);
   EXPECT_TRUE(wc_is(r[0], 2, IBV_WC_SUCCESS, IBV_WC_RECV));
@@ -161,27 +165,20 @@ TEST_F(XProc, SolicitedOnlyArmWakesOnlyForSolicitedSends) {
 // solicited-only request; a solicited-only arm is widened by a later request for any).
 TEST_F(XProc, ArmForAnyCompletionIsNotNarrowedByASolicitedArm) {
   ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
-  const int fd = local->channel->fd;
-  ibv_cq* cq = nullptr;
-  void* cq_ctx = nullptr;
   for (uint64_t i = 0; i < 2; ++i) ASSERT_EQ(local->post_recv(i, {sge(i * 4096, 4096)}), 0);
 
   // Any, then solicited-only: an unsolicited SEND still fires.
   ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
   ASSERT_EQ(ibv_req_notify_cq(local->rcq, 1), 0);
   ASSERT_EQ(remote->post_send(make_send(0, {sge(0, 32)})), 0);
-  ASSERT_TRUE(readable_within_deadline(fd)) << "arm for any completion was narrowed";
-  ASSERT_EQ(ibv_get_cq_event(local->channel, &cq, &cq_ctx), 0);
-  ibv_ack_cq_events(cq, 1);
+  ASSERT_EQ(take_cq_event(local->channel), local->rcq) << "arm for any completion was narrowed";
   ASSERT_EQ(local->poll(CqSel::recv, 1).size(), 1u);
 
   // Solicited-only, then any: an unsolicited SEND fires too.
   ASSERT_EQ(ibv_req_notify_cq(local->rcq, 1), 0);
   ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
   ASSERT_EQ(remote->post_send(make_send(1, {sge(0, 32)})), 0);
-  ASSERT_TRUE(readable_within_deadline(fd)) << "solicited-only arm was not widened";
-  ASSERT_EQ(ibv_get_cq_event(local->channel, &cq, &cq_ctx), 0);
-  ibv_ack_cq_events(cq, 1);
+  ASSERT_EQ(take_cq_event(local->channel), local->rcq) << "solicited-only arm was not widened";
   ASSERT_EQ(local->poll(CqSel::recv, 1).size(), 1u);
   EXPECT_EQ(remote->poll(CqSel::send, 2).size(), 2u);
 }
@@ -246,12 +243,7 @@ TEST_F(XProc, CompHandlerRunsOnTheDeviceThreadInsteadOfAChannelEvent) {
   log.decline = true;
   ASSERT_EQ(local->post_recv(7, {sge(0, 4096)}), 0);
   ASSERT_EQ(remote->post_send(make_send(7, {sge(0, 64)})), 0);
-  ASSERT_TRUE(readable_within_deadline(fd)) << "a declined notification was lost";
-  ibv_cq* cq = nullptr;
-  void* cq_ctx = nullptr;
-  ASSERT_EQ(ibv_get_cq_event(local->channel, &cq, &cq_ctx), 0);
-  EXPECT_EQ(cq, local->rcq);
-  ibv_ack_cq_events(cq, 1);
+  ASSERT_EQ(take_cq_event(local->channel), local->rcq) << "a declined notification was lost";
   EXPECT_EQ(log.calls.load(), 4);
 
   // Removed: channel events as before, and the handler is not called again.
@@ -259,9 +251,7 @@ TEST_F(XProc, CompHandlerRunsOnTheDeviceThreadInsteadOfAChannelEvent) {
   ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
   ASSERT_EQ(local->post_recv(8, {sge(0, 4096)}), 0);
   ASSERT_EQ(remote->post_send(make_send(8, {sge(0, 64)})), 0);
-  ASSERT_TRUE(readable_within_deadline(fd));
-  ASSERT_EQ(ibv_get_cq_event(local->channel, &cq, &cq_ctx), 0);
-  ibv_ack_cq_events(cq, 1);
+  ASSERT_EQ(take_cq_event(local->channel), local->rcq) << "no event once the handler is gone";
   EXPECT_EQ(log.calls.load(), 4);
   auto r = local->poll(CqSel::recv, 2);
   ASSERT_EQ(r.size(), 2u);
