@@ -27,6 +27,7 @@
 #include "engine/iw_cm.h"
 #include "engine/qp.h"
 #include "util/fork_local.h"
+#include "util/raw_socket.h"
 
 #define SV_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -460,7 +461,7 @@ SV_EXPORT int rdma_bind_addr(rdma_cm_id* i, sockaddr* addr) {
   CmId* id = cmid(i);
   if (id->bound_fd >= 0 || id->listener) return fail(EINVAL);
   SockAddr a = SockAddr::from(addr);
-  int fd = socket(a.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int fd = sv::raw_socket(a.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -1;
   int one = 1;
   // RDMA_PS_TCP ports have no TIME_WAIT: perftest -R re-listens on the port at once.
@@ -510,7 +511,7 @@ SV_EXPORT int rdma_resolve_addr(rdma_cm_id* i, sockaddr* src, sockaddr* dst, int
     set_src(id, s);
   } else {
     // The source the kernel would pick: connect a UDP socket (sends nothing).
-    int fd = socket(d.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    int fd = sv::raw_socket(d.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
     SockAddr probe = d;
     if (probe.port() == 0) probe.set_port(9);
     if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&probe.ss), probe.len) == 0) {

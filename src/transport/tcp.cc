@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "util/raw_socket.h"
+
 namespace sv::transport {
 
 uint16_t SockAddr::port() const {
@@ -69,7 +71,8 @@ void set_nodelay(int fd) {
 }
 
 int tcp_listen(const SockAddr& addr, int backlog, bool nonblock) {
-  int fd = socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC | (nonblock ? SOCK_NONBLOCK : 0), 0);
+  int fd =
+      sv::raw_socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC | (nonblock ? SOCK_NONBLOCK : 0), 0);
   if (fd < 0) return -errno;
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -87,7 +90,7 @@ int tcp_listen(const SockAddr& addr, int backlog, bool nonblock) {
 }
 
 int tcp_connect_nb(const SockAddr& to, const SockAddr* from) {
-  int fd = socket(to.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int fd = sv::raw_socket(to.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -errno;
   set_nodelay(fd);
   if (from && from->len) {
