@@ -8,8 +8,16 @@ void copy_from_app(std::byte* dst, const std::byte* app, size_t n) noexcept {
   if (n) std::memcpy(dst, app, n);
 }
 
+// The last byte is stored last, with release order. Applications poll the last byte of an RDMA
+// WRITE's target to learn it has landed (perftest's write_lat, rdma-core's riostream), which
+// is safe on a NIC because PCIe writes land in ascending order. glibc's memcpy may store the
+// tail of a block before its head: such a poller saw the last byte, wrote its own next value
+// there, and had it overwritten by the rest of the copy (riostream hung within 200 iterations).
 void copy_to_app(std::byte* app, const std::byte* src, size_t n) noexcept {
-  if (n) std::memcpy(app, src, n);
+  if (!n) return;
+  std::memcpy(app, src, n - 1);
+  __atomic_store_n(reinterpret_cast<unsigned char*>(app + n - 1),
+                   static_cast<unsigned char>(src[n - 1]), __ATOMIC_RELEASE);
 }
 
 uint64_t app_atomic(uint64_t* v, const wire::AtomicRequest& r) noexcept {
