@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "engine/log.h"
 #include "rdmacm/rsocket_impl.h"
 
 #define SV_EXPORT extern "C" __attribute__((visibility("default")))
@@ -206,6 +207,7 @@ bool all_in(uint32_t n, uint32_t max) {
 
 void fail_locked(Rs* s, int err) {
   if (s->state == State::error) return;
+  SV_WARN("rsocket %d: connection failed: %s", s->fd, std::strerror(err));
   s->state = State::error;
   s->err = err;
   s->readable = s->writable = false;
@@ -466,24 +468,17 @@ ssize_t send_iov(int fd, const iovec* iov, int iovcnt, int flags) {
   int vi = 0;
   size_t voff = 0;
   uint32_t xfer = kMinXfer;
+  // Blocking sockets send everything (as TCP and rdma-core's rsend do); non-blocking ones
+  // return what went out, or EAGAIN if nothing did.
+  auto ready = [s, &sent, total] {
+    return s->state != State::connected || !s->writable ||
+           (s->data_wrs >= 2 && s->sseq_no != s->sseq_comp &&
+            s->target[s->target_idx].length != 0 &&
+            (s->sbuf_avail >= std::min(kSndLowat, s->sbuf_size) || total - sent <= s->inline_size));
+  };
   while (sent < total) {
-    const bool ok = [&] {
-      return s->state != State::connected || !s->writable ||
-             (s->data_wrs >= 2 && s->sseq_no != s->sseq_comp &&
-              s->target[s->target_idx].length != 0 &&
-              (s->sbuf_avail >= std::min(kSndLowat, s->sbuf_size) ||
-               total - sent <= s->inline_size));
-    }();
-    if (!ok) {
-      const bool wait_nb = nb || sent > 0;
-      auto ready = [s, &sent, total] {
-        return s->state != State::connected || !s->writable ||
-               (s->data_wrs >= 2 && s->sseq_no != s->sseq_comp &&
-                s->target[s->target_idx].length != 0 &&
-                (s->sbuf_avail >= std::min(kSndLowat, s->sbuf_size) ||
-                 total - sent <= s->inline_size));
-      };
-      if (wait_locked(s, lk, ready, wait_nb)) {
+    if (!ready()) {
+      if (wait_locked(s, lk, ready, nb)) {
         if (sent) break;
         return -1;
       }
@@ -688,7 +683,7 @@ SV_EXPORT size_t riowrite(int fd, const void* buf, size_t count, off_t offset, i
     auto ready = [s] {
       return s->state != State::connected || (s->data_wrs >= 1 && s->sbuf_avail >= 1);
     };
-    if (wait_locked(s, lk, ready, nb || done > 0)) {
+    if (wait_locked(s, lk, ready, nb)) {
       if (done) break;
       return static_cast<size_t>(-1);
     }
