@@ -8,6 +8,7 @@ PKGS=(
   libibverbs-dev librdmacm-dev                                 # the verbs/rdma_cm headers = the ABI
   ibverbs-utils rdmacm-utils perftest                          # unmodified binaries we must run
   libfabric-bin openmpi-bin libopenmpi-dev                     # the verbs ecosystem's clients
+  iperf3                                                       # a TCP program under librspreload
   iproute2 tshark                                              # netns hosts, frame captures
   nftables                                                     # packet loss where netem is absent
   qemu-system-x86 busybox-static cpio kmod                     # a guest kernel with sch_netem
