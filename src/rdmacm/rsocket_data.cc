@@ -460,9 +460,7 @@ ssize_t send_iov(int fd, const iovec* iov, int iovcnt, int flags) {
     return -1;
   if (s->state != State::connected || !s->writable) {
     pump_locked(s);
-    return errno = s->writable ? conn_errno(s)
-                               : (s->state == State::error ? conn_errno(s) : ECONNRESET),
-           -1;
+    return errno = conn_errno(s), -1;
   }
   size_t sent = 0;
   int vi = 0;
@@ -520,7 +518,7 @@ ssize_t recv_iov(int fd, const iovec* iov, int iovcnt, int flags) {
   size_t got = 0;
   for (;;) {
     auto have = [s] { return !s->rmsg.empty() || !s->readable; };
-    if (wait_locked(s, lk, have, nb || got > 0)) {
+    if (wait_locked(s, lk, have, nb || (got > 0 && !(flags & MSG_WAITALL)))) {
       if (got) break;
       return -1;
     }
