@@ -56,12 +56,13 @@ struct ConnData {
   Sge data_buf;                   // first half of the sender's receive buffer
 };
 
-// rs_value_to_scale / rs_scale_to_value: up to 128 as is, larger as 0x80 | v >> 8.
+// rs_value_to_scale / rs_scale_to_value (8 bits): up to 128 as is, larger as 0x80 | v >> 8;
+// 0x80 itself decodes as 128.
 inline uint8_t iomap_value_to_scale(uint32_t v) {
-  return v <= 0x7f ? static_cast<uint8_t>(v) : static_cast<uint8_t>(0x80 | ((v >> 8) & 0x7f));
+  return v <= 0x80 ? static_cast<uint8_t>(v) : static_cast<uint8_t>(0x80 | ((v >> 8) & 0x7f));
 }
 inline uint32_t iomap_scale_to_value(uint8_t s) {
-  return s & 0x80 ? static_cast<uint32_t>(s & 0x7f) << 8 : s;
+  return s <= 0x80 ? s : static_cast<uint32_t>(s & 0x7f) << 8;
 }
 
 inline void encode_conn_data(const ConnData& c, std::byte out[kConnDataLen]) {
