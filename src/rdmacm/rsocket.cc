@@ -72,8 +72,16 @@ bool open_cm(Rs* s) {
 void close_cm(Rs* s) {
   if (s->cm) {
     // Events still queued for the id are acked (rdma_destroy_id waits for that).
+    // Requests a listener never accepted are refused, and their ids freed.
     rdma_cm_event* ev = nullptr;
-    while (rdma_get_cm_event(s->cm_ch, &ev) == 0) rdma_ack_cm_event(ev);
+    while (rdma_get_cm_event(s->cm_ch, &ev) == 0) {
+      rdma_cm_id* req = ev->event == RDMA_CM_EVENT_CONNECT_REQUEST ? ev->id : nullptr;
+      rdma_ack_cm_event(ev);
+      if (req) {
+        rdma_reject(req, nullptr, 0);
+        rdma_destroy_id(req);
+      }
+    }
     rdma_destroy_id(s->cm);
     s->cm = nullptr;
   }
@@ -233,8 +241,10 @@ Rs* accept_one(Rs* l, rdma_cm_event* ev) {
       free_socket(c);
       return nullptr;
     }
+    // Bounded: a peer that never completes the handshake cannot hold raccept for longer.
     pollfd pf{c->cm_ch->fd, POLLIN, 0};
-    if (poll(&pf, 1, 10000) <= 0 && errno != EINTR) {
+    const int r = poll(&pf, 1, 10000);
+    if (r == 0 || (r < 0 && errno != EINTR)) {
       free_socket(c);
       return nullptr;
     }

@@ -173,6 +173,30 @@ TEST(RsocketErrors, ListenerPortInUse) {
   rclose(l);
 }
 
+TEST(RsocketErrors, ClosingAListenerRefusesWhatItNeverAccepted) {
+  const uint16_t port = test_port(15);
+  int l = listener(port);
+  ASSERT_GE(l, 0);
+  int c = rsocket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  ASSERT_GE(c, 0);
+  sockaddr_in a = loopback(port);
+  ASSERT_EQ(rconnect(c, reinterpret_cast<sockaddr*>(&a), sizeof a), -1);
+  ASSERT_EQ(errno, EINPROGRESS);
+  pollfd p{l, POLLIN, 0};
+  ASSERT_EQ(rpoll(&p, 1, 5000), 1);  // the request is queued: the listener is readable
+  ASSERT_EQ(rclose(l), 0);
+  p = {c, POLLOUT, 0};
+  ASSERT_EQ(rpoll(&p, 1, 5000), 1);
+  EXPECT_TRUE(p.revents & POLLERR);
+  int err = 0;
+  socklen_t len = sizeof err;
+  ASSERT_EQ(rgetsockopt(c, SOL_SOCKET, SO_ERROR, &err, &len), 0);
+  EXPECT_EQ(err, ECONNREFUSED);
+  ASSERT_EQ(rgetsockopt(c, SOL_SOCKET, SO_ERROR, &err, &len), 0);
+  EXPECT_EQ(err, 0);  // read once, then cleared
+  rclose(c);
+}
+
 TEST_F(Pair, ConnectedSocketRefusesResizingAndReconnecting) {
   open(2);
   int v = 64;
