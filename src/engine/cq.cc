@@ -1,5 +1,6 @@
 #include "engine/cq.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,14 @@ namespace sv::engine {
 
 thread_local Cq* tl_polling = nullptr;
 
+namespace {
+uint64_t clock_ns(clockid_t id) {
+  timespec t;
+  clock_gettime(id, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1000000000u + static_cast<uint64_t>(t.tv_nsec);
+}
+}  // namespace
+
 bool Cq::push(const ibv_wc& wc, bool solicited) {
   bool notify = false;
   bool handler = false;
@@ -19,7 +28,10 @@ bool Cq::push(const ibv_wc& wc, bool solicited) {
       overflowed = true;
       return false;
     }
-    ring[(head + count) % ring.size()] = wc;
+    const size_t slot = (head + count) % ring.size();
+    ring[slot] = wc;
+    if (!ts.empty()) ts[slot] = clock_ns(CLOCK_MONOTONIC);
+    if (!wall.empty()) wall[slot] = clock_ns(CLOCK_REALTIME);
     ++count;
     // With a completion handler, a completion made by the consumer's own ibv_poll_cq of this
     // CQ (it drove the receive path) is returned by that poll: the CQ stays armed for the
@@ -63,6 +75,17 @@ int Cq::poll(int n, ibv_wc* out) {
   }
   count -= k;
   return k;
+}
+
+bool Cq::pop_current() {
+  std::lock_guard lk(mu);
+  if (count == 0) return false;
+  cur = ring[head];
+  cur_ts = ts.empty() ? 0 : ts[head];
+  cur_wall = wall.empty() ? 0 : wall[head];
+  head = head + 1 == ring.size() ? 0 : head + 1;
+  --count;
+  return true;
 }
 
 int Cq::arm(bool solicited) {

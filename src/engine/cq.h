@@ -52,6 +52,19 @@ struct Cq {
   // flushes them first, so their completions, or the answers to them, can show up.
   std::atomic<bool> tx_deferred{false};
 
+  // Extended CQ (ibv_create_cq_ex, verbs/cq_ex.cc): the IBV_WC_EX_WITH_* flags asked for, and
+  // the completion times, per ring slot, when asked for (ns; CLOCK_MONOTONIC is the
+  // device's "HCA clock", CLOCK_REALTIME the wall clock). Empty otherwise: no clock read.
+  uint64_t wc_flags = 0;
+  std::vector<uint64_t> ts, wall;
+  // The completion start_poll/next_poll made current, read by the read_* ops. poll_mu is held
+  // from a successful start_poll to end_poll, so pollers of one CQ take turns as with a
+  // provider's CQ lock; mu is not, because the poller may post (and so complete) inside the
+  // window, which takes mu.
+  std::mutex poll_mu;
+  ibv_wc cur{};
+  uint64_t cur_ts = 0, cur_wall = 0;
+
   ibv_cq* ibcq() { return reinterpret_cast<ibv_cq*>(&cqx); }
   static Cq* from(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
 
@@ -61,6 +74,9 @@ struct Cq {
   // Runs the handler for a deferred notification; queues the channel event if it declines.
   void run_handler();
   int poll(int n, ibv_wc* out);
+  // Moves the oldest completion (and its times) into cur; false if there is none. Needs
+  // poll_mu (for cur); takes mu.
+  bool pop_current();
   int arm(bool solicited);
   void attach(Qp* qp);
   void detach(Qp* qp);

@@ -17,6 +17,7 @@
 #include "engine/mr.h"
 #include "engine/qp.h"
 #include "softverbs/verbs_ext.h"
+#include "verbs/cq_ex.h"
 #include "verbs/handles.h"
 
 #define SV_EXPORT extern "C" __attribute__((visibility("default")))
@@ -26,6 +27,23 @@ using sv::verbs::handle_add;
 using sv::verbs::handle_ok;
 using sv::verbs::handle_remove;
 using sv::verbs::HKind;
+
+namespace {
+void flush_deferred_tx(Cq* cq);
+}  // namespace
+
+namespace sv::verbs {
+void drive_empty_cq(Cq* cq) {
+  if (cq->nqps.load(std::memory_order_acquire) == 0) return;
+  flush_deferred_tx(cq);
+  // Empty: run the attached QPs' receive path here rather than waiting for the
+  // progress thread to wake up (a cross-core wake-up costs ~30 us on this class of VM).
+  std::lock_guard lk(cq->qps_mu);
+  tl_polling = cq;
+  for (Qp* qp : cq->qps) qp_progress(qp);
+  tl_polling = nullptr;
+}
+}  // namespace sv::verbs
 
 namespace {
 
@@ -44,16 +62,8 @@ int op_poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   int got = cq->poll(n, wc);
   // A poll that finds completions leaves a batch to grow (a streaming sender polls between
   // posts); one that finds none may be waiting for what the batch holds: flush it.
-  if (got || cq->nqps.load(std::memory_order_acquire) == 0) return got;
-  flush_deferred_tx(cq);
-  // Empty: run the attached QPs' receive path here rather than waiting for the
-  // progress thread to wake up (a cross-core wake-up costs ~30 us on this class of VM).
-  {
-    std::lock_guard lk(cq->qps_mu);
-    tl_polling = cq;
-    for (Qp* qp : cq->qps) qp_progress(qp);
-    tl_polling = nullptr;
-  }
+  if (got) return got;
+  sv::verbs::drive_empty_cq(cq);
   return cq->poll(n, wc);
 }
 
@@ -90,6 +100,9 @@ int op_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input,
   a.max_dm_size = 0;
   a.device_cap_flags_ex = a.orig_attr.device_cap_flags;
   a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
+  // Extended CQs can stamp completions (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP): a 64-bit ns clock.
+  a.completion_timestamp_mask = ~0ull;
+  a.hca_core_clock = sv::verbs::kHcaCoreClockKhz;
   std::memset(attr, 0, size);
   std::memcpy(attr, &a, std::min(size, sizeof a));
   return 0;
@@ -158,6 +171,8 @@ SV_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
   c->vctx.sz = sizeof(verbs_context);
   c->vctx.query_port = op_query_port;
   c->vctx.query_device_ex = op_query_device_ex;
+  c->vctx.create_cq_ex = sv::verbs::create_cq_ex;
+  c->vctx.query_rt_values = sv::verbs::query_rt_values;
   handle_add(HKind::context, &ctx, &ctx);
   return &ctx;
 }
@@ -447,8 +462,9 @@ SV_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   return 0;
 }
 
-SV_EXPORT ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_context,
-                                ibv_comp_channel* channel, int comp_vector) {
+namespace sv::verbs {
+Cq* cq_new(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channel,
+           int comp_vector) {
   if (!handle_ok(HKind::context, ctx) || (channel && !handle_ok(HKind::channel, channel, ctx)) ||
       cqe < 1 || cqe > kMaxCqe || comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {
     errno = EINVAL;
@@ -477,8 +493,16 @@ SV_EXPORT ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_context,
   pthread_mutex_init(&c->mutex, nullptr);
   pthread_cond_init(&c->cond, nullptr);
   if (channel) ++channel->refcnt;
-  handle_add(HKind::cq, c, ctx);
-  return c;
+  return cq;
+}
+}  // namespace sv::verbs
+
+SV_EXPORT ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_context,
+                                ibv_comp_channel* channel, int comp_vector) {
+  Cq* cq = sv::verbs::cq_new(ctx, cqe, cq_context, channel, comp_vector);
+  if (!cq) return nullptr;
+  handle_add(HKind::cq, cq->ibcq(), ctx);
+  return cq->ibcq();
 }
 
 SV_EXPORT int softverbs_cq_set_comp_handler(ibv_cq* ibcq, bool (*handler)(ibv_cq*, void*),
@@ -519,6 +543,13 @@ SV_EXPORT int ibv_resize_cq(ibv_cq* ibcq, int cqe) {
   std::vector<ibv_wc> ring(static_cast<size_t>(cqe) + 1);
   for (uint32_t i = 0; i < cq->count; ++i) ring[i] = cq->ring[(cq->head + i) % cq->ring.size()];
   cq->ring.swap(ring);
+  // Completion times move with their completions (extended CQs that asked for them).
+  for (auto* t : {&cq->ts, &cq->wall}) {
+    if (t->empty()) continue;
+    std::vector<uint64_t> moved(cq->ring.size());
+    for (uint32_t i = 0; i < cq->count; ++i) moved[i] = (*t)[(cq->head + i) % t->size()];
+    t->swap(moved);
+  }
   cq->head = 0;
   cq->cqe = cqe;
   ibcq->cqe = cqe;

@@ -169,8 +169,18 @@ std::unique_ptr<Peer> Peer::create(const PeerConfig& cfg, std::string* err) {
     return fail("ibv_create_comp_channel");
   if (!(p->scq = ibv_create_cq(p->ctx, cfg.send_cqe, p.get(), nullptr, 0)))
     return fail("ibv_create_cq(send)");
-  if (!(p->rcq = ibv_create_cq(p->ctx, cfg.recv_cqe, p.get(), p->channel, 0)))
+  if (cfg.recv_cq_ex_flags) {
+    ibv_cq_init_attr_ex ca{};
+    ca.cqe = static_cast<uint32_t>(cfg.recv_cqe);
+    ca.cq_context = p.get();
+    ca.channel = p->channel;
+    ca.wc_flags = cfg.recv_cq_ex_flags;
+    ibv_cq_ex* cx = ibv_create_cq_ex(p->ctx, &ca);
+    if (!cx) return fail("ibv_create_cq_ex(recv)");
+    p->rcq = ibv_cq_ex_to_cq(cx);
+  } else if (!(p->rcq = ibv_create_cq(p->ctx, cfg.recv_cqe, p.get(), p->channel, 0))) {
     return fail("ibv_create_cq(recv)");
+  }
   if (cfg.srq == 2 && !(p->srq_pd = ibv_alloc_pd(p->ctx))) return fail("ibv_alloc_pd(srq)");
   MrInfo m = p->add_mr(cfg.buf_size, cfg.mr_access);
   if (m.err) {

@@ -70,6 +70,8 @@ struct PeerConfig {
   uint8_t timeout = 14;
   uint8_t min_rnr_timer = 12;
   bool with_channel = false;  // receive CQ on a completion channel
+  // Non-zero: the receive CQ is an extended CQ (ibv_create_cq_ex) with these wc_flags.
+  uint64_t recv_cq_ex_flags = 0;
   // Receives through a shared receive queue: 0 none; 1 an SRQ on the QP's PD; 2 an SRQ on a
   // PD of its own, which also holds the main buffer's MR (later MRs are on the QP's PD).
   uint8_t srq = 0;
@@ -175,9 +177,9 @@ class Peer {
   ibv_cq* scq = nullptr;
   ibv_cq* rcq = nullptr;
   ibv_qp* qp = nullptr;
-  ibv_srq* srq = nullptr;     // PeerConfig::srq
-  ibv_pd* srq_pd = nullptr;   // PeerConfig::srq == 2
-  ibv_qp_cap cap{};  // as returned by ibv_create_qp
+  ibv_srq* srq = nullptr;    // PeerConfig::srq
+  ibv_pd* srq_pd = nullptr;  // PeerConfig::srq == 2
+  ibv_qp_cap cap{};          // as returned by ibv_create_qp
   ibv_gid gid{};
 
   struct Region {

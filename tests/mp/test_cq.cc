@@ -1,11 +1,14 @@
 // Completion queues, completion channels and CQ events: the local process receives (its
 // receive CQ is on a completion channel) and the peer process sends.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <time.h>
 
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "softverbs/verbs_ext.h"
@@ -284,6 +287,154 @@ TEST_F(InProc, CqOverflowRaisesCqErrAsyncEvent) {
   const int type = b->wait_async(kWait, &ev);
   ASSERT_EQ(type, IBV_EVENT_CQ_ERR) << "no CQ error event within the deadline";
   EXPECT_EQ(ev.element.cq, b->rcq);
+}
+
+// ---- extended CQs (ibv_create_cq_ex) ---------------------------------------------------------
+
+uint64_t now_ns(clockid_t id) {
+  timespec t;
+  clock_gettime(id, &t);
+  return uint64_t(t.tv_sec) * 1000000000u + uint64_t(t.tv_nsec);
+}
+
+// start_poll until a completion is there (bounded); its return value.
+int start_poll_within_deadline(ibv_cq_ex* cq) {
+  const auto end = std::chrono::steady_clock::now() + kWait;
+  ibv_poll_cq_attr attr{};
+  int r;
+  while ((r = ibv_start_poll(cq, &attr)) == ENOENT && std::chrono::steady_clock::now() < end)
+    std::this_thread::yield();
+  return r;
+}
+
+TEST_F(XProc, ExtendedCqReadsEachCompletionWithItsFlagsAndTimes) {
+  PeerConfig lc;
+  lc.recv_cq_ex_flags = uint64_t{IBV_WC_STANDARD_FLAGS} |
+                        uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP} |
+                        uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK};
+  ASSERT_NO_FATAL_FAILURE(Connect(lc, PeerConfig{}));
+  ibv_device_attr_ex dx{};
+  ASSERT_EQ(ibv_query_device_ex(local->ctx, nullptr, &dx), 0);
+  EXPECT_EQ(dx.hca_core_clock, 1000000u);  // kHz: timestamps count nanoseconds
+  EXPECT_NE(dx.completion_timestamp_mask, 0u);
+  ibv_values_ex before{};
+  before.comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
+  ASSERT_EQ(ibv_query_rt_values_ex(local->ctx, &before), 0);
+  const uint64_t wall0 = now_ns(CLOCK_REALTIME);
+
+  // ibv_cq_ex_to_cq is a cast: the extended CQ is the same object.
+  auto* cq = reinterpret_cast<ibv_cq_ex*>(local->rcq);
+  ibv_poll_cq_attr attr{};
+  EXPECT_EQ(ibv_start_poll(cq, &attr), ENOENT);  // empty: no lock held, no end_poll
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_EQ(local->post_recv(10 + i, {sge(i * 4096, 4096)}), 0);
+  ASSERT_EQ(remote->post_send(make_send(1, {sge(0, 10)})), 0);
+  SendSpec imm = make_send(2, {sge(0, 20)});
+  imm.opcode = IBV_WR_SEND_WITH_IMM;
+  imm.imm_or_inv = htonl(0x12345678);
+  ASSERT_EQ(remote->post_send(imm), 0);
+  ASSERT_EQ(remote->poll(CqSel::send, 2).size(), 2u);
+
+  ASSERT_EQ(start_poll_within_deadline(cq), 0);
+  EXPECT_EQ(cq->wr_id, 10u);
+  EXPECT_EQ(cq->status, IBV_WC_SUCCESS);
+  EXPECT_EQ(ibv_wc_read_opcode(cq), IBV_WC_RECV);
+  EXPECT_EQ(ibv_wc_read_byte_len(cq), 10u);
+  EXPECT_EQ(ibv_wc_read_qp_num(cq), local->qp->qp_num);
+  EXPECT_FALSE(ibv_wc_read_wc_flags(cq) & IBV_WC_WITH_IMM);
+  const uint64_t ts1 = ibv_wc_read_completion_ts(cq);
+  EXPECT_GE(ts1, uint64_t(before.raw_clock.tv_nsec));
+  const uint64_t wall1 = ibv_wc_read_completion_wallclock_ns(cq);
+  EXPECT_GE(wall1, wall0);
+  EXPECT_LE(wall1, now_ns(CLOCK_REALTIME));
+  int r = ibv_next_poll(cq);
+  if (r == ENOENT) {  // the second may still be on its way: a new poll window
+    ibv_end_poll(cq);
+    r = start_poll_within_deadline(cq);
+  }
+  ASSERT_EQ(r, 0);
+  EXPECT_EQ(cq->wr_id, 11u);
+  EXPECT_EQ(ibv_wc_read_opcode(cq), IBV_WC_RECV);
+  EXPECT_EQ(ibv_wc_read_byte_len(cq), 20u);
+  EXPECT_TRUE(ibv_wc_read_wc_flags(cq) & IBV_WC_WITH_IMM);
+  EXPECT_EQ(ntohl(ibv_wc_read_imm_data(cq)), 0x12345678u);
+  const uint64_t ts2 = ibv_wc_read_completion_ts(cq);
+  EXPECT_GE(ts2, ts1);  // in completion order
+  ibv_values_ex after{};
+  after.comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
+  ASSERT_EQ(ibv_query_rt_values_ex(local->ctx, &after), 0);
+  EXPECT_LE(ts2, uint64_t(after.raw_clock.tv_nsec));
+  EXPECT_EQ(ibv_next_poll(cq), ENOENT);
+  ibv_end_poll(cq);
+
+  // The same CQ still answers ibv_poll_cq.
+  ASSERT_EQ(remote->post_send(make_send(3, {sge(0, 30)})), 0);
+  auto w = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].wr_id, 12u);
+  EXPECT_EQ(w[0].byte_len, 30u);
+}
+
+// ibv_rc_pingpong posts from inside its poll window; a receive posted there may complete at
+// once on this thread (a SEND was waiting for it), into the CQ being polled.
+TEST_F(XProc, ExtendedCqLetsThePollerPostInsideItsPollWindow) {
+  PeerConfig lc;
+  lc.recv_cq_ex_flags = IBV_WC_STANDARD_FLAGS;
+  ASSERT_NO_FATAL_FAILURE(Connect(lc, PeerConfig{}));
+  auto* cq = reinterpret_cast<ibv_cq_ex*>(local->rcq);
+  ASSERT_EQ(local->post_recv(1, {sge(0, 4096)}), 0);
+  ASSERT_EQ(remote->post_send(make_send(1, {sge(0, 8)})), 0);
+  ASSERT_EQ(remote->post_send(make_send(2, {sge(0, 8)})), 0);  // waits for a receive
+  ASSERT_EQ(start_poll_within_deadline(cq), 0);
+  EXPECT_EQ(cq->wr_id, 1u);
+  ASSERT_EQ(local->post_recv(2, {sge(4096, 4096)}), 0);
+  int r = ibv_next_poll(cq);
+  ibv_end_poll(cq);
+  if (r == ENOENT) {
+    ASSERT_EQ(start_poll_within_deadline(cq), 0);
+    r = 0;
+    ibv_end_poll(cq);
+  }
+  EXPECT_EQ(r, 0);
+  EXPECT_EQ(cq->wr_id, 2u);
+}
+
+TEST(ExtendedCq, RefusesWhatItCannotDoWithTheErrnoRdmaCoreGives) {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  ASSERT_GE(n, 1);
+  ibv_context* ctx = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  ASSERT_NE(ctx, nullptr);
+  auto make = [&](uint64_t wc_flags, uint32_t comp_mask, uint32_t flags, uint32_t cqe) {
+    ibv_cq_init_attr_ex a{};
+    a.cqe = cqe;
+    a.wc_flags = wc_flags;
+    a.comp_mask = comp_mask;
+    a.flags = flags;
+    errno = 0;
+    return ibv_create_cq_ex(ctx, &a);
+  };
+  EXPECT_EQ(make(IBV_WC_EX_WITH_CVLAN, 0, 0, 16), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_EQ(make(IBV_WC_EX_WITH_FLOW_TAG, 0, 0, 16), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_EQ(make(0, IBV_CQ_INIT_ATTR_MASK_PD, 0, 16), nullptr);  // parent domains
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_EQ(make(0, IBV_CQ_INIT_ATTR_MASK_FLAGS, IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN, 16), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_EQ(make(0, 0, 0, 0), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_cq_ex* cq = make(IBV_WC_STANDARD_FLAGS, IBV_CQ_INIT_ATTR_MASK_FLAGS,
+                       IBV_CREATE_CQ_ATTR_SINGLE_THREADED, 16);
+  ASSERT_NE(cq, nullptr) << strerror(errno);
+  ibv_poll_cq_attr bad{};
+  bad.comp_mask = 1;
+  EXPECT_EQ(ibv_start_poll(cq, &bad), EINVAL);
+  ibv_values_ex v{};
+  v.comp_mask = 1u << 5;
+  EXPECT_EQ(ibv_query_rt_values_ex(ctx, &v), EOPNOTSUPP);
+  EXPECT_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)), 0);
+  EXPECT_EQ(ibv_close_device(ctx), 0);
 }
 
 }  // namespace

@@ -115,6 +115,9 @@ run_pair ibv_rc_pingpong "ibv_rc_pingpong -g 0 -n 200" \
   "ibv_rc_pingpong -g 0 -n 200 $SRV_ADDR" "iters in"
 run_pair ibv_rc_pingpong_events "ibv_rc_pingpong -g 0 -n 200 -e" \
   "ibv_rc_pingpong -g 0 -n 200 -e $SRV_ADDR" "iters in"
+# -t: an extended CQ (ibv_create_cq_ex) with completion timestamps, polled with ibv_start_poll.
+run_pair ibv_rc_pingpong_timestamps "ibv_rc_pingpong -g 0 -n 200 -t" \
+  "ibv_rc_pingpong -g 0 -n 200 -t $SRV_ADDR" "Average receive completion clock cycles = [1-9]"
 run_pair rping "rping -s -a $SRV_ADDR -v -C 100" "rping -c -a $SRV_ADDR -v -C 100" "rdma-ping-99"
 run_pair ucmatose "ucmatose" "ucmatose -s $SRV_ADDR" "test complete"
 # rdma_verbs.h style: rdma_create_ep with the address's QP type, a passive ep whose requests
