@@ -395,12 +395,22 @@ static void arm_transport_timer(Qp* qp) {
   });
 }
 
-int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing) {
   std::unique_lock lk(qp->tx_mu);
   const ibv_qp_state st = qp->state.load(std::memory_order_acquire);
   int err = 0;
   if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) err = EINVAL;
   const uint32_t cap = qp->cap.max_send_wr;
+  if (all_or_nothing) {
+    uint32_t n = 0;
+    for (ibv_send_wr* w = wr; w && !err; w = w->next, ++n)
+      if ((err = check_send_wr(qp, w))) wr = w;
+    if (!err && n > cap - qp->sq_count) err = ENOMEM;
+    if (err) {
+      *bad = wr;
+      return err;
+    }
+  }
   for (; wr && !err; wr = wr->next) {
     if ((err = check_send_wr(qp, wr))) break;
     if (qp->sq_count == cap) {

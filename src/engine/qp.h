@@ -165,8 +165,20 @@ struct Conn {
   uint32_t events = 0;      // current epoll interest
 };
 
+// The ibv_wr_* batch being built between ibv_wr_start and ibv_wr_complete (verbs/qp_ex.cc).
+// SGEs and inline copies are kept by index; pointers are resolved at ibv_wr_complete.
+struct WrBatch {
+  std::vector<ibv_send_wr> wrs;
+  std::vector<uint32_t> first_sge;  // per WR: its SGEs start here in sges
+  std::vector<ibv_sge> sges;        // inline WRs: addr is an offset into inline_data
+  std::vector<std::byte> inline_data;
+  int err = 0;  // a builder or setter misused since ibv_wr_start
+};
+
 struct Qp {
   ibv_qp_ex qpx;  // first: ibv_qp_ex begins with ibv_qp
+  // Created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: ibv_qp_to_qp_ex answers, qpx's ops are set.
+  std::unique_ptr<WrBatch> wr_batch;
   Context* ctx = nullptr;
   Pd* pd = nullptr;
   Cq* scq = nullptr;
@@ -250,7 +262,9 @@ Qp* qp_create(Context* ctx, Pd* pd, const ibv_qp_init_attr* init, int* err);
 int qp_destroy(Qp* qp);
 int qp_modify(Qp* qp, ibv_qp_attr* attr, int mask);
 int qp_query(Qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init);
-int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
+// all_or_nothing (ibv_wr_complete): every WR is checked, and the SQ's room, before any is
+// queued; on error none is.
+int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing = false);
 int qp_post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 // Moves the QP to ERR: `status` for the oldest outstanding send WQE (IBV_WC_WR_FLUSH_ERR to

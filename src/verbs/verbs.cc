@@ -19,6 +19,7 @@
 #include "softverbs/verbs_ext.h"
 #include "verbs/cq_ex.h"
 #include "verbs/handles.h"
+#include "verbs/qp_ex.h"
 
 #define SV_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -172,6 +173,7 @@ SV_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
   c->vctx.query_port = op_query_port;
   c->vctx.query_device_ex = op_query_device_ex;
   c->vctx.create_cq_ex = sv::verbs::create_cq_ex;
+  c->vctx.create_qp_ex = sv::verbs::create_qp_ex;
   c->vctx.query_rt_values = sv::verbs::query_rt_values;
   handle_add(HKind::context, &ctx, &ctx);
   return &ctx;
@@ -573,7 +575,8 @@ SV_EXPORT void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
 
 // ---- QPs ------------------------------------------------------------------------------
 
-SV_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
+namespace sv::verbs {
+ibv_qp* qp_new(ibv_pd* pd, ibv_qp_init_attr* init) {
   // The PD, both CQs and the SRQ must be live objects of one context.
   if (!handle_ok(HKind::pd, pd) || !init ||
       (init->send_cq && !handle_ok(HKind::cq, init->send_cq, pd->context)) ||
@@ -597,6 +600,11 @@ SV_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
   ++qp->pd->users;
   handle_add(HKind::qp, qp->ibqp(), pd->context);
   return qp->ibqp();
+}
+}  // namespace sv::verbs
+
+SV_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
+  return sv::verbs::qp_new(pd, init);
 }
 
 SV_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init) {
@@ -622,10 +630,11 @@ SV_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
   return r;
 }
 
-SV_EXPORT ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp*) {
-  // The ibv_wr_* interface is not offered (no IBV_QP_INIT_ATTR_SEND_OPS_FLAGS support).
-  errno = EOPNOTSUPP;
-  return nullptr;
+SV_EXPORT ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp* qp) {
+  // As libibverbs: the extended QP of one created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, else
+  // NULL.
+  if (!handle_ok(HKind::qp, qp) || !Qp::from(qp)->wr_batch) return nullptr;
+  return &Qp::from(qp)->qpx;
 }
 
 SV_EXPORT int ibv_query_qp_data_in_order(ibv_qp*, enum ibv_wr_opcode, uint32_t) {

@@ -206,7 +206,17 @@ std::unique_ptr<Peer> Peer::create(const PeerConfig& cfg, std::string* err) {
       return fail("ibv_create_srq");
     ia.srq = p->srq;
   }
-  if (!(p->qp = ibv_create_qp(p->pd, &ia))) return fail("ibv_create_qp");
+  if (cfg.send_ops_flags) {
+    ibv_qp_init_attr_ex ix{};
+    std::memcpy(&ix, &ia, sizeof ia);  // ibv_qp_init_attr_ex begins with ibv_qp_init_attr
+    ix.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    ix.pd = p->pd;
+    ix.send_ops_flags = cfg.send_ops_flags;
+    if (!(p->qp = ibv_create_qp_ex(p->ctx, &ix))) return fail("ibv_create_qp_ex");
+    ia.cap = ix.cap;
+  } else if (!(p->qp = ibv_create_qp(p->pd, &ia))) {
+    return fail("ibv_create_qp");
+  }
   p->cap = ia.cap;
   return p;
 }

@@ -72,6 +72,8 @@ struct PeerConfig {
   bool with_channel = false;  // receive CQ on a completion channel
   // Non-zero: the receive CQ is an extended CQ (ibv_create_cq_ex) with these wc_flags.
   uint64_t recv_cq_ex_flags = 0;
+  // Non-zero: the QP is made by ibv_create_qp_ex with these send_ops_flags (ibv_wr_* API).
+  uint64_t send_ops_flags = 0;
   // Receives through a shared receive queue: 0 none; 1 an SRQ on the QP's PD; 2 an SRQ on a
   // PD of its own, which also holds the main buffer's MR (later MRs are on the QP's PD).
   uint8_t srq = 0;
