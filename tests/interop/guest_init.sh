@@ -15,7 +15,7 @@
 #
 # Kernel command line: svcrc=off,on  (one pass of the sequence per value; siw itself needs no
 # setting: it accepts CRC whenever the peer asks for it)
-#                      svbase=17300  (ports: pass i uses svbase+10*i+1 ... +6)
+#                      svbase=17300  (ports: pass i uses svbase+20*i+1 ... +14)
 #                      svdbg=1       (siw dynamic debug into dmesg, lines from /etc/sv-dyndbg)
 #                      svskip=N      (start at phase N, 0-based: the host restarted us after a
 #                                     phase hung or the kernel crashed)
@@ -47,16 +47,18 @@ for kv in $(cat /proc/cmdline); do
   esac
 done
 
-# Same perftest arguments as the host side (siw_interop.sh: BW_ARGS / LAT_ARGS).
+# Same perftest arguments as the host side (siw_interop.sh: BW_ARGS / LAT_ARGS / RS_ARGS).
 BW_ARGS="-s 65536 -D 3 -F --report_gbits"
 LAT_ARGS="-s 64 -n 1000 -F"
 RPING_ARGS="-v -V -C 10"
+RS_ARGS="-S 4096 -C 1000"
 # Every guest tool runs under timeout. Clients: as long as the host's tool (rping 30 s, perftest
-# 120 s). Servers: 30 s longer, so that when the host's client gives up, its "abort" reaches us
-# first and we can dump siw's state before killing the server.
+# 120 s, rstream/riostream 60 s). Servers: 30 s longer, so that when the host's client gives up,
+# its "abort" reaches us first and we can dump siw's state before killing the server.
 tool_timeout() {  # tool_timeout srv|cli TOOL
   t=120
   [ "$2" = rping ] && t=30
+  case "$2" in r*stream) t=60 ;; esac
   [ "$1" = srv ] && t=$((t + 30))
   echo $t
 }
@@ -122,7 +124,39 @@ listening() {
     awk -v h="$h" '$4 == "0A" && substr($2, length($2) - 4) == h { f = 1 } END { exit !f }'
 }
 
+# hang_dump PID: where a tool that is about to hit its timeout is stuck, per thread: state,
+# kernel wait channel, current syscall and kernel stack (appended to the phase's output).
+hang_dump() {
+  echo "[guest: still running 5 s before its timeout; per-thread state]"
+  for t in /proc/$1/task/*; do
+    echo "hang: tid ${t##*/} state $(cut -d' ' -f3 "$t/stat" 2>/dev/null) utime+stime $(cut -d' ' -f14,15 "$t/stat" 2>/dev/null) wchan $(cat "$t/wchan" 2>/dev/null) syscall $(cut -d' ' -f1 "$t/syscall" 2>/dev/null)"
+    sed 's/^/hang:     /' "$t/stack" 2>/dev/null
+  done
+  echo "hang: tcp (tx_queue:rx_queue in hex)"
+  sed 's/^/hang: /' /proc/net/tcp
+}
+# run_tool TIMEOUT CMD...: runs CMD under timeout into /tmp/out, dumping its state 5 s before
+# the timeout (hang_dump); returns its exit status.
+run_tool() {
+  tt=$1
+  shift
+  timeout "$tt" "$@" > /tmp/out 2>&1 &   # busybox timeout execs CMD in this pid
+  tpid=$!
+  tend=$(( $(date +%s) + tt - 5 ))
+  tdump=0
+  while kill -0 $tpid 2>/dev/null; do
+    if [ $tdump = 0 ] && [ "$(date +%s)" -ge $tend ]; then
+      hang_dump $tpid >> /tmp/hang 2>&1
+      tdump=1
+    fi
+    sleep 0.2
+  done
+  wait $tpid
+}
+
 finish() {
+  [ -s /tmp/hang ] && cat /tmp/hang >> /tmp/out
+  rm -f /tmp/hang
   sed "s/^/@@OUT $1| /" /tmp/out
   dmesg -c 2>/dev/null | sed "s/^/@@DMESG $1| /"
   say "END $1 rc=$2 t=$(up)"
@@ -148,8 +182,11 @@ srv_phase() {
   skip_phase && return
   dmesg -c > /dev/null 2>&1
   say "BEGIN $name role=siw-server port=$port t=$(up)"
-  timeout "$(tool_timeout srv "$1")" "$@" > /tmp/out 2>&1 &
+  tt=$(tool_timeout srv "$1")
+  timeout "$tt" "$@" > /tmp/out 2>&1 &
   pid=$!
+  tend=$(( $(date +%s) + tt - 5 ))
+  tdump=0
   i=0
   while ! listening "$port" && kill -0 $pid 2>/dev/null && [ $i -lt 300 ]; do
     sleep 0.1
@@ -173,6 +210,10 @@ srv_phase() {
     else
       raced=$((raced + 1))   # the host stops its client; if our server does not end, we stop it
     fi
+    if [ $tdump = 0 ] && [ "$(date +%s)" -ge $tend ]; then
+      hang_dump $pid >> /tmp/hang 2>&1
+      tdump=1
+    fi
     cmd=
     read -t 1 -r cmd <&3
     if [ -z "$killed" ] && { [ "$cmd" = "abort $name" ] || [ $raced -ge 8 ]; }; then
@@ -181,6 +222,7 @@ srv_phase() {
       say "ABORTED $name"
       dmesg -c 2>/dev/null | sed "s/^/@@DMESG $name| /"
       sed "s/^/@@DMESG $name| tcp: /" /proc/net/tcp
+      [ $tdump = 0 ] && hang_dump $pid >> /tmp/hang 2>&1
       kill $pid 2>/dev/null
       killed=1
     fi
@@ -209,19 +251,29 @@ cli_phase() {
     return
   fi
   say "BEGIN $name role=siw-client t=$(up)"
-  timeout "$(tool_timeout cli "$1")" "$@" > /tmp/out 2>&1
+  run_tool "$(tool_timeout cli "$1")" "$@"
   finish "$name" $?
 }
 
 pass=0
 for c in $(echo "$CRCS" | tr ',' ' '); do
-  p=$((BASE + 10 * pass))
+  p=$((BASE + 20 * pass))
   srv_phase "rping.sv2siw.$c" $((p + 1)) rping -s -a 10.0.2.15 -p $((p + 1)) $RPING_ARGS
   cli_phase "rping.siw2sv.$c" rping -c -a 10.0.2.2 -p $((p + 2)) $RPING_ARGS
   srv_phase "write_bw.sv2siw.$c" $((p + 3)) ib_write_bw -R -d siw0 -p $((p + 3)) $BW_ARGS
   cli_phase "write_bw.siw2sv.$c" ib_write_bw -R -d siw0 -p $((p + 4)) $BW_ARGS 10.0.2.2
   srv_phase "send_lat.sv2siw.$c" $((p + 5)) ib_send_lat -R -d siw0 -p $((p + 5)) $LAT_ARGS
   cli_phase "send_lat.siw2sv.$c" ib_send_lat -R -d siw0 -p $((p + 6)) $LAT_ARGS 10.0.2.2
+  # rsockets (rdma-core librdmacm on siw): the server binds with -b, the client connects with -s.
+  # -T a (rpoll) only on the server side: see host_cmd in siw_interop.sh.
+  srv_phase "rstream.sv2siw.$c" $((p + 7)) rstream -b 10.0.2.15 -p $((p + 7)) $RS_ARGS -T v
+  cli_phase "rstream.siw2sv.$c" rstream -s 10.0.2.2 -p $((p + 8)) $RS_ARGS -T v
+  srv_phase "rstream_b.sv2siw.$c" $((p + 9)) rstream -b 10.0.2.15 -p $((p + 9)) $RS_ARGS -T b
+  cli_phase "rstream_b.siw2sv.$c" rstream -s 10.0.2.2 -p $((p + 10)) $RS_ARGS -T b
+  srv_phase "rstream_a.sv2siw.$c" $((p + 11)) rstream -b 10.0.2.15 -p $((p + 11)) $RS_ARGS -T a
+  cli_phase "rstream_a.siw2sv.$c" rstream -s 10.0.2.2 -p $((p + 12)) $RS_ARGS
+  srv_phase "riostream.sv2siw.$c" $((p + 13)) riostream -b 10.0.2.15 -p $((p + 13)) $RS_ARGS -T v
+  cli_phase "riostream.siw2sv.$c" riostream -s 10.0.2.2 -p $((p + 14)) $RS_ARGS -T v
   pass=$((pass + 1))
 done
 bye
