@@ -47,7 +47,10 @@ short revents_locked(Rs* s, short events) {
       pump_locked(s);
       if (!s->rmsg.empty() || !s->readable) r |= POLLIN;
       if (s->state == State::connected && s->writable && can_send_locked(s)) r |= POLLOUT;
-      if (s->state == State::disconnected) r |= POLLHUP;
+      // As TCP after a peer's FIN: data still queued is POLLIN only; POLLHUP once it is read.
+      // (rdma-core raises POLLHUP at once, and rstream -T a, which treats POLLHUP as an
+      // error, then fails when the peer's last data and its disconnect arrive together.)
+      if (s->state == State::disconnected && s->rmsg.empty()) r |= POLLHUP;
       if (s->state == State::error) r |= POLLERR | POLLHUP;
   }
   return static_cast<short>(r & (events | POLLERR | POLLHUP | POLLNVAL));

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -290,6 +291,14 @@ TEST_F(Pair, PeerCloseDrainsThenEof) {
   ASSERT_EQ(rsend(c, "bye", 3, 0), 3);
   ASSERT_EQ(rclose(c), 0);
   c = -1;
+  // Once the disconnect is seen (no longer writable), queued data is still POLLIN only, as
+  // TCP after a FIN: rstream -T a treats POLLHUP as an error and lost its last transfer.
+  pollfd q{s, POLLIN | POLLOUT, 0};
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (rpoll(&q, 1, 0) >= 0 && (q.revents & POLLOUT) && std::chrono::steady_clock::now() < end)
+    std::this_thread::yield();
+  EXPECT_FALSE(q.revents & POLLOUT);
+  EXPECT_EQ(q.revents, POLLIN);
   char b[8];
   ASSERT_EQ(rrecv(s, b, sizeof b, 0), 3);
   EXPECT_EQ(rrecv(s, b, sizeof b, 0), 0);
