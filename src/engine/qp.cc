@@ -11,6 +11,7 @@
 #include <ctime>
 
 #include "engine/iw_cm.h"
+#include "engine/linger.h"
 #include "engine/log.h"
 
 namespace sv::engine {
@@ -188,8 +189,7 @@ static void close_conn(Qp* qp) {
     if (qp->conn.fd >= 0) {
       if (qp->conn.registered) Progress::get().del(qp->conn.fd);
       qp->conn.registered = false;
-      shutdown(qp->conn.fd, SHUT_RDWR);
-      close(qp->conn.fd);
+      linger_close(qp->conn.fd);  // FIN after our queued data; no RST for late bytes
       qp->conn.fd = -1;
     }
   });

@@ -1,0 +1,70 @@
+#include "engine/linger.h"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <unordered_set>
+
+#include "engine/progress.h"
+
+namespace sv::engine {
+
+namespace {
+
+// Long enough for a peer to read what we sent and close; a peer that keeps its end open
+// past it gets the close then (and a RST if it still sends).
+constexpr std::chrono::seconds kLingerMax{10};
+
+struct Linger : Progress::Handler {
+  int fd;
+  explicit Linger(int f) : fd(f) {}
+  void on_event(uint32_t events) override;
+};
+
+// Lingering sockets, so the deadline timer finds out whether its socket is still there.
+// Progress thread only.
+std::unordered_set<Linger*>& lingering() {
+  static auto* s = new std::unordered_set<Linger*>();
+  return *s;
+}
+
+void finish(Linger* l) {
+  Progress::get().del(l->fd);
+  close(l->fd);
+  lingering().erase(l);
+  delete l;
+}
+
+void Linger::on_event(uint32_t events) {
+  static char sink[16384];
+  for (;;) {
+    const ssize_t n = recv(fd, sink, sizeof sink, MSG_DONTWAIT);
+    if (n > 0) continue;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && !(events & (EPOLLHUP | EPOLLERR)))
+      return;
+    finish(this);  // the peer's FIN (n == 0), or the connection is gone
+    return;
+  }
+}
+
+}  // namespace
+
+void linger_close(int fd) {
+  if (shutdown(fd, SHUT_WR) < 0) {
+    close(fd);  // not connected (any more): nothing to deliver
+    return;
+  }
+  auto* l = new Linger(fd);
+  lingering().insert(l);
+  Progress::get().add(fd, EPOLLIN | EPOLLRDHUP, l);
+  l->on_event(0);  // the peer may have closed already
+  Progress::get().post_after(kLingerMax, [l] {
+    if (lingering().count(l)) finish(l);
+  });
+}
+
+}  // namespace sv::engine
