@@ -52,10 +52,9 @@ struct Cq {
   // flushes them first, so their completions, or the answers to them, can show up.
   std::atomic<bool> tx_deferred{false};
 
-  // Extended CQ (ibv_create_cq_ex, verbs/cq_ex.cc): the IBV_WC_EX_WITH_* flags asked for, and
-  // the completion times, per ring slot, when asked for (ns; CLOCK_MONOTONIC is the
-  // device's "HCA clock", CLOCK_REALTIME the wall clock). Empty otherwise: no clock read.
-  uint64_t wc_flags = 0;
+  // Extended CQ (ibv_create_cq_ex, verbs/cq_ex.cc): the completion times, per ring slot, when
+  // its wc_flags ask for them (ns; CLOCK_MONOTONIC is the device's "HCA clock", CLOCK_REALTIME
+  // the wall clock). Empty otherwise: no clock read.
   std::vector<uint64_t> ts, wall;
   // The completion start_poll/next_poll made current, read by the read_* ops. poll_mu is held
   // from a successful start_poll to end_poll, so pollers of one CQ take turns as with a

@@ -10,7 +10,6 @@
 #include <rdma/rsocket.h>
 #include <sys/select.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <vector>
@@ -114,11 +113,10 @@ SV_EXPORT int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
         continue;
       }
       std::lock_guard lk(s->mu);
-      ++s->waiters;
       sockets.push_back(s);
-      sleep.push_back({s->fd, POLLIN, 0});
-      if (s->cc && s->state != State::listening) sleep.push_back({s->cc->fd, POLLIN, 0});
-      if (s->cm_ch) sleep.push_back({s->cm_ch->fd, POLLIN, 0});
+      pollfd p[kSleepFds];
+      const nfds_t n = enter_sleep_locked(s, p);
+      sleep.insert(sleep.end(), p, p + n);
     }
     int wait = -1;
     if (timeout > 0) {
@@ -129,11 +127,7 @@ SV_EXPORT int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
     const int e = errno;
     for (Rs* s : sockets) {
       std::lock_guard lk(s->mu);
-      if (--s->waiters == 0) {
-        uint64_t v;
-        ssize_t rr = read(s->fd, &v, sizeof v);
-        (void)rr;
-      }
+      leave_sleep_locked(s);
     }
     if (r < 0) return errno = e, -1;
     if (timeout > 0 && now_ms() >= deadline) return check(fds, nfds, false);

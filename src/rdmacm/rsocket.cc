@@ -23,6 +23,7 @@
 #include <memory>
 
 #include "rdmacm/rsocket_impl.h"
+#include "transport/tcp.h"
 
 #define SV_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -60,7 +61,7 @@ bool open_cm(Rs* s) {
   if (s->cm) return true;
   s->cm_ch = rdma_create_event_channel();
   if (!s->cm_ch) return false;
-  fcntl(s->cm_ch->fd, F_SETFL, fcntl(s->cm_ch->fd, F_GETFL) | O_NONBLOCK);
+  sv::transport::set_nonblock(s->cm_ch->fd, true);
   if (rdma_create_id(s->cm_ch, &s->cm, s, RDMA_PS_TCP)) {
     rdma_destroy_event_channel(s->cm_ch);
     s->cm_ch = nullptr;
@@ -153,14 +154,7 @@ int connect_progress_locked(Rs* s, std::unique_lock<std::mutex>& lk, bool block)
       continue;
     }
     if (!block) return fail(EINPROGRESS);
-    pollfd p{s->cm_ch->fd, POLLIN, 0};
-    ++s->waiters;
-    lk.unlock();
-    const int r = poll(&p, 1, -1);
-    const int e = errno;
-    lk.lock();
-    --s->waiters;
-    if (r < 0 && e == EINTR) return fail(EINTR);
+    if (sleep_once(s, lk, -1) < 0) return -1;
   }
   if (s->state == State::connected) return 0;
   const int e = s->err ? s->err : ECONNREFUSED;
@@ -212,7 +206,7 @@ Rs* accept_one(Rs* l, rdma_cm_event* ev) {
     free_socket(c);
     return nullptr;
   }
-  fcntl(c->cm_ch->fd, F_SETFL, fcntl(c->cm_ch->fd, F_GETFL) | O_NONBLOCK);
+  sv::transport::set_nonblock(c->cm_ch->fd, true);
   c->cm = cid;
   cid->context = c;
   if (!create_ep(c)) {
@@ -287,23 +281,33 @@ void arm_locked(Rs* s) {
   if (s->cq) ibv_req_notify_cq(s->cq, 0);
 }
 
-int sleep_once(Rs* s, std::unique_lock<std::mutex>& lk, int timeout_ms) {
-  pollfd p[3];
+nfds_t enter_sleep_locked(Rs* s, pollfd out[kSleepFds]) {
   nfds_t n = 0;
-  p[n++] = {s->fd, POLLIN, 0};
-  if (s->cc) p[n++] = {s->cc->fd, POLLIN, 0};
-  if (s->cm_ch) p[n++] = {s->cm_ch->fd, POLLIN, 0};
+  out[n++] = {s->fd, POLLIN, 0};
+  // While connecting, completions (a grant the peer sent at once) wait for the connect.
+  if (s->cc && s->state != State::connecting) out[n++] = {s->cc->fd, POLLIN, 0};
+  if (s->cm_ch) out[n++] = {s->cm_ch->fd, POLLIN, 0};
   ++s->waiters;
+  return n;
+}
+
+void leave_sleep_locked(Rs* s) {
+  // The last sleeper out clears the wake-up, so none misses one (rdma-core's pollcnt).
+  if (--s->waiters == 0) {
+    uint64_t v;
+    ssize_t r = read(s->fd, &v, sizeof v);
+    (void)r;
+  }
+}
+
+int sleep_once(Rs* s, std::unique_lock<std::mutex>& lk, int timeout_ms) {
+  pollfd p[kSleepFds];
+  const nfds_t n = enter_sleep_locked(s, p);
   lk.unlock();
   const int r = poll(p, n, timeout_ms);
   const int e = errno;
   lk.lock();
-  // The last sleeper out clears the wake-up, so none misses one (rdma-core's pollcnt).
-  if (--s->waiters == 0) {
-    uint64_t v;
-    ssize_t rr = read(s->fd, &v, sizeof v);
-    (void)rr;
-  }
+  leave_sleep_locked(s);
   if (r < 0 && e == EINTR) return fail(EINTR);
   return 0;
 }
@@ -377,14 +381,7 @@ SV_EXPORT int raccept(int fd, sockaddr* addr, socklen_t* addrlen) {
       return c->fd;
     }
     if (l->nonblock) return fail(EAGAIN);
-    pollfd p{l->cm_ch->fd, POLLIN, 0};
-    ++l->waiters;
-    lk.unlock();
-    const int r = poll(&p, 1, -1);
-    const int e = errno;
-    lk.lock();
-    --l->waiters;
-    if (r < 0 && e == EINTR) return fail(EINTR);
+    if (sleep_once(l, lk, -1) < 0) return -1;
   }
 }
 

@@ -2,7 +2,6 @@
 // receive-buffer grants, rsend/rrecv and their variants, and the iomap calls (riomap,
 // riounmap, riowrite). Wire behaviour follows rdma-core's rsocket.c in RS_OPT_MSG_SEND mode;
 // docs/rsockets-protocol.md §2-3 has the rules cited here.
-#include <fcntl.h>
 #include <rdma/rsocket.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -13,6 +12,7 @@
 
 #include "engine/log.h"
 #include "rdmacm/rsocket_impl.h"
+#include "transport/tcp.h"
 
 #define SV_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -22,9 +22,9 @@ namespace {
 
 // Send wr_ids are ours alone (the word travels in the SEND's payload): the kind in the top
 // byte, the sbuf bytes a WRITE releases in the low 32 bits. Bit 63 marks a receive and its
-// slot, as in rdma-core.
+// slot, as in rdma-core. kWrite and kDataMsg take data WRs, kCtrl the control reserve.
 constexpr uint64_t kRecvBit = 1ull << 63;
-enum Kind : uint64_t { kDataWrite = 1, kDataMsg = 2, kCtrl = 3, kIoWrite = 4 };
+enum Kind : uint64_t { kWrite = 1, kDataMsg = 2, kCtrl = 3 };
 constexpr uint64_t wr_id(Kind k, uint32_t bytes = 0) {
   return uint64_t{k} << 56 | bytes;
 }
@@ -55,6 +55,20 @@ bool post_recv_slot(Rs* s, uint32_t slot) {
   return ibv_post_recv(s->qp, &wr, &bad) == 0;
 }
 
+// An RDMA WRITE of sge[0..nsge) to (raddr, rkey), signalled like every send.
+ibv_send_wr rdma_write(uint64_t id, ibv_sge* sge, int nsge, bool inl, uint64_t raddr,
+                       uint32_t rkey) {
+  ibv_send_wr w{};
+  w.wr_id = id;
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.send_flags = IBV_SEND_SIGNALED | (inl ? IBV_SEND_INLINE : 0);
+  w.sg_list = sge;
+  w.num_sge = nsge;
+  w.wr.rdma.remote_addr = raddr;
+  w.wr.rdma.rkey = rkey;
+  return w;
+}
+
 // Posts `write` (may be null) then the 4-byte SEND carrying `word`, inline.
 bool post_write_msg(Rs* s, ibv_send_wr* write, uint32_t word, Kind msg_kind) {
   ibv_sge wsge{reinterpret_cast<uintptr_t>(&word), 4, 0};
@@ -82,14 +96,8 @@ void give_credits_locked(Rs* s) {
     const uint32_t off = s->ledger.grant();
     rs::Sge g{reinterpret_cast<uintptr_t>(s->rbuf.data() + off), s->rmr->rkey, s->ledger.half()};
     ibv_sge sge{reinterpret_cast<uintptr_t>(&g), sizeof g, 0};
-    ibv_send_wr w{};
-    w.wr_id = wr_id(kCtrl);
-    w.opcode = IBV_WR_RDMA_WRITE;
-    w.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
-    w.sg_list = &sge;
-    w.num_sge = 1;
-    w.wr.rdma.remote_addr = s->remote_sgl.addr + s->remote_sge * rs::kSgeLen;
-    w.wr.rdma.rkey = s->remote_sgl.key;
+    ibv_send_wr w = rdma_write(wr_id(kCtrl), &sge, 1, true,
+                               s->remote_sgl.addr + s->remote_sge * rs::kSgeLen, s->remote_sgl.key);
     if (!post_write_msg(s, &w, rs::msg(rs::Op::sgl, limit), kCtrl)) return fail_locked(s, EIO);
     s->ctrl_wrs -= 2;
     s->remote_sge = (s->remote_sge + 1) % rs::kSglEntries;
@@ -163,8 +171,7 @@ void on_recv(Rs* s, const ibv_wc& wc) {
 
 void on_send(Rs* s, const ibv_wc& wc) {
   switch (wr_kind(wc.wr_id)) {
-    case kDataWrite:
-    case kIoWrite:
+    case kWrite:
       s->data_wrs++;
       s->sbuf_avail += static_cast<uint32_t>(wc.wr_id);
       break;
@@ -233,7 +240,7 @@ bool create_ep(Rs* s) {
   if (!s->smr || !s->rmr || !s->tmr || !s->slot_mr) return false;
   s->cc = ibv_create_comp_channel(ctx);
   if (!s->cc) return false;
-  fcntl(s->cc->fd, F_SETFL, fcntl(s->cc->fd, F_GETFL) | O_NONBLOCK);
+  sv::transport::set_nonblock(s->cc->fd, true);
   s->cq = ibv_create_cq(ctx, static_cast<int>(s->sq_size + s->recv_slots), s, s->cc, 0);
   if (!s->cq) return false;
   ibv_qp_init_attr a{};
@@ -338,9 +345,11 @@ void pump_locked(Rs* s) {
   if (progress && s->waiters) signal_waiters(s);
 }
 
-bool can_send_locked(const Rs* s) {
+bool can_send_locked(const Rs* s, size_t left) {
+  // rs_can_send: a WRITE and a SEND, a credit, granted space, and room in the send ring
+  // unless what is left goes inline.
   return s->data_wrs >= 2 && s->sseq_no != s->sseq_comp && s->target[s->target_idx].length != 0 &&
-         s->sbuf_avail >= std::min(kSndLowat, s->sbuf_size);
+         (s->sbuf_avail >= std::min(kSndLowat, s->sbuf_size) || left <= s->inline_size);
 }
 
 bool sends_idle_locked(const Rs* s) {
@@ -380,6 +389,20 @@ int stage(Rs* s, const std::byte* src, uint32_t len, ibv_sge sge[2]) {
   return n;
 }
 
+// The WRITE of up to n bytes of application data at src to (raddr, rkey): inline when n
+// fits the socket's inline size (the data is copied at post), else staged in the sbuf ring,
+// with n cut to the ring's free bytes. Its completion releases what it staged.
+ibv_send_wr data_write(Rs* s, const std::byte* src, uint32_t& n, uint64_t raddr, uint32_t rkey,
+                       ibv_sge sge[2]) {
+  if (n <= s->inline_size) {
+    sge[0] = {reinterpret_cast<uintptr_t>(src), n, 0};
+    return rdma_write(wr_id(kWrite), sge, 1, true, raddr, rkey);
+  }
+  n = std::min(n, s->sbuf_avail);
+  const int nsge = stage(s, src, n, sge);
+  return rdma_write(wr_id(kWrite, n), sge, nsge, false, raddr, rkey);
+}
+
 // Posts pending iomap records to the peer's table (rs_send_iomaps), before data or riowrite.
 void send_iomaps_locked(Rs* s) {
   for (auto& m : s->iomaps) {
@@ -398,14 +421,9 @@ void send_iomaps_locked(Rs* s) {
     std::memcpy(rec, &m.offset, 8);
     std::memcpy(rec + 8, &g, sizeof g);
     ibv_sge sge{reinterpret_cast<uintptr_t>(rec), sizeof rec, 0};
-    ibv_send_wr w{};
-    w.wr_id = wr_id(kIoWrite);
-    w.opcode = IBV_WR_RDMA_WRITE;
-    w.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
-    w.sg_list = &sge;
-    w.num_sge = 1;
-    w.wr.rdma.remote_addr = s->remote_iomap_addr + static_cast<uint64_t>(m.index) * rs::kIomapLen;
-    w.wr.rdma.rkey = s->remote_iomap_key;
+    ibv_send_wr w = rdma_write(
+        wr_id(kWrite), &sge, 1, true,
+        s->remote_iomap_addr + static_cast<uint64_t>(m.index) * rs::kIomapLen, s->remote_iomap_key);
     if (!post_write_msg(s, &w, rs::msg(rs::Op::iomap_sgl, static_cast<uint32_t>(m.index)),
                         kDataMsg))
       return fail_locked(s, EIO);
@@ -418,22 +436,8 @@ void send_iomaps_locked(Rs* s) {
 uint32_t send_chunk_locked(Rs* s, const std::byte* src, uint32_t len, uint32_t& xfer) {
   rs::Sge& t = s->target[s->target_idx];
   uint32_t n = std::min({len, xfer, t.length});
-  const bool inl = n <= s->inline_size;
-  if (!inl) n = std::min(n, s->sbuf_avail);
   ibv_sge sge[2];
-  int nsge = 1;
-  if (inl)
-    sge[0] = {reinterpret_cast<uintptr_t>(src), n, 0};
-  else
-    nsge = stage(s, src, n, sge);
-  ibv_send_wr w{};
-  w.wr_id = wr_id(kDataWrite, inl ? 0 : n);
-  w.opcode = IBV_WR_RDMA_WRITE;
-  w.send_flags = IBV_SEND_SIGNALED | (inl ? IBV_SEND_INLINE : 0);
-  w.sg_list = sge;
-  w.num_sge = nsge;
-  w.wr.rdma.remote_addr = t.addr;
-  w.wr.rdma.rkey = t.key;
+  ibv_send_wr w = data_write(s, src, n, t.addr, t.key, sge);
   if (!post_write_msg(s, &w, rs::msg(rs::Op::data, n), kDataMsg)) {
     fail_locked(s, EIO);
     return 0;
@@ -469,10 +473,7 @@ ssize_t send_iov(int fd, const iovec* iov, int iovcnt, int flags) {
   // Blocking sockets send everything (as TCP and rdma-core's rsend do); non-blocking ones
   // return what went out, or EAGAIN if nothing did.
   auto ready = [s, &sent, total] {
-    return s->state != State::connected || !s->writable ||
-           (s->data_wrs >= 2 && s->sseq_no != s->sseq_comp &&
-            s->target[s->target_idx].length != 0 &&
-            (s->sbuf_avail >= std::min(kSndLowat, s->sbuf_size) || total - sent <= s->inline_size));
+    return s->state != State::connected || !s->writable || can_send_locked(s, total - sent);
   };
   while (sent < total) {
     if (!ready()) {
@@ -692,22 +693,8 @@ SV_EXPORT size_t riowrite(int fd, const void* buf, size_t count, off_t offset, i
     }
     uint32_t n = static_cast<uint32_t>(
         std::min<uint64_t>({count - done, m->sge.length - (off - m->offset), kMaxXfer}));
-    const bool inl = n <= s->inline_size;
-    if (!inl) n = std::min(n, s->sbuf_avail);
     ibv_sge sge[2];
-    int nsge = 1;
-    if (inl)
-      sge[0] = {reinterpret_cast<uintptr_t>(src + done), n, 0};
-    else
-      nsge = stage(s, src + done, n, sge);
-    ibv_send_wr w{};
-    w.wr_id = wr_id(kIoWrite, inl ? 0 : n);
-    w.opcode = IBV_WR_RDMA_WRITE;
-    w.send_flags = IBV_SEND_SIGNALED | (inl ? IBV_SEND_INLINE : 0);
-    w.sg_list = sge;
-    w.num_sge = nsge;
-    w.wr.rdma.remote_addr = m->sge.addr + (off - m->offset);
-    w.wr.rdma.rkey = m->sge.key;
+    ibv_send_wr w = data_write(s, src + done, n, m->sge.addr + (off - m->offset), m->sge.key, sge);
     ibv_send_wr* bad = nullptr;
     if (ibv_post_send(s->qp, &w, &bad)) {
       fail_locked(s, EIO);

@@ -15,9 +15,11 @@
 // application holds), which a thread that made progress for others writes.
 #pragma once
 #include <netinet/in.h>
+#include <poll.h>
 #include <rdma/rdma_cma.h>
 #include <sys/socket.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <mutex>
@@ -124,7 +126,8 @@ void destroy_ep(Rs* s);
 void save_conn_data(Rs* s, const rs::ConnData& peer);
 rs::ConnData local_conn_data(const Rs* s);
 void pump_locked(Rs* s);  // rdma_cm events, then the CQ; wakes other waiters on progress
-bool can_send_locked(const Rs* s);
+// rs_can_send, for a send with `left` bytes still to go.
+bool can_send_locked(const Rs* s, size_t left = SIZE_MAX);
 bool post_ctrl_locked(Rs* s, rs::Ctrl c);
 bool sends_idle_locked(const Rs* s);
 void fail_locked(Rs* s, int err);
@@ -133,7 +136,12 @@ void fail_locked(Rs* s, int err);
 // again before sleeping, so no completion is missed. 0, or -1 with errno.
 template <typename Pred>
 int wait_locked(Rs* s, std::unique_lock<std::mutex>& lk, Pred ready, bool nonblock);
-void connect_poll_locked(Rs* s);  // a connect's queued rdma_cm events, without blocking
+void connect_poll_locked(Rs* s);
+// A sleeper's fds for this socket (its eventfd, completion channel, rdma_cm channel), counted
+// in waiters; leave_sleep_locked uncounts it and clears the wake-up after the last one.
+inline constexpr int kSleepFds = 3;
+nfds_t enter_sleep_locked(Rs* s, pollfd out[kSleepFds]);
+void leave_sleep_locked(Rs* s);  // a connect's queued rdma_cm events, without blocking
 int sleep_once(Rs* s, std::unique_lock<std::mutex>& lk, int timeout_ms);
 void arm_locked(Rs* s);
 void signal_waiters(Rs* s);

@@ -20,9 +20,9 @@ using engine::Cq;
 namespace {
 
 // rxe's set plus both timestamps; CVLAN, FLOW_TAG and TM_INFO describe hardware we lack.
-constexpr uint64_t kSupportedWcFlags =
-    uint64_t{IBV_WC_STANDARD_FLAGS} | uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP} |
-    uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK};
+constexpr uint64_t kSupportedWcFlags = uint64_t{IBV_WC_STANDARD_FLAGS} |
+                                       uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP} |
+                                       uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK};
 
 Cq* of(ibv_cq_ex* c) {
   return reinterpret_cast<Cq*>(c);
@@ -115,7 +115,6 @@ ibv_cq_ex* create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr) {
   Cq* cq = cq_new(ctx, static_cast<int>(attr->cqe), attr->cq_context, attr->channel,
                   static_cast<int>(attr->comp_vector));
   if (!cq) return nullptr;
-  cq->wc_flags = attr->wc_flags;
   if (attr->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP) cq->ts.resize(cq->ring.size());
   if (attr->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK)
     cq->wall.resize(cq->ring.size());

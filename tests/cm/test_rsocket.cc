@@ -467,6 +467,18 @@ int raw_connect(RawPeer& p, uint16_t port, const std::vector<std::byte>* pdata) 
   return rdma_connect(p.id, &cp) ? errno : 0;
 }
 
+// An rsocket listener on `port` and a raw peer `p` connected to it with good rsocket data; s
+// is the accepted rsocket.
+void accept_raw_peer(uint16_t port, RawPeer& p, int& l, int& s) {
+  l = listener(port);
+  ASSERT_GE(l, 0);
+  std::thread srv([&] { s = raccept(l, nullptr, nullptr); });
+  const int r = raw_connect(p, port, nullptr);
+  srv.join();
+  ASSERT_EQ(r, 0) << strerror(r);
+  ASSERT_GE(s, 0);
+}
+
 }  // namespace
 
 TEST(RsocketHostile, ListenerRefusesPeersThatAreNotVersion1Rsockets) {
@@ -526,15 +538,9 @@ TEST(RsocketHostile, ServerAnsweringWithoutRsocketDataFailsTheConnect) {
 }
 
 TEST(RsocketHostile, DataBeyondTheGrantFailsTheConnectionAndIsNotRead) {
-  const uint16_t port = test_port(13);
-  int l = listener(port);
-  ASSERT_GE(l, 0);
-  int s = -1;
-  std::thread srv([&] { s = raccept(l, nullptr, nullptr); });
   RawPeer p;
-  ASSERT_EQ(raw_connect(p, port, nullptr), 0) << strerror(errno);
-  srv.join();
-  ASSERT_GE(s, 0);
+  int l = -1, s = -1;
+  ASSERT_NO_FATAL_FAILURE(accept_raw_peer(test_port(13), p, l, s));
   // The listener granted half its ring (64 KiB by default); announce more than that.
   ASSERT_TRUE(p.send_word(rs::msg(rs::Op::data, 1u << 20)));
   char b[16];
@@ -548,15 +554,9 @@ TEST(RsocketHostile, DataBeyondTheGrantFailsTheConnectionAndIsNotRead) {
 
 TEST(RsocketHostile, UnknownOpsAndBadIomapIndexesFailTheConnection) {
   for (uint32_t word : {rs::msg(static_cast<rs::Op>(5), 0), rs::msg(rs::Op::iomap_sgl, 3)}) {
-    const uint16_t port = test_port(14);
-    int l = listener(port);
-    ASSERT_GE(l, 0);
-    int s = -1;
-    std::thread srv([&] { s = raccept(l, nullptr, nullptr); });
     RawPeer p;
-    ASSERT_EQ(raw_connect(p, port, nullptr), 0) << strerror(errno);
-    srv.join();
-    ASSERT_GE(s, 0);
+    int l = -1, s = -1;
+    ASSERT_NO_FATAL_FAILURE(accept_raw_peer(test_port(14), p, l, s));
     ASSERT_TRUE(p.send_word(word));
     char b[4];
     EXPECT_EQ(rrecv(s, b, sizeof b, 0), -1);
