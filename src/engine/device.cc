@@ -80,8 +80,9 @@ struct Limits {
   std::atomic<int> used[static_cast<int>(Limit::count)] = {};
   Limits() {
     const char* env[] = {"SOFTVERBS_MAX_QP", "SOFTVERBS_MAX_CQ", "SOFTVERBS_MAX_PD",
-                         "SOFTVERBS_MAX_MR", "SOFTVERBS_MAX_SRQ"};
-    const int dflt[] = {kMaxQp, 65535, 65535, kMaxMr, 65535};
+                         "SOFTVERBS_MAX_MR", "SOFTVERBS_MAX_SRQ", "SOFTVERBS_MAX_MW"};
+    // Regions and windows share the 65535 keys of the key table.
+    const int dflt[] = {kMaxQp, 65535, 65535, kMaxMr, 65535, kMaxMr};
     for (int i = 0; i < static_cast<int>(Limit::count); ++i) {
       max[i] = dflt[i];
       if (const char* v = std::getenv(env[i])) {
@@ -149,13 +150,15 @@ void fill_device_attr(const Device* d, ibv_device_attr* a) {
   a->max_qp = limit_of(Limit::qp);
   a->max_qp_wr = kMaxQpWr;
   a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SRQ_RESIZE |
-                        IBV_DEVICE_CHANGE_PHY_PORT | IBV_DEVICE_N_NOTIFY_CQ;
+                        IBV_DEVICE_CHANGE_PHY_PORT | IBV_DEVICE_N_NOTIFY_CQ |
+                        IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
   a->max_sge = kMaxSge;
   a->max_sge_rd = kMaxSgeRd;
   a->max_cq = limit_of(Limit::cq);
   a->max_cqe = kMaxCqe;
   a->max_mr = limit_of(Limit::mr);
   a->max_pd = limit_of(Limit::pd);
+  a->max_mw = limit_of(Limit::mw);
   a->max_qp_rd_atom = kMaxRdAtom;
   a->max_ee_rd_atom = 0;
   a->max_res_rd_atom = kMaxRdAtom * 1024;

@@ -111,11 +111,24 @@ Terminate rdmap_op_term(RdmapEcode e) {
   return t;
 }
 
+Terminate rdmap_prot_term(RdmapEcode e) {
+  Terminate t;
+  t.layer = TermLayer::rdmap;
+  t.etype = static_cast<uint8_t>(RdmapEtype::remote_protection);
+  t.ecode = static_cast<uint8_t>(e);
+  return t;
+}
+
 ibv_wc_status terminate_to_wc_status(const Terminate& t) {
   switch (t.layer) {
     case TermLayer::rdmap:
-      if (t.etype == static_cast<uint8_t>(RdmapEtype::remote_protection))
+      if (t.etype == static_cast<uint8_t>(RdmapEtype::remote_protection)) {
+        // A Send with Invalidate naming what the peer cannot invalidate: an invalid request
+        // (IB class J), not an access violation.
+        if (t.ecode == static_cast<uint8_t>(RdmapEcode::cannot_invalidate))
+          return IBV_WC_REM_INV_REQ_ERR;
         return IBV_WC_REM_ACCESS_ERR;
+      }
       if (t.etype == static_cast<uint8_t>(RdmapEtype::remote_operation)) return IBV_WC_REM_OP_ERR;
       return IBV_WC_FATAL_ERR;
     case TermLayer::ddp:

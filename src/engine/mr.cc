@@ -10,13 +10,16 @@ namespace {
 // Never destroyed: engine threads may outlive main. A forked child starts with an empty table:
 // its parent's regions are not its own (util/fork_local.h).
 ForkLocal<KeyTable> g_keys;
+
+constexpr int kMwRemote =
+    IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
 }  // namespace
 
 KeyTable& KeyTable::get() {
   return g_keys.get();
 }
 
-KeyTable::KeyTable() : slot_(kSlots, nullptr), key_(kSlots, 0) {
+KeyTable::KeyTable() : slot_(kSlots) {
   for (uint32_t i = 1; i < kSlots; ++i) free_.push_back(i);  // slot 0 unused: key 0 invalid
   if (getrandom(&rng_, sizeof rng_, 0) != sizeof rng_) rng_ = 0x9E3779B97F4A7C15ull;
   rng_ |= 1;
@@ -30,8 +33,7 @@ uint32_t KeyTable::next_random() {
   return static_cast<uint32_t>((rng_ * 0x2545F4914F6CDD1Dull) >> 32);
 }
 
-bool KeyTable::add(Mr* mr) {
-  std::unique_lock lk(mu_);
+bool KeyTable::take_slot(uint32_t* key) {
   if (free_.empty()) return false;
   // A random free slot, not the next in line: with 16 random bits over 16 bits of slot, a
   // guess must hit both, so with n regions one costs 2^32 / n tries on average (2^20 at
@@ -40,12 +42,24 @@ bool KeyTable::add(Mr* mr) {
   std::swap(free_[pick], free_.front());
   const uint32_t slot = free_.front();
   free_.pop_front();
-  uint32_t hi;
-  do hi = next_random() & 0xFFFF0000u;
-  while (hi == 0);
-  const uint32_t key = hi | slot;
-  slot_[slot] = mr;
-  key_[slot] = key;
+  uint32_t r;
+  do r = next_random() & 0xFF0000FFu;
+  while (r == 0);
+  *key = r | (slot << 8);
+  slot_[slot].key = *key;
+  return true;
+}
+
+void KeyTable::give_slot(uint32_t slot) {
+  slot_[slot] = Entry{};
+  free_.push_back(slot);
+}
+
+bool KeyTable::add(Mr* mr) {
+  std::unique_lock lk(mu_);
+  uint32_t key;
+  if (!take_slot(&key)) return false;
+  slot_[slot_of(key)].mr = mr;
   mr->mr.lkey = key;
   mr->mr.rkey = key;
   return true;
@@ -57,20 +71,153 @@ void KeyTable::change(Mr* mr, Pd* pd, int access) {
   mr->access = access;
 }
 
-void KeyTable::remove(Mr* mr) {
+bool KeyTable::remove(Mr* mr) {
   std::unique_lock lk(mu_);
-  const uint32_t slot = mr->mr.lkey & 0xFFFF;
-  if (slot_[slot] != mr) return;
-  slot_[slot] = nullptr;
-  key_[slot] = 0;
-  free_.push_back(slot);
+  const uint32_t slot = slot_of(mr->mr.lkey);
+  if (slot_[slot].mr != mr) return true;
+  if (mr->bound_mws) return false;
+  give_slot(slot);
+  return true;
+}
+
+bool KeyTable::has_windows(const Mr* mr) const {
+  std::shared_lock lk(mu_);
+  return mr->bound_mws != 0;
+}
+
+bool KeyTable::add(Mw* mw) {
+  std::unique_lock lk(mu_);
+  uint32_t key;
+  if (!take_slot(&key)) return false;
+  mw->slot = slot_of(key);
+  slot_[mw->slot].mw = mw;
+  mw->mw.rkey = key;
+  // o10-37.2.x: a type 2 window starts free; a type 1 window is valid, bound to nothing.
+  mw->valid = mw->mw.type == IBV_MW_TYPE_1;
+  return true;
+}
+
+void KeyTable::unbind_locked(Mw* mw) {
+  if (mw->mr) --mw->mr->bound_mws;
+  if (mw->mw.type == IBV_MW_TYPE_2 && mw->valid) --type2_bound_;
+  mw->mr = nullptr;
+  mw->qp = nullptr;
+  mw->access = 0;
+  mw->addr = mw->length = 0;
+  mw->valid = mw->mw.type == IBV_MW_TYPE_1;
+}
+
+void KeyTable::remove(Mw* mw) {
+  std::unique_lock lk(mu_);
+  if (slot_[mw->slot].mw != mw) return;
+  unbind_locked(mw);
+  give_slot(mw->slot);
+}
+
+bool KeyTable::bind(const void* qp, const Pd* pd, const BindArgs& a) {
+  std::unique_lock lk(mu_);
+  Entry& we = slot_[slot_of(a.mw_rkey)];
+  Mw* mw = we.mw;
+  // The index part names the window; the key byte is what this bind changes (rxe compares
+  // it too, which makes a second type 2 bind fail unless the application copied the new
+  // key into ibv_mw.rkey: we do not require that).
+  if (!mw || (we.key & ~0xFFu) != (a.mw_rkey & ~0xFFu)) return false;
+  // The index part of the new key is the window's (ibv_inc_rkey changes the low byte only).
+  if ((a.new_rkey & ~0xFFu) != (a.mw_rkey & ~0xFFu)) return false;
+  Mr* mr = nullptr;
+  if (a.length) {
+    const Entry& re = slot_[slot_of(a.mr_lkey)];
+    if (!re.mr || re.key != a.mr_lkey) return false;
+    mr = re.mr;
+  }
+  const bool type1 = mw->mw.type == IBV_MW_TYPE_1;
+  if (type1) {
+    if (a.access & IBV_ACCESS_ZERO_BASED) return false;  // o10-36.2.2
+  } else {
+    if (mw->valid) return false;  // o10-37.2.30: bind a free window only
+    if (!mr) return false;        // o10-37.2.40: no zero-length type 2 bind
+  }
+  if (mw->pd != pd) return false;  // C10-72: the window is in the QP's PD
+  if (mr) {
+    if (mr->pd != mw->pd) return false;  // window and region share a PD
+    if (mr->access & IBV_ACCESS_ZERO_BASED) return false;  // rxe: not on zero-based regions
+    if (!(mr->access & IBV_ACCESS_MW_BIND)) return false;  // C10-73
+    // C10-74: a writable window needs a locally writable region.
+    if ((a.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+        !(mr->access & IBV_ACCESS_LOCAL_WRITE))
+      return false;
+    // C10-75: inside the region.
+    if (a.access & IBV_ACCESS_ZERO_BASED) {
+      if (a.length > mr->mr.length) return false;
+    } else if (a.addr < mr->iova || a.addr - mr->iova > mr->mr.length ||
+               a.length > mr->mr.length - (a.addr - mr->iova)) {
+      return false;
+    }
+  }
+  unbind_locked(mw);
+  we.key = (we.key & ~0xFFu) | (a.new_rkey & 0xFFu);
+  mw->valid = true;
+  mw->access = a.access & (kMwRemote | IBV_ACCESS_ZERO_BASED);
+  mw->addr = a.addr;
+  mw->length = a.length;
+  if (mr) {
+    mw->mr = mr;
+    ++mr->bound_mws;
+  }
+  if (!type1) {
+    mw->qp = qp;
+    ++type2_bound_;
+  }
+  return true;
+}
+
+bool KeyTable::invalidate(const void* qp, const Pd* pd, uint32_t rkey) {
+  std::unique_lock lk(mu_);
+  const Entry& e = slot_[slot_of(rkey)];
+  Mw* mw = e.mw;
+  if (!mw || e.key != rkey) return false;
+  if (mw->mw.type != IBV_MW_TYPE_2 || !mw->valid) return false;
+  if (mw->pd != pd) return false;
+  if (qp && mw->qp != qp) return false;
+  unbind_locked(mw);
+  return true;
+}
+
+void KeyTable::qp_gone(const void* qp) {
+  std::unique_lock lk(mu_);
+  if (!type2_bound_) return;
+  for (Entry& e : slot_)
+    if (e.mw && e.mw->mw.type == IBV_MW_TYPE_2 && e.mw->valid && e.mw->qp == qp)
+      unbind_locked(e.mw);
+}
+
+AccessResult KeyTable::check_mw(const Mw* mw, const Pd* pd, uint64_t addr, uint64_t len, int need,
+                                std::byte** ptr, const void* qp) const {
+  if (!mw->valid || !mw->mr) return AccessResult::invalid_key;
+  if (mw->pd != pd) return AccessResult::wrong_pd;
+  // IB type 2B: only the QP that bound the window may use it (RFC 5040: "STag not
+  // associated with RDMAP Stream").
+  if (mw->mw.type == IBV_MW_TYPE_2 && mw->qp != qp) return AccessResult::wrong_pd;
+  if ((mw->access & need) != need) return AccessResult::access_rights;
+  const uint64_t base = (mw->access & IBV_ACCESS_ZERO_BASED) ? 0 : mw->addr;
+  if (addr < base || addr - base > mw->length || len > mw->length - (addr - base))
+    return AccessResult::bounds;
+  const uint64_t iova = mw->addr + (addr - base);
+  *ptr = static_cast<std::byte*>(mw->mr->mr.addr) + (iova - mw->mr->iova);
+  return AccessResult::ok;
 }
 
 AccessResult KeyTable::check(uint32_t key, const Pd* pd, uint64_t addr, uint64_t len, int need,
-                             bool remote, std::byte** ptr) const {
-  const uint32_t slot = key & 0xFFFF;
-  const Mr* mr = slot_[slot];
-  if (!mr || key_[slot] != key) return AccessResult::invalid_key;
+                             bool remote, std::byte** ptr, const void* qp) const {
+  const Entry& e = slot_[slot_of(key)];
+  if (e.key != key || key == 0) return AccessResult::invalid_key;
+  if (e.mw) {
+    // A window has no lkey: it names memory for a peer only.
+    if (!remote) return AccessResult::invalid_key;
+    return check_mw(e.mw, pd, addr, len, need, ptr, qp);
+  }
+  const Mr* mr = e.mr;
+  if (!mr) return AccessResult::invalid_key;
   if (mr->pd != pd) return AccessResult::wrong_pd;
   if ((mr->access & need) != need) return AccessResult::access_rights;
   const uint64_t base = remote ? mr->iova : reinterpret_cast<uint64_t>(mr->mr.addr);

@@ -213,6 +213,7 @@ int qp_destroy(Qp* qp) {
     std::lock_guard a(qp->rx_mu);
     std::lock_guard b(qp->tx_mu);
   }
+  KeyTable::get().qp_gone(qp);  // its type 2 windows become free
   pthread_mutex_lock(&qp->qpx.qp_base.mutex);
   const uint32_t reported = qp->events_reported;
   pthread_mutex_unlock(&qp->qpx.qp_base.mutex);
@@ -362,6 +363,16 @@ static int check_send_wr(const Qp* qp, const ibv_send_wr* wr) {
       // IBV_WC_REM_INV_REQ_ERR (qp_requester.cc, qp_responder.cc).
       if (wr->send_flags & IBV_SEND_INLINE) return EINVAL;
       break;
+    case IBV_WR_BIND_MW:
+      // What the window, region and range allow is checked when the WR executes, in order
+      // (IBV_WC_MW_BIND_ERR then, as on rxe); here only what cannot be carried.
+      if (!wr->bind_mw.mw || (wr->bind_mw.bind_info.length && !wr->bind_mw.bind_info.mr))
+        return EINVAL;
+      if (wr->num_sge || (wr->send_flags & IBV_SEND_INLINE)) return EINVAL;
+      break;
+    case IBV_WR_LOCAL_INV:
+      if (wr->num_sge || (wr->send_flags & IBV_SEND_INLINE)) return EINVAL;
+      break;
     default:
       return EINVAL;
   }
@@ -450,8 +461,20 @@ int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing
         w.imm_or_inv = wr->imm_data;
         break;
       case IBV_WR_SEND_WITH_INV:
+      case IBV_WR_LOCAL_INV:
         w.imm_or_inv = wr->invalidate_rkey;
         break;
+      case IBV_WR_BIND_MW: {
+        // Keys, not pointers: the window or region may be gone by the time this executes.
+        const ibv_mw_bind_info& b = wr->bind_mw.bind_info;
+        w.bind.mw_rkey = wr->bind_mw.mw->rkey;
+        w.bind.new_rkey = wr->bind_mw.rkey;
+        w.bind.mr_lkey = b.length ? b.mr->lkey : 0;
+        w.bind.addr = b.addr;
+        w.bind.length = b.length;
+        w.bind.access = static_cast<int>(b.mw_access_flags);
+        break;
+      }
       default:
         break;
     }

@@ -66,6 +66,7 @@ struct SendWqe {
   uint32_t num_sge = 0;
   uint32_t length = 0;
   ibv_sge* sge = nullptr;  // into the QP's pool; inline data gets one SGE to inline_buf
+  BindArgs bind;           // IBV_WR_BIND_MW
   bool signaled = false;
   // progress
   WqeState state = WqeState::queued;
@@ -314,6 +315,7 @@ wire::Terminate access_to_terminate(AccessResult r, bool tagged);
 wire::Terminate ddp_error_term(wire::DdpError e);         // a DDP/RDMAP header we refuse
 wire::Terminate untagged_term(wire::DdpUntaggedEcode e);  // DDP untagged buffer errors
 wire::Terminate rdmap_op_term(wire::RdmapEcode e);        // RDMAP remote operation errors
+wire::Terminate rdmap_prot_term(wire::RdmapEcode e);      // RDMAP remote protection errors
 wire::Terminate llp_term(wire::LlpEcode e);               // MPA (LLP) errors
 
 }  // namespace sv::engine

@@ -149,7 +149,7 @@ bool read_source_still_valid(Qp* qp, IrqEntry& e, uint32_t chunk) {
   auto g = kt.read_guard();
   std::byte* p = nullptr;
   const AccessResult r =
-      kt.check(e.src_stag, qp->pd, e.src_to + e.sent, chunk, IBV_ACCESS_REMOTE_READ, true, &p);
+      kt.check(e.src_stag, qp->pd, e.src_to + e.sent, chunk, IBV_ACCESS_REMOTE_READ, true, &p, qp);
   if (r == AccessResult::ok && p == e.src + e.sent) return true;
   qp->conn.tx_gated = true;  // nothing more is framed; the Terminate below goes first
   const wire::Terminate t =
@@ -207,8 +207,28 @@ void set_error_in_tx(Qp* qp, SendWqe& w, ibv_wc_status st) {
   });
 }
 
+// Memory window operations run on the requester, in SQ order, and put nothing on the wire:
+// a Bind takes effect before any later WR leaves (so a Send behind it may carry the new
+// rkey), and a refused one stops the SQ (rxe: IBV_WC_MW_BIND_ERR, LOC_QP_OP_ERR for an
+// invalidation, the QP to ERR).
+bool run_local_op(Qp* qp, SendWqe& w) {
+  auto& kt = KeyTable::get();
+  if (w.opcode == IBV_WR_BIND_MW) {
+    if (!kt.bind(qp, qp->pd, w.bind)) {
+      set_error_in_tx(qp, w, IBV_WC_MW_BIND_ERR);
+      return false;
+    }
+  } else if (!kt.invalidate(nullptr, qp->pd, w.imm_or_inv)) {
+    set_error_in_tx(qp, w, IBV_WC_LOC_QP_OP_ERR);
+    return false;
+  }
+  w.state = WqeState::done;
+  return true;
+}
+
 // Frames SQ WQEs from sq_tx. Returns false when the batch is full or the SQ must wait.
-bool frame_sq(Qp* qp, Framer& f) {
+// *local_ops counts the memory window operations executed on the way.
+bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
   Conn& c = qp->conn;
   const uint32_t mask = qp->cap.max_send_wr - 1;
   while (qp->sq_tx != qp->sq_head + qp->sq_count) {
@@ -222,6 +242,12 @@ bool frame_sq(Qp* qp, Framer& f) {
     if (w.state == WqeState::queued) {
       // Fence: wait for earlier Reads/Atomics (IB spec 10.8.3.3).
       if ((w.flags & IBV_SEND_FENCE) && qp->orq_used) return false;
+      if (w.opcode == IBV_WR_BIND_MW || w.opcode == IBV_WR_LOCAL_INV) {
+        if (!run_local_op(qp, w)) return false;
+        ++local_ops;
+        ++qp->sq_tx;
+        continue;
+      }
       if ((is_read || is_atomic) && qp->orq_used >= ord_limit(qp)) return false;
       const bool needs_sv =
           is_atomic || w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
@@ -367,6 +393,7 @@ bool build_batch(Qp* qp) {
   if (c.tx_gated) return false;
   Framer f{c};
   const size_t before = c.iov_n;
+  uint32_t local_ops = 0;
   if (c.send_rtr) {
     // RFC 6581 §4: peer-to-peer RTR, a zero-length RDMA Write the responder does not
     // surface to its ULP.
@@ -385,11 +412,12 @@ bool build_batch(Qp* qp) {
                         qp->sq[qp->sq_tx & mask].state == WqeState::sending &&
                         qp->sq[qp->sq_tx & mask].sent > 0;
     if (!sq_mid) frame_irq(qp, f);
-    if (st == IBV_QPS_RTS) frame_sq(qp, f);
+    if (st == IBV_QPS_RTS) frame_sq(qp, f, local_ops);
     if (sq_mid) frame_irq(qp, f);
   }
   stats::add(qp->stats, stats::Ctr::sent_pkts, f.fpdus);
-  return c.iov_n > before;
+  // Local operations alone still need their completions: report progress.
+  return c.iov_n > before || local_ops;
 }
 
 }  // namespace

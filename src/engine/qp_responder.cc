@@ -164,7 +164,7 @@ RxAction on_write(Qp* qp, Conn& c) {
   if (qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_WRITE) {
     auto& kt = KeyTable::get();
     auto g = kt.read_guard();
-    r = kt.check(s.stag, qp->pd, s.to, s.payload_len, IBV_ACCESS_REMOTE_WRITE, true, &p);
+    r = kt.check(s.stag, qp->pd, s.to, s.payload_len, IBV_ACCESS_REMOTE_WRITE, true, &p, qp);
   }
   if (r != AccessResult::ok) {
     SV_INFO("qp %u: write to stag %#x denied", qp->qpn(), s.stag);
@@ -212,7 +212,7 @@ RxAction on_read_request(Qp* qp, Conn& c) {
       auto& kt = KeyTable::get();
       auto g = kt.read_guard();
       r = kt.check(rr.source_stag, qp->pd, rr.source_to, rr.read_size, IBV_ACCESS_REMOTE_READ, true,
-                   &p);
+                   &p, qp);
     }
   }
   if (r != AccessResult::ok) {
@@ -263,7 +263,7 @@ RxAction on_atomic_request(Qp* qp, Conn& c) {
   auto& kt = KeyTable::get();
   auto g = kt.read_guard();
   if (qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_ATOMIC)
-    r = kt.check(ar.stag, qp->pd, ar.to, 8, IBV_ACCESS_REMOTE_ATOMIC, true, &p);
+    r = kt.check(ar.stag, qp->pd, ar.to, 8, IBV_ACCESS_REMOTE_ATOMIC, true, &p, qp);
   if (r != AccessResult::ok) {
     g.unlock();
     rx_fail(qp, access_to_terminate(r, false), true, IBV_WC_REM_ACCESS_ERR, IBV_WC_WR_FLUSH_ERR);
@@ -460,6 +460,14 @@ bool rx_on_segment_end(Qp* qp) {
                               ? (1u << 31)
                               : 0;
       const uint32_t len = c.place.offset;
+      if (inv && !KeyTable::get().invalidate(qp, qp->pd, s.rsvd_ulp)) {
+        // RFC 5040 §7.2 "STag cannot be invalidated" (siw's Terminate too); the receive
+        // completes with IBV_WC_REM_INV_REQ_ERR, as on rxe and siw (IB class J).
+        SV_INFO("qp %u: Send with Invalidate of stag %#x refused", qp->qpn(), s.rsvd_ulp);
+        rx_fail(qp, rdmap_prot_term(wire::RdmapEcode::cannot_invalidate), true,
+                IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_INV_REQ_ERR);
+        return false;
+      }
       c.have_recv = false;
       ++c.recv_msn;
       if (!inv && c.peer_sv && s.rsvd_ulp == kSvImmFollows) {

@@ -11,7 +11,7 @@
 
 namespace sv::verbs {
 
-enum class HKind : uint8_t { context, pd, mr, cq, qp, srq, ah, channel };
+enum class HKind : uint8_t { context, pd, mr, mw, cq, qp, srq, ah, channel };
 
 void handle_add(HKind k, const void* h, const ibv_context* ctx);
 // h is a live object of kind k (and, if ctx is given, of that context).

@@ -19,12 +19,13 @@ using engine::WrBatch;
 
 namespace {
 
-// What softverbs executes: every RC opcode of ibv_post_send. Memory windows (LOCAL_INV,
-// BIND_MW), TSO and ATOMIC_WRITE are refused at creation with EOPNOTSUPP.
+// What softverbs executes: every RC opcode of ibv_post_send, memory window binds and local
+// invalidation included. TSO and ATOMIC_WRITE are refused at creation with EOPNOTSUPP.
 constexpr uint64_t kSupportedSendOps =
     IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
     IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-    IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV;
+    IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV |
+    IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV;
 
 Qp* of(ibv_qp_ex* q) {
   return reinterpret_cast<Qp*>(q);
@@ -111,6 +112,19 @@ void wr_atomic_fetch_add(ibv_qp_ex* q, uint32_t rkey, uint64_t addr, uint64_t ad
   ibv_send_wr& w = begin(q, IBV_WR_ATOMIC_FETCH_AND_ADD);
   w.wr.atomic = {addr, add, 0, rkey};
 }
+void wr_bind_mw(ibv_qp_ex* q, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info* info) {
+  ibv_send_wr& w = begin(q, IBV_WR_BIND_MW);
+  if (!info) {
+    batch(q).err = EINVAL;
+    return;
+  }
+  w.bind_mw.mw = mw;
+  w.bind_mw.rkey = rkey;
+  w.bind_mw.bind_info = *info;
+}
+void wr_local_inv(ibv_qp_ex* q, uint32_t rkey) {
+  begin(q, IBV_WR_LOCAL_INV).invalidate_rkey = rkey;
+}
 
 // The current WR for a data setter, or null (and the batch fails) if there is none or it
 // already has its data.
@@ -174,12 +188,6 @@ void wr_set_inline_data(ibv_qp_ex* q, void* addr, size_t length) {
 // Builders and setters for what this QP cannot do (never requested: creation refuses them).
 void fail_batch(ibv_qp_ex* q) {
   batch(q).err = EOPNOTSUPP;
-}
-void wr_bind_mw(ibv_qp_ex* q, ibv_mw*, uint32_t, const ibv_mw_bind_info*) {
-  fail_batch(q);
-}
-void wr_local_inv(ibv_qp_ex* q, uint32_t) {
-  fail_batch(q);
 }
 void wr_send_tso(ibv_qp_ex* q, void*, uint16_t, uint16_t) {
   fail_batch(q);

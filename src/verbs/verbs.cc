@@ -19,6 +19,7 @@
 #include "softverbs/verbs_ext.h"
 #include "verbs/cq_ex.h"
 #include "verbs/handles.h"
+#include "verbs/mw.h"
 #include "verbs/qp_ex.h"
 
 #define SV_EXPORT extern "C" __attribute__((visibility("default")))
@@ -169,6 +170,9 @@ SV_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
   ctx.ops.post_send = op_post_send;
   ctx.ops.post_recv = op_post_recv;
   ctx.ops.post_srq_recv = op_post_srq_recv;
+  ctx.ops.alloc_mw = sv::verbs::alloc_mw;
+  ctx.ops.bind_mw = sv::verbs::bind_mw;
+  ctx.ops.dealloc_mw = sv::verbs::dealloc_mw;
   c->vctx.sz = sizeof(verbs_context);
   c->vctx.query_port = op_query_port;
   c->vctx.query_device_ex = op_query_device_ex;
@@ -376,9 +380,11 @@ SV_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_
 }
 
 SV_EXPORT int ibv_dereg_mr(ibv_mr* ibmr) {
-  if (!handle_remove(HKind::mr, ibmr)) return EINVAL;
+  if (!handle_ok(HKind::mr, ibmr)) return EINVAL;
   auto* mr = reinterpret_cast<Mr*>(ibmr);
-  KeyTable::get().remove(mr);
+  // Windows still bound to the region keep it (IBA 10.6.7.2.6; rxe answers EINVAL).
+  if (!KeyTable::get().remove(mr)) return errno = EINVAL;
+  handle_remove(HKind::mr, ibmr);
   --mr->pd->users;
   delete mr;
   limit_give(Limit::mr);
@@ -411,6 +417,9 @@ SV_EXPORT int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size
   Pd* new_pd = (flags & IBV_REREG_MR_CHANGE_PD) ? reinterpret_cast<Pd*>(pd) : mr->pd;
   const int new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? access & kMrAllowed : mr->access;
   auto& kt = KeyTable::get();
+  // A bound window views this memory in this PD: neither may change under it.
+  if ((flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD)) && kt.has_windows(mr))
+    return cmd_error(EINVAL);
   if (new_pd != mr->pd) {
     ++new_pd->users;
     --mr->pd->users;
@@ -420,7 +429,7 @@ SV_EXPORT int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size
     kt.change(mr, new_pd, new_access);
     return 0;
   }
-  kt.remove(mr);
+  (void)kt.remove(mr);  // no windows: checked above
   mr->pd = new_pd;
   mr->access = new_access;
   mr->mr.addr = addr;

@@ -126,6 +126,19 @@ std::vector<ibv_wc> poll_cq(ibv_cq* cq, size_t n, Ms timeout) {
   return out;
 }
 
+void expect_error_then_flush(const std::vector<ibv_wc>& wcs, uint64_t first_id, size_t max_ok,
+                             ibv_wc_status err) {
+  for (size_t i = 0; i < wcs.size(); ++i)
+    EXPECT_EQ(wcs[i].wr_id, first_id + i) << "completion " << i << " out of posting order";
+  size_t k = 0;
+  while (k < wcs.size() && wcs[k].status == IBV_WC_SUCCESS) ++k;
+  EXPECT_LE(k, max_ok) << "WRs behind the failing one succeeded";
+  ASSERT_LT(k, wcs.size()) << "no error completion at all";
+  EXPECT_EQ(wcs[k].status, err) << wc_str(wcs[k]);
+  for (size_t i = k + 1; i < wcs.size(); ++i)
+    EXPECT_EQ(wcs[i].status, IBV_WC_WR_FLUSH_ERR) << wc_str(wcs[i]);
+}
+
 std::string wc_str(const ibv_wc& wc) {
   char b[200];
   std::snprintf(b, sizeof b, "wc{wr_id=%llu status=%s(%d) opcode=%d byte_len=%u flags=%#x}",
@@ -448,6 +461,7 @@ enum Op : uint32_t {
   kConnect,
   kAddMr,
   kPostSend,
+  kPostSendChain,
   kPostRecv,
   kPoll,
   kFill,
@@ -578,6 +592,17 @@ int serve(int fd) {
       case kPostSend: {
         SendSpec s;
         rc = payload_as(req, &s) ? peer->post_send(s) : -EPROTO;
+        break;
+      }
+      case kPostSendChain: {
+        // An array of SendSpec; the reply is the index *bad_wr pointed at.
+        std::vector<SendSpec> specs(req.size() / sizeof(SendSpec));
+        if (!specs.empty()) std::memcpy(specs.data(), req.data(), specs.size() * sizeof(SendSpec));
+        int64_t bad = -1;
+        ptrdiff_t bi = -1;
+        rc = specs.empty() ? -EPROTO : peer->post_send_chain(specs, &bi);
+        bad = bi;
+        reply(&bad, sizeof bad);
         break;
       }
       case kPostRecv: {
@@ -822,6 +847,16 @@ int RemotePeer::post_send(const SendSpec& s) {
   std::vector<uint8_t> resp;
   int32_t rc = -1;
   if (!call(kPostSend, &s, sizeof s, &resp, &rc)) return -1;
+  return rc;
+}
+
+int RemotePeer::post_send_chain(const std::vector<SendSpec>& specs, ptrdiff_t* bad_index) {
+  std::vector<uint8_t> resp;
+  int32_t rc = -1;
+  if (!call(kPostSendChain, specs.data(), specs.size() * sizeof(SendSpec), &resp, &rc)) return -1;
+  int64_t bad = -1;
+  payload_as(resp, &bad);
+  if (bad_index) *bad_index = static_cast<ptrdiff_t>(bad);
   return rc;
 }
 

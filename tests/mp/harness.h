@@ -22,6 +22,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace mp {
@@ -137,6 +138,12 @@ std::string wc_str(const ibv_wc& wc);
 ::testing::AssertionResult wc_is(const ibv_wc& wc, uint64_t wr_id, ibv_wc_status status,
                                  int opcode = -1);
 
+// Completions of WRs posted with consecutive wr_ids from first_id, in posting order: at most
+// max_ok successes, then one `err`, then IBV_WC_WR_FLUSH_ERR. (iWARP completes a Send or
+// Write on transmit, so a remote error may surface on the WR behind its cause.)
+void expect_error_then_flush(const std::vector<ibv_wc>& wcs, uint64_t first_id, size_t max_ok,
+                             ibv_wc_status err);
+
 // ---- a peer in this process ---------------------------------------------------------------
 class Peer {
  public:
@@ -245,6 +252,20 @@ class RemotePeer {
   PeerInfo info_;
   ibv_qp_cap cap_{};
 };
+
+// Reads the QP state until it is `want` or the deadline passes; returns the last state.
+// (A completion with an error may be polled an instant before the QP reads back as ERR:
+// rxe, too, writes the CQE before moving the QP to the error state.)
+template <typename P>
+int wait_state(P& p, int want) {
+  const auto end = Clock::now() + kWait;
+  int st = p.state();
+  while (st != want && Clock::now() < end) {
+    std::this_thread::sleep_for(Ms(1));
+    st = p.state();
+  }
+  return st;
+}
 
 // Entry point of the re-executed binary (--peer=<scenario>).
 int peer_main(const char* scenario, int argc, char** argv);

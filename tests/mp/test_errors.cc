@@ -31,36 +31,7 @@ namespace mp {
 namespace {
 
 constexpr uint32_t kMiB = 1u << 20;
-constexpr uint32_t kBadKeyBits = 0x5A5A0000;  // same slot, other generation: never valid
-
-// Completions of WRs posted with consecutive wr_ids from first_id, in posting order: at most
-// max_ok successes, then one `err`, then IBV_WC_WR_FLUSH_ERR.
-void expect_error_then_flush(const std::vector<ibv_wc>& wcs, uint64_t first_id, size_t max_ok,
-                             ibv_wc_status err) {
-  for (size_t i = 0; i < wcs.size(); ++i)
-    EXPECT_EQ(wcs[i].wr_id, first_id + i) << "completion " << i << " out of posting order";
-  size_t k = 0;
-  while (k < wcs.size() && wcs[k].status == IBV_WC_SUCCESS) ++k;
-  EXPECT_LE(k, max_ok) << "WRs behind the failing one succeeded";
-  ASSERT_LT(k, wcs.size()) << "no error completion at all";
-  EXPECT_EQ(wcs[k].status, err) << wc_str(wcs[k]);
-  for (size_t i = k + 1; i < wcs.size(); ++i)
-    EXPECT_EQ(wcs[i].status, IBV_WC_WR_FLUSH_ERR) << wc_str(wcs[i]);
-}
-
-// Reads the QP state until it is `want` or the deadline passes; returns the last state.
-// (A completion with an error may be polled an instant before the QP reads back as ERR:
-// rxe, too, writes the CQE before moving the QP to the error state.)
-template <typename P>
-int wait_state(P& p, int want) {
-  const auto end = Clock::now() + kWait;
-  int st = p.state();
-  while (st != want && Clock::now() < end) {
-    std::this_thread::sleep_for(Ms(1));
-    st = p.state();
-  }
-  return st;
-}
+constexpr uint32_t kBadKeyBits = 0x5A0000A5;  // same slot, other random bits: never valid
 
 // After a fatal QP error: the QP reads back as ERR, IBV_EVENT_QP_FATAL for it arrives on the
 // async fd, and work posted now completes with IBV_WC_WR_FLUSH_ERR with no peer involved.

@@ -49,6 +49,9 @@ std::vector<Row> rows() {
        TermLayer::rdmap, prot, u(RdmapEcode::stag_not_associated), IBV_WC_REM_ACCESS_ERR},
       {"read rights", [] { return access_to_terminate(AccessResult::access_rights, false); },
        TermLayer::rdmap, prot, u(RdmapEcode::access_rights), IBV_WC_REM_ACCESS_ERR},
+      // Send with Invalidate naming a region, a type 1 window or nothing (RFC 5040 §7.2).
+      {"cannot invalidate", [] { return rdmap_prot_term(RdmapEcode::cannot_invalidate); },
+       TermLayer::rdmap, prot, u(RdmapEcode::cannot_invalidate), IBV_WC_REM_INV_REQ_ERR},
       // Headers we refuse.
       {"ddp version", [] { return ddp_error_term(DdpError::ddp_version); }, TermLayer::ddp,
        untagged, u(DdpUntaggedEcode::invalid_version), IBV_WC_REM_INV_REQ_ERR},
