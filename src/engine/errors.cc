@@ -111,6 +111,14 @@ Terminate rdmap_op_term(RdmapEcode e) {
   return t;
 }
 
+Terminate rdmap_catastrophic_term() {
+  Terminate t;
+  t.layer = TermLayer::rdmap;
+  t.etype = static_cast<uint8_t>(RdmapEtype::catastrophic);
+  t.ecode = 0;
+  return t;
+}
+
 Terminate rdmap_prot_term(RdmapEcode e) {
   Terminate t;
   t.layer = TermLayer::rdmap;

@@ -316,6 +316,7 @@ wire::Terminate ddp_error_term(wire::DdpError e);         // a DDP/RDMAP header 
 wire::Terminate untagged_term(wire::DdpUntaggedEcode e);  // DDP untagged buffer errors
 wire::Terminate rdmap_op_term(wire::RdmapEcode e);        // RDMAP remote operation errors
 wire::Terminate rdmap_prot_term(wire::RdmapEcode e);      // RDMAP remote protection errors
+wire::Terminate rdmap_catastrophic_term();                // a peer overrunning our IRD
 wire::Terminate llp_term(wire::LlpEcode e);               // MPA (LLP) errors
 
 }  // namespace sv::engine

@@ -185,11 +185,7 @@ bool irq_overrun_locked(Qp* qp, Conn& c) {
       std::min<uint32_t>(static_cast<uint32_t>(qp->irq.size()),
                          std::max<uint32_t>({qp->attr.max_dest_rd_atomic, c.ird, 1u}));
   if (qp->irq_count < ird) return false;
-  Terminate t;
-  t.layer = wire::TermLayer::rdmap;
-  t.etype = static_cast<uint8_t>(wire::RdmapEtype::catastrophic);
-  t.ecode = 0;
-  tx_terminate_locked(qp, t);
+  tx_terminate_locked(qp, rdmap_catastrophic_term());
   qp->tx_mu.unlock();
   qp_set_error(qp, IBV_WC_WR_FLUSH_ERR, true);
   qp->tx_mu.lock();
@@ -291,12 +287,11 @@ RxAction on_read_response(Qp* qp, Conn& c) {
   // RFC 5040 §4.5: the response targets exactly the Sink STag/TO we asked for, in order.
   if (!w || (s.payload_len && s.stag != sink_stag) || s.to != sink_to + w->resp_bytes ||
       w->resp_bytes + s.payload_len > w->length) {
-    Terminate t;
-    t.layer = wire::TermLayer::ddp;
-    t.etype = static_cast<uint8_t>(wire::DdpEtype::tagged);
-    t.ecode = static_cast<uint8_t>(!w || s.stag != sink_stag ? wire::DdpTaggedEcode::invalid_stag
-                                                             : wire::DdpTaggedEcode::base_bounds);
-    tx_terminate_locked(qp, t);
+    // A response we did not ask for is a tagged placement error (RFC 5041 §7.2).
+    tx_terminate_locked(qp, access_to_terminate(!w || s.stag != sink_stag
+                                                    ? AccessResult::invalid_key
+                                                    : AccessResult::bounds,
+                                                true));
     qp->tx_mu.unlock();
     qp_set_error(qp, IBV_WC_BAD_RESP_ERR, true);
     qp->tx_mu.lock();

@@ -52,6 +52,9 @@ std::vector<Row> rows() {
       // Send with Invalidate naming a region, a type 1 window or nothing (RFC 5040 §7.2).
       {"cannot invalidate", [] { return rdmap_prot_term(RdmapEcode::cannot_invalidate); },
        TermLayer::rdmap, prot, u(RdmapEcode::cannot_invalidate), IBV_WC_REM_INV_REQ_ERR},
+      // More Read/Atomic Requests than the IRD we advertised (RFC 5040 §5.2).
+      {"ird overrun", [] { return rdmap_catastrophic_term(); }, TermLayer::rdmap,
+       u(RdmapEtype::catastrophic), 0, IBV_WC_FATAL_ERR},
       // Headers we refuse.
       {"ddp version", [] { return ddp_error_term(DdpError::ddp_version); }, TermLayer::ddp,
        untagged, u(DdpUntaggedEcode::invalid_version), IBV_WC_REM_INV_REQ_ERR},
