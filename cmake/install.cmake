@@ -5,9 +5,10 @@
 #   <bindir>/rds-ping rds-info rds-stress blockserver softverbs-stat
 #   <bindir>/softverbs-run                           runs an unmodified program on softverbs
 #   <bindir>/softverbs-demo                          the demo, from the installed files
-#   <libdir>/softverbs/                              libibverbs.so.1, librdmacm.so.1 and the
-#       provider stubs: a private directory, so they never shadow rdma-core's libraries;
-#       softverbs-run (or LD_LIBRARY_PATH) selects them for one program
+#   <libdir>/softverbs/                              libibverbs.so.1, librdmacm.so.1: a private
+#       directory, so they never shadow rdma-core's libraries; softverbs-run (or
+#       LD_LIBRARY_PATH) selects them for one program. Programs that need libmlx5.so.1 or
+#       libefa.so.1 (perftest, UCX, pyverbs) get Debian's, which load against ours.
 #   <libdir>/cmake/softverbs/                        find_package(softverbs):
 #       softverbs::rds, softverbs::verbs, softverbs::rdmacm
 #   <libdir>/pkgconfig/softverbs-rds.pc, softverbs-verbs.pc
@@ -22,7 +23,7 @@ file(RELATIVE_PATH SV_LIB_TO_INCLUDE /p/${CMAKE_INSTALL_LIBDIR} /p/${CMAKE_INSTA
 
 # The ABI libraries find each other in their own directory; libsvrds finds them in the
 # private directory (LD_LIBRARY_PATH still wins, e.g. to run RDS over rdma-core instead).
-set_target_properties(ibverbs rdmacm mlx5_stub efa_stub PROPERTIES INSTALL_RPATH "$ORIGIN")
+set_target_properties(ibverbs rdmacm PROPERTIES INSTALL_RPATH "$ORIGIN")
 set_target_properties(svrds PROPERTIES INSTALL_RPATH "$ORIGIN/softverbs")
 set_target_properties(svrds_preload PROPERTIES INSTALL_RPATH "$ORIGIN:$ORIGIN/softverbs")
 set(_sv_tools blockserver softverbs-stat)
@@ -45,8 +46,6 @@ install(TARGETS svrds svrds_preload EXPORT softverbsTargets
         NAMELINK_COMPONENT dev)
 install(TARGETS ibverbs rdmacm EXPORT softverbsTargets
         LIBRARY DESTINATION ${SV_PRIVATE_LIBDIR} COMPONENT runtime NAMELINK_COMPONENT dev)
-install(TARGETS mlx5_stub efa_stub LIBRARY DESTINATION ${SV_PRIVATE_LIBDIR} COMPONENT runtime
-        NAMELINK_SKIP)
 install(TARGETS ${_sv_tools} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
 install(FILES include/softverbs/rds.h include/softverbs/verbs_ext.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/softverbs
         COMPONENT dev)
@@ -87,6 +86,9 @@ set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION net)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+# Debian's provider libraries stand in for mlx5/efa direct verbs (they answer "not
+# supported" for our device); perftest, UCX and pyverbs need them to load.
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "ibverbs-providers")
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "ibverbs-utils, rdmacm-utils, perftest")
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS OFF)
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)

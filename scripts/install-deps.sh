@@ -7,6 +7,7 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev                   # tests and benchmarks
   libibverbs-dev librdmacm-dev                                 # the verbs/rdma_cm headers = the ABI
   ibverbs-utils rdmacm-utils perftest                          # unmodified binaries we must run
+  ibverbs-providers python3-pyverbs libucx0                    # provider libraries and their users
   libfabric-bin openmpi-bin libopenmpi-dev                     # the verbs ecosystem's clients
   iperf3                                                       # a TCP program under librspreload
   iproute2 tshark                                              # netns hosts, frame captures

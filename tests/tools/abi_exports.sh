@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # abi_exports.sh <libdir>
 #
-# Checks that the replacement libraries in <libdir> (libibverbs.so.1, librdmacm.so.1 and the stub
-# libmlx5.so.1 / libefa.so.1) can stand in for the system rdma-core libraries:
+# Checks that the replacement libraries in <libdir> (libibverbs.so.1, librdmacm.so.1) can stand
+# in for the system rdma-core libraries, with Debian's own provider libraries (libmlx5.so.1,
+# libefa.so.1 from ibverbs-providers) loading against them:
 #
 #  (a) exports: every default-version export (symbol@@VERSION) of the system libibverbs.so.1 and
-#      librdmacm.so.1, and the subset of libmlx5.so.1 / libefa.so.1 that perftest imports, is
-#      exported by ours with the same default version; version nodes that exist in both have the
-#      same parent; ours exports nothing else in those nodes and no unversioned symbols (a leak);
-#      and the SONAME matches.
+#      librdmacm.so.1 is exported by ours with the same default version; version nodes that exist
+#      in both have the same parent; ours exports nothing else in those nodes and no unversioned
+#      symbols (a leak); the SONAME matches; and every libibverbs symbol the system libmlx5.so.1
+#      and libefa.so.1 import (IBVERBS_PRIVATE_34 internals included) is one ours defines.
 #  (b) loading: for each rdma-core / perftest tool, `LD_LIBRARY_PATH=<libdir> ldd` resolves
-#      libibverbs/librdmacm/libmlx5/libefa into <libdir>, and running the tool with a harmless
-#      argument under LD_BIND_NOW=1 (timeout 5) prints no loader error and initializes no system
-#      copy of those four libraries.
+#      libibverbs/librdmacm into <libdir>, and running the tool with a harmless argument under
+#      LD_BIND_NOW=1 (timeout 5) prints no loader error and initializes no system copy of them.
+#  (c) provider users: UCX's libuct_ib, libfabric and pyverbs' mlx5dv/efadv modules dlopen with
+#      RTLD_NOW beside our libraries, and the direct-verbs calls answer "not supported" for our
+#      device (mlx5dv_is_supported false, efadv_query_device EOPNOTSUPP), as on any non-mlx5,
+#      non-EFA device.
 #
 # Prints one PASS/FAIL/SKIP line per check, then "N passed, M failed". Exits 1 on any failure,
 # 2 on bad usage. A tool that is not installed is skipped, not failed.
@@ -23,7 +27,7 @@ set -u
 export LC_ALL=C
 
 if [ $# -ne 1 ] || [ ! -d "$1" ]; then
-  echo "usage: $0 <directory holding our libibverbs.so.1 librdmacm.so.1 libmlx5.so.1 libefa.so.1>" >&2
+  echo "usage: $0 <directory holding our libibverbs.so.1 librdmacm.so.1>" >&2
   exit 2
 fi
 for tool in objdump readelf ldd timeout realpath; do
@@ -52,7 +56,7 @@ fi
 
 tools=(ibv_devinfo ibv_rc_pingpong ibv_devices ibv_asyncwatch rping ucmatose
   ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat ib_atomic_lat)
-replaced_libs=(libibverbs.so.1 librdmacm.so.1 libmlx5.so.1 libefa.so.1)
+replaced_libs=(libibverbs.so.1 librdmacm.so.1)
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -170,29 +174,23 @@ for lib in libibverbs.so.1 librdmacm.so.1; do
   check_exports "$lib" "$tmp/$lib.expected" "default-version exports"
 done
 
-perftest_bins=()
-for t in "${tools[@]}"; do
-  case $t in ib_*) p=$(command -v "$t" || true); [ -n "$p" ] && perftest_bins+=("$p") ;; esac
+# The system's provider libraries load against ours: each libibverbs import they make is
+# defined by ours under the version it asks for (default or not).
+defined_syms "$libdir/libibverbs.so.1" | sed 's/[()]//g' | sort -u >"$tmp/ours.all"
+for lib in libmlx5.so.1 libefa.so.1; do
+  if [ ! -e "$sysdir/$lib" ]; then
+    fail "$lib: not installed in $sysdir (ibverbs-providers)"
+    continue
+  fi
+  imported_syms '^IBVERBS_' "$sysdir/$lib" >"$tmp/$lib.imports"
+  missing=$(comm -23 "$tmp/$lib.imports" "$tmp/ours.all")
+  if [ -s "$tmp/$lib.imports" ] && [ -z "$missing" ]; then
+    pass "$lib (system): all $(wc -l <"$tmp/$lib.imports") of its libibverbs imports are defined by ours"
+  else
+    fail "$lib (system): libibverbs imports ours does not define:"
+    printf '%s\n' "$missing" | awk '{print $2 "@" $1}' | detail
+  fi
 done
-for p in /usr/bin/raw_ethernet_*; do [ -x "$p" ] && perftest_bins+=("$p"); done
-
-if [ ${#perftest_bins[@]} -eq 0 ]; then
-  skip "libmlx5.so.1 / libefa.so.1: no perftest binaries installed"
-else
-  for spec in "libmlx5.so.1 ^MLX5_" "libefa.so.1 ^EFA_"; do
-    read -r lib pattern <<<"$spec"
-    imported_syms "$pattern" "${perftest_bins[@]}" >"$tmp/$lib.expected"
-    # The imports must themselves be default-version exports of the system copy.
-    if [ -e "$sysdir/$lib" ]; then
-      stale=$(default_syms "$sysdir/$lib" | comm -13 - "$tmp/$lib.expected")
-      if [ -n "$stale" ]; then
-        fail "$lib: perftest imports that the system copy does not export as symbol@@VERSION:"
-        printf '%s\n' "$stale" | detail
-      fi
-    fi
-    check_exports "$lib" "$tmp/$lib.expected" "perftest-imported symbols"
-  done
-fi
 
 echo "== loading: LD_LIBRARY_PATH=$libdir"
 
@@ -251,7 +249,7 @@ for t in "${tools[@]}"; do
   foreign=$(cat "$tmp"/ld."$t".* 2>/dev/null | sed -n 's/.*calling init: //p' | sort -u |
     while read -r obj; do
       case ${obj##*/} in
-        libibverbs.so.1 | librdmacm.so.1 | libmlx5.so.1 | libefa.so.1)
+        libibverbs.so.1 | librdmacm.so.1)
           [ "$(realpath "$(dirname "$obj")")" != "$libdir" ] && echo "system copy initialized: $obj" ;;
       esac
     done)
@@ -262,6 +260,56 @@ for t in "${tools[@]}"; do
     printf '%s\n' "$errs" "$foreign" | sed '/^$/d' | detail
   fi
 done
+
+echo "== provider users: LD_LIBRARY_PATH=$libdir"
+
+# Debian's python3 (pyverbs is built for it), not whatever python3 comes first in PATH.
+py=/usr/bin/python3
+if [ ! -x "$py" ] || ! "$py" -c 'import pyverbs' 2>/dev/null; then
+  fail "pyverbs: /usr/bin/python3 with python3-pyverbs is not installed"
+else
+  out=$(SOFTVERBS_NETDEV=lo LD_LIBRARY_PATH=$libdir timeout 20 "$py" - "$sysdir" 2>&1 <<'PY'
+import ctypes, errno, os, sys
+sysdir = sys.argv[1]
+for lib in [sysdir + "/ucx/libuct_ib.so.0", sysdir + "/libfabric.so.1"]:
+    if not os.path.exists(lib):
+        print("FAIL " + lib + ": not installed")
+        continue
+    try:
+        ctypes.CDLL(lib, mode=os.RTLD_NOW)
+        print("PASS dlopen RTLD_NOW " + os.path.basename(lib))
+    except OSError as e:
+        print("FAIL dlopen " + str(e))
+import pyverbs.device as d
+from pyverbs.pyverbs_error import PyverbsRDMAError, PyverbsUserError
+import pyverbs.providers.mlx5.mlx5dv as mlx5dv
+import pyverbs.providers.efa.efadv as efadv
+print("PASS pyverbs imports mlx5dv and efadv")
+name = d.get_device_list()[0].name.decode()
+try:
+    mlx5dv.Mlx5Context(mlx5dv.Mlx5DVContextAttr(), name=name)
+    print("FAIL mlx5dv opened " + name + " as an mlx5 device")
+except PyverbsUserError as e:
+    print("PASS mlx5dv on " + name + ": " + str(e))
+try:
+    efadv.EfaContext(name=name).query_efa_device()
+    print("FAIL efadv_query_device answered for " + name)
+except PyverbsRDMAError as e:
+    ok = e.error_code == errno.EOPNOTSUPP
+    print(("PASS" if ok else "FAIL") + " efadv_query_device on " + name + ": " + os.strerror(e.error_code))
+PY
+)
+  if ! printf '%s\n' "$out" | grep -q '^PASS efadv'; then
+    fail "provider users: the check did not finish:"
+    printf '%s\n' "$out" | grep -v '^PASS' | detail
+  fi
+  while IFS= read -r line; do
+    case $line in
+      PASS\ *) pass "${line#PASS }" ;;
+      FAIL\ *) fail "${line#FAIL }" ;;
+    esac
+  done <<<"$out"
+fi
 
 [ $skipped -gt 0 ] && echo "$skipped skipped"
 echo "$passed passed, $failed failed"

@@ -70,11 +70,15 @@ layout() {
     "$P/include/softverbs/rds.h" "$P/bin/rds-ping" "$P/bin/rds-info" "$P/bin/rds-stress" \
     "$P/bin/blockserver" "$P/bin/softverbs-run" "$P/bin/softverbs-demo" \
     "$LIBDIR/softverbs/libibverbs.so.1" "$LIBDIR/softverbs/librdmacm.so.1" \
-    "$LIBDIR/softverbs/libmlx5.so.1" "$LIBDIR/softverbs/libefa.so.1" \
     "$LIBDIR/cmake/softverbs/softverbsConfig.cmake" \
     "$LIBDIR/pkgconfig/softverbs-rds.pc" "$LIBDIR/pkgconfig/softverbs-verbs.pc"; do
     [ -e "$f" ] || { echo "missing ${f#$P/}"; return 1; }
   done
+  # No provider stubs: Debian's libmlx5/libefa serve (cmake/abi.cmake).
+  if ls "$LIBDIR/softverbs" | grep -E '^lib(mlx5|efa)\.'; then
+    echo "provider stubs installed"
+    return 1
+  fi
   # Nothing that would shadow rdma-core where the loader looks.
   if ls "$LIBDIR" | grep -E '^lib(ibverbs|rdmacm|mlx5|efa)\.'; then
     echo "ABI libraries outside the private directory"
