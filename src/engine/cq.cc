@@ -77,6 +77,24 @@ int Cq::poll(int n, ibv_wc* out) {
   return k;
 }
 
+void Cq::clean(uint32_t qpn) {
+  std::lock_guard lk(mu);
+  const auto cap = static_cast<uint32_t>(ring.size());
+  uint32_t kept = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    const uint32_t from = (head + i) % cap;
+    if (ring[from].qp_num == qpn) continue;
+    const uint32_t to = (head + kept) % cap;
+    if (to != from) {
+      ring[to] = ring[from];
+      if (!ts.empty()) ts[to] = ts[from];
+      if (!wall.empty()) wall[to] = wall[from];
+    }
+    ++kept;
+  }
+  count = kept;
+}
+
 bool Cq::pop_current() {
   std::lock_guard lk(mu);
   if (count == 0) return false;

@@ -77,6 +77,9 @@ struct Cq {
   // poll_mu (for cur); takes mu.
   bool pop_current();
   int arm(bool solicited);
+  // Drops the completions of QP qpn still in the ring, keeping the others in order (a QP
+  // moved to RESET: mlx4/mlx5 clean its CQEs so a reused QP does not poll stale flushes).
+  void clean(uint32_t qpn);
   void attach(Qp* qp);
   void detach(Qp* qp);
 };

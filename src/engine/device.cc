@@ -79,7 +79,7 @@ struct Limits {
   int max[static_cast<int>(Limit::count)];
   std::atomic<int> used[static_cast<int>(Limit::count)] = {};
   Limits() {
-    const char* env[] = {"SOFTVERBS_MAX_QP", "SOFTVERBS_MAX_CQ", "SOFTVERBS_MAX_PD",
+    const char* env[] = {"SOFTVERBS_MAX_QP", "SOFTVERBS_MAX_CQ",  "SOFTVERBS_MAX_PD",
                          "SOFTVERBS_MAX_MR", "SOFTVERBS_MAX_SRQ", "SOFTVERBS_MAX_MW"};
     // Regions and windows share the 65535 keys of the key table.
     const int dflt[] = {kMaxQp, 65535, 65535, kMaxMr, 65535, kMaxMr};

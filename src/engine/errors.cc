@@ -111,6 +111,15 @@ Terminate rdmap_op_term(RdmapEcode e) {
   return t;
 }
 
+// siw's answer to a receive buffer that fails its own check (siw_proc_send): DDP catastrophic.
+Terminate ddp_catastrophic_term() {
+  Terminate t;
+  t.layer = TermLayer::ddp;
+  t.etype = static_cast<uint8_t>(DdpEtype::catastrophic);
+  t.ecode = 0;
+  return t;
+}
+
 Terminate rdmap_catastrophic_term() {
   Terminate t;
   t.layer = TermLayer::rdmap;
@@ -148,6 +157,9 @@ ibv_wc_status terminate_to_wc_status(const Terminate& t) {
         // Message too long and the rest: the request was invalid for the responder.
         return IBV_WC_REM_INV_REQ_ERR;
       }
+      // A local error at the responder (its receive buffer failed its own check): IB's
+      // Remote Operational Error.
+      if (t.etype == static_cast<uint8_t>(DdpEtype::catastrophic)) return IBV_WC_REM_OP_ERR;
       return IBV_WC_FATAL_ERR;
     case TermLayer::llp:
       return IBV_WC_RETRY_EXC_ERR;

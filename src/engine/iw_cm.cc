@@ -215,6 +215,14 @@ static bool extensions_enabled() {
   return !(e && e[0] == '0');
 }
 
+// SOFTVERBS_IB_COMPLETION=1: between softverbs peers, Sends and Writes complete once the
+// responder has placed them (IB's rule), and remote errors land on the WQE that caused them.
+// Read at each connection, so a process may change it between them.
+static bool ib_completion_wanted() {
+  const char* e = std::getenv("SOFTVERBS_IB_COMPLETION");
+  return extensions_enabled() && e && e[0] == '1';
+}
+
 static std::vector<std::byte> encode_frame(const MpaFrame& f) {
   std::vector<std::byte> b(wire::mpa_encoded_len(f));
   wire::mpa_encode(f, b);
@@ -247,6 +255,7 @@ void Endpoint::on_event(uint32_t events) {
     f.enhanced = true;
     f.crc = offer_.crc;
     f.res = extensions_enabled() ? wire::kMpaResSvRequest : 0;
+    if (ib_completion_wanted()) f.res |= wire::kMpaResAckRequest;
     f.v2.ird = offer_.ird;
     f.v2.ord = offer_.ord;
     f.v2.p2p = offer_.p2p;
@@ -282,6 +291,8 @@ void Endpoint::on_event(uint32_t events) {
     out_.rev = 2;
     out_.crc = offer_.crc || rep.crc;  // RFC 5044 §7.1: CRC if either side asks
     out_.peer_sv = extensions_enabled() && (rep.res & wire::kMpaResSvReply);
+    out_.send_acks = out_.peer_sv && (rep.res & wire::kMpaResAckReply);
+    out_.wait_acks = out_.peer_sv && ib_completion_wanted();
     out_.peer_ird = rep.v2.ird;
     out_.peer_ord = rep.v2.ord;
     out_.p2p = offer_.p2p && rep.v2.p2p && rep.v2.rtr_write;
@@ -313,6 +324,8 @@ void Endpoint::on_event(uint32_t events) {
     }
     out_.rev = req_.rev;
     out_.peer_sv = extensions_enabled() && (req_.res & wire::kMpaResSvRequest);
+    out_.send_acks = out_.peer_sv && (req_.res & wire::kMpaResAckRequest);
+    out_.wait_acks = out_.peer_sv && ib_completion_wanted();
     out_.peer_ird = req_.v2.ird;
     out_.peer_ord = req_.v2.ord;
     out_.peer_pdata.assign(req_.ulp_pdata.begin(), req_.ulp_pdata.end());
@@ -338,6 +351,7 @@ void Endpoint::accept(MpaOffer reply) {
     f.enhanced = req_.enhanced;
     f.crc = req_.crc || reply.crc;
     f.res = out_.peer_sv ? wire::kMpaResSvReply : 0;
+    if (out_.wait_acks) f.res |= wire::kMpaResAckReply;
     if (req_.rev == 2 && req_.enhanced) {
       // RFC 6581 §5: our ORD must not exceed the initiator's IRD.
       f.v2.ird = reply.ird;

@@ -35,8 +35,10 @@ struct MpaOffer {
 struct MpaOutcome {
   bool crc = false;
   bool peer_sv = false;
-  bool p2p = false;       // RTR exchange agreed (Write RTR)
-  uint16_t peer_ird = 0;  // what the peer said
+  bool send_acks = false;  // the softverbs peer asked for Placement Acks
+  bool wait_acks = false;  // we asked for them: our Sends/Writes complete on the peer's ack
+  bool p2p = false;        // RTR exchange agreed (Write RTR)
+  uint16_t peer_ird = 0;   // what the peer said
   uint16_t peer_ord = 0;
   uint8_t rev = 2;
   std::vector<std::byte> peer_pdata;

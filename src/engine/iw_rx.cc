@@ -295,6 +295,13 @@ bool rx_run_locked(Qp* qp) {
     break;
   }
   if (qp->rx_stalled != was_stalled) qp_update_interest(qp);
+  if (c.send_acks && c.units_rx != c.units_published) {
+    // One Placement Ack for everything this pass placed (coalesced, IB's "ack coalescing").
+    c.units_published = c.units_rx;
+    std::lock_guard lk(qp->tx_mu);
+    c.ack_to_send = c.units_rx;
+    tx_ack_locked(qp);
+  }
   return true;
 }
 

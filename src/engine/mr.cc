@@ -139,7 +139,7 @@ bool KeyTable::bind(const void* qp, const Pd* pd, const BindArgs& a) {
   }
   if (mw->pd != pd) return false;  // C10-72: the window is in the QP's PD
   if (mr) {
-    if (mr->pd != mw->pd) return false;  // window and region share a PD
+    if (mr->pd != mw->pd) return false;                    // window and region share a PD
     if (mr->access & IBV_ACCESS_ZERO_BASED) return false;  // rxe: not on zero-based regions
     if (!(mr->access & IBV_ACCESS_MW_BIND)) return false;  // C10-73
     // C10-74: a writable window needs a locally writable region.

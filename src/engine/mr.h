@@ -33,7 +33,7 @@ struct Mr {
   ibv_mr mr;  // first
   Pd* pd = nullptr;
   int access = 0;
-  uint64_t iova = 0;  // remote addresses are relative to iova (ibv_reg_mr_iova2)
+  uint64_t iova = 0;       // remote addresses are relative to iova (ibv_reg_mr_iova2)
   uint32_t bound_mws = 0;  // windows bound to it (KeyTable's lock): no dereg while > 0
 };
 
@@ -46,11 +46,11 @@ struct Mw {
   ibv_mw mw;  // first; mw.rkey is the application's copy, the table holds the live key
   Pd* pd = nullptr;
   uint32_t slot = 0;
-  bool valid = false;          // type 2: bound (IB "valid"), else "free"
-  Mr* mr = nullptr;            // the region it views; null when unbound
-  const void* qp = nullptr;    // type 2: the only QP that may use it (IB type 2B)
-  int access = 0;              // IBV_ACCESS_REMOTE_* (+ ZERO_BASED)
-  uint64_t addr = 0;           // start, in the region's iova space
+  bool valid = false;        // type 2: bound (IB "valid"), else "free"
+  Mr* mr = nullptr;          // the region it views; null when unbound
+  const void* qp = nullptr;  // type 2: the only QP that may use it (IB type 2B)
+  int access = 0;            // IBV_ACCESS_REMOTE_* (+ ZERO_BASED)
+  uint64_t addr = 0;         // start, in the region's iova space
   uint64_t length = 0;
 };
 

@@ -75,6 +75,7 @@ struct SendWqe {
   uint64_t stream_end = 0;  // TX stream offset just past this WQE's last byte
   uint32_t msn = 0;         // Read/Atomic request MSN (also the atomic request id)
   uint32_t resp_bytes = 0;  // Read Response bytes placed
+  uint32_t ack_seq = 0;     // softverbs peer: complete once peer_acked reaches it
   ibv_wc_status status = IBV_WC_SUCCESS;
 };
 
@@ -113,6 +114,8 @@ struct Conn {
   int fd = -1;
   bool crc = false;
   bool peer_sv = false;       // peer is softverbs: RFC 7306 opcodes allowed
+  bool send_acks = false;     // softverbs peer asked for Placement Acks (SOFTVERBS_IB_COMPLETION)
+  bool wait_acks = false;     // we did: our Sends/Writes complete on its acks
   bool tx_gated = false;      // responder: send nothing until the first FPDU arrives
   bool expect_rtr = false;    // p2p responder: the first FPDU is the RTR, not for the ULP
   bool send_rtr = false;      // p2p initiator: send a zero-length Write first
@@ -147,6 +150,8 @@ struct Conn {
   std::array<ibv_sge, kMaxSge> cur_sge{};  // copies: the RQ slot is reusable once popped
   std::array<ibv_sge, kMaxSge> imm_sge{};
   std::array<ibv_sge, kMaxSge> tmp_sge{};
+  uint32_t units_rx = 0;         // softverbs peer: Send/Write/Immediate Data messages placed
+  uint32_t units_published = 0;  // ... of which the TX side has been told
 
   // TX (under tx_mu)
   static constexpr size_t kMaxIov = 512;
@@ -160,6 +165,11 @@ struct Conn {
   uint32_t rreq_msn_tx = 0;   // QN 1
   uint32_t aresp_msn_tx = 0;  // QN 3
   uint32_t term_msn_tx = 0;   // QN 2
+  // Placement acks between softverbs peers (wire::RdmapOpcode::sv_ack). Ours: ack_to_send is
+  // the count the RX path has published, ack_sent the last one framed. Theirs: units_tx counts
+  // the Send/Write/Immediate Data messages we framed, peer_acked how many they placed.
+  uint32_t ack_to_send = 0, ack_sent = 0;
+  uint32_t units_tx = 0, peer_acked = 0;
 
   bool peer_gone = false;   // OOB peer closed while nothing was outstanding
   bool registered = false;  // in the progress thread's epoll set
@@ -292,6 +302,7 @@ void qp_conn_lost(Qp* qp, ibv_wc_status status);
 // Frames and writes as much as the socket takes. Caller holds tx_mu.
 void tx_run_locked(Qp* qp);
 void tx_post_locked(Qp* qp);  // after a post: transmit now or batch (doorbell batching)
+void tx_ack_locked(Qp* qp);   // a Placement Ack is due: send now or with the next batch
 void tx_kick(Qp* qp);         // takes tx_mu
 // Sends what doorbell batching deferred (takes tx_mu; nothing to do is one atomic load).
 void qp_tx_flush(Qp* qp);
@@ -317,6 +328,7 @@ wire::Terminate untagged_term(wire::DdpUntaggedEcode e);  // DDP untagged buffer
 wire::Terminate rdmap_op_term(wire::RdmapEcode e);        // RDMAP remote operation errors
 wire::Terminate rdmap_prot_term(wire::RdmapEcode e);      // RDMAP remote protection errors
 wire::Terminate rdmap_catastrophic_term();                // a peer overrunning our IRD
+wire::Terminate ddp_catastrophic_term();                  // our receive buffer failed its check
 wire::Terminate llp_term(wire::LlpEcode e);               // MPA (LLP) errors
 
 }  // namespace sv::engine

@@ -60,8 +60,12 @@ void complete_sq_locked(Qp* qp) {
   const uint32_t mask = qp->cap.max_send_wr - 1;
   while (qp->sq_count) {
     SendWqe& w = qp->sq[qp->sq_head & mask];
-    const bool done = w.state == WqeState::done ||
-                      (w.state == WqeState::sent && w.stream_end <= qp->conn.tx_sent);
+    // A Send or Write is complete when TCP has it (RFC 5040: iWARP has no ACKs) or, when we
+    // asked a softverbs peer for Placement Acks, once its ack says it placed it (IB's rule).
+    const bool done =
+        w.state == WqeState::done ||
+        (w.state == WqeState::sent && w.stream_end <= qp->conn.tx_sent &&
+         (!qp->conn.wait_acks || static_cast<int32_t>(qp->conn.peer_acked - w.ack_seq) >= 0));
     if (!done) break;
     if (w.status != IBV_WC_SUCCESS) break;  // errors are completed by the flush
     if (w.signaled) complete_send(qp, w, IBV_WC_SUCCESS);

@@ -294,6 +294,7 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
         f.end();
         w.sent += chunk;
         if (!last) continue;
+        ++c.units_tx;
         break;
       }
       case IBV_WR_RDMA_WRITE:
@@ -307,6 +308,7 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
         f.end();
         w.sent += chunk;
         if (!last) continue;
+        ++c.units_tx;
         break;
       }
       case IBV_WR_RDMA_READ: {
@@ -363,9 +365,11 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
         wire::store_be32(h + wire::kDdpUntaggedHdrLen + 4,
                          w.opcode == IBV_WR_SEND_WITH_IMM ? kSvImmAttached : 0);
         f.end();
+        ++c.units_tx;
       }
       w.state = WqeState::sent;
       w.stream_end = c.tx_queued;
+      w.ack_seq = c.units_tx;
     }
     ++qp->sq_tx;
   }
@@ -402,6 +406,15 @@ bool build_batch(Qp* qp) {
     wire::encode_tagged(h, RdmapOpcode::rdma_write, true, 0, 0);
     f.end();
     c.send_rtr = false;
+  }
+  if (c.ack_to_send != c.ack_sent && f.room(0)) {
+    // Placement Ack (softverbs peers only): ahead of anything else, so an answer framed in
+    // this batch never overtakes the ack of what it answers.
+    f.start();
+    std::byte* h = f.begin(wire::kDdpUntaggedHdrLen);
+    wire::encode_untagged(h, RdmapOpcode::sv_ack, true, 0, wire::kQnSvAck, c.ack_to_send, 0);
+    f.end();
+    c.ack_sent = c.ack_to_send;
   }
   const ibv_qp_state st = qp->state.load();
   if (st == IBV_QPS_RTS || st == IBV_QPS_SQD || st == IBV_QPS_RTR) {
@@ -474,7 +487,16 @@ void tx_terminate_locked(Qp* qp, const wire::Terminate& t) {
   if (c.fd < 0 || c.iov.empty()) return;
   // Finish what is queued so the Terminate starts on an FPDU boundary, then send it.
   Framer f{c};
-  if (!f.room(0)) return;
+  if (!f.room(1)) return;
+  if (c.ack_to_send != c.ack_sent) {
+    // What was placed before the failure is acked first: the Terminate then belongs to the
+    // oldest WQE the peer still waits on, the one that caused it.
+    f.start();
+    std::byte* a = f.begin(wire::kDdpUntaggedHdrLen);
+    wire::encode_untagged(a, RdmapOpcode::sv_ack, true, 0, wire::kQnSvAck, c.ack_to_send, 0);
+    f.end();
+    c.ack_sent = c.ack_to_send;
+  }
   f.start();
   std::byte* h = f.begin(wire::kDdpUntaggedHdrLen + wire::kTerminateCtrlLen);
   // siw sends its Terminate with MSN 1 on QN 2.

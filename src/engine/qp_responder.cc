@@ -133,8 +133,8 @@ RxAction on_send(Qp* qp, Conn& c) {
     }
     c.have_recv = true;
     if (!recv_keys_ok(qp, c.cur_recv)) {
-      rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::no_buffer), true, IBV_WC_REM_OP_ERR,
-              IBV_WC_LOC_PROT_ERR);
+      // The sender sees IBV_WC_REM_OP_ERR, as an IB requester does for this (rxe, mlx5).
+      rx_fail(qp, ddp_catastrophic_term(), true, IBV_WC_REM_OP_ERR, IBV_WC_LOC_PROT_ERR);
       return RxAction::dead;
     }
   } else if (s.mo != c.place.offset) {
@@ -288,10 +288,10 @@ RxAction on_read_response(Qp* qp, Conn& c) {
   if (!w || (s.payload_len && s.stag != sink_stag) || s.to != sink_to + w->resp_bytes ||
       w->resp_bytes + s.payload_len > w->length) {
     // A response we did not ask for is a tagged placement error (RFC 5041 §7.2).
-    tx_terminate_locked(qp, access_to_terminate(!w || s.stag != sink_stag
-                                                    ? AccessResult::invalid_key
-                                                    : AccessResult::bounds,
-                                                true));
+    tx_terminate_locked(
+        qp,
+        access_to_terminate(
+            !w || s.stag != sink_stag ? AccessResult::invalid_key : AccessResult::bounds, true));
     qp->tx_mu.unlock();
     qp_set_error(qp, IBV_WC_BAD_RESP_ERR, true);
     qp->tx_mu.lock();
@@ -356,6 +356,28 @@ RxAction on_imm(Qp* qp, Conn& c) {
     c.last_write_len = 0;
   }
   ++c.recv_msn;
+  ++c.units_rx;
+  c.place.kind = Placement::Kind::discard;
+  return RxAction::place;
+}
+
+// The peer has placed our messages up to a count: their WQEs may complete. A count for
+// messages we never sent, or one going backwards, is a broken or hostile peer.
+RxAction on_sv_ack(Qp* qp, Conn& c) {
+  const uint32_t n = c.seg.msn;
+  std::lock_guard lk(qp->tx_mu);
+  if (!c.wait_acks || static_cast<int32_t>(n - c.peer_acked) < 0 ||
+      static_cast<int32_t>(c.units_tx - n) < 0) {
+    SV_WARN("qp %u: bad Placement Ack %u (had %u, sent %u)", qp->qpn(), n, c.peer_acked,
+            c.units_tx);
+    qp->tx_mu.unlock();
+    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), true, IBV_WC_REM_OP_ERR,
+            IBV_WC_WR_FLUSH_ERR);
+    qp->tx_mu.lock();
+    return RxAction::dead;
+  }
+  c.peer_acked = n;
+  complete_sq_locked(qp);
   c.place.kind = Placement::Kind::discard;
   return RxAction::place;
 }
@@ -375,6 +397,8 @@ void rx_fail(Qp* qp, const Terminate& t, bool send_term, ibv_wc_status send_stat
     peer_guard::protection_error(transport::peer_addr(c.fd));
   if (send_term) {
     std::lock_guard lk(qp->tx_mu);
+    // What was placed before this is acked ahead of the Terminate (softverbs peers).
+    if (c.send_acks) c.ack_to_send = c.units_rx;
     tx_terminate_locked(qp, t);
   }
   qp->rx_stalled = true;
@@ -414,6 +438,8 @@ RxAction rx_on_header(Qp* qp) {
     case RdmapOpcode::imm_data:
     case RdmapOpcode::imm_data_se:
       return on_imm(qp, c);
+    case RdmapOpcode::sv_ack:
+      return on_sv_ack(qp, c);
     case RdmapOpcode::terminate: {
       const Terminate t = wire::decode_terminate(&c.hdr[2 + wire::kDdpUntaggedHdrLen]);
       SV_INFO("qp %u: Terminate layer %d etype %d ecode %#x", qp->qpn(), int(t.layer), t.etype,
@@ -465,6 +491,7 @@ bool rx_on_segment_end(Qp* qp) {
       }
       c.have_recv = false;
       ++c.recv_msn;
+      ++c.units_rx;
       if (!inv && c.peer_sv && s.rsvd_ulp == kSvImmFollows) {
         // The Immediate Data message right behind completes this receive.
         c.imm_pending = true;
@@ -482,6 +509,7 @@ bool rx_on_segment_end(Qp* qp) {
       if (s.last) {
         c.last_write_len = c.write_len;
         c.write_len = 0;
+        if (!c.expect_rtr) ++c.units_rx;  // the RTR is no message of the peer's ULP
       }
       return true;
     case RdmapOpcode::read_response: {

@@ -22,14 +22,21 @@ enum class RdmapOpcode : uint8_t {
   imm_data_se = 9,       // RFC 7306
   atomic_request = 10,   // RFC 7306
   atomic_response = 11,  // RFC 7306
+  // softverbs only (a reserved RDMAP opcode, sent only to a softverbs peer that asked for it
+  // in MPA, SOFTVERBS_IB_COMPLETION=1): the responder's cumulative count of Send, RDMA Write
+  // and Immediate Data messages it has placed, in the MSN field of an untagged QN 4 header.
+  // It gives InfiniBand's completion rule (a Send or Write completes once the responder has
+  // it) and puts a remote error on the WQE that caused it.
+  sv_ack = 12,
 };
-inline constexpr unsigned kRdmapOpcodeCount = 12;
+inline constexpr unsigned kRdmapOpcodeCount = 13;
 
 // Untagged queue numbers, RFC 5040 §5.1 (0-2) and RFC 7306 §5 (3).
 inline constexpr uint32_t kQnSend = 0;
 inline constexpr uint32_t kQnReadRequest = 1;  // also RFC 7306 Atomic Requests
 inline constexpr uint32_t kQnTerminate = 2;
 inline constexpr uint32_t kQnAtomicResponse = 3;
+inline constexpr uint32_t kQnSvAck = 4;  // softverbs Placement Ack
 
 inline constexpr uint8_t kDdpVersion = 1;         // RFC 5041 §5.1 DV
 inline constexpr uint8_t kRdmapVersion = 1;       // RFC 5040 §4.2 RV
@@ -67,6 +74,7 @@ inline constexpr std::array<OpcodeInfo, kRdmapOpcodeCount> kOpcodeTable{{
     {"Atomic Request", false, kQnReadRequest, kDdpUntaggedHdrLen + kAtomicRequestLen, true, false},
     {"Atomic Response", false, kQnAtomicResponse, kDdpUntaggedHdrLen + kAtomicResponseLen, true,
      false},
+    {"softverbs Placement Ack", false, kQnSvAck, kDdpUntaggedHdrLen, true, false},
 }};
 static_assert(kOpcodeTable.size() == kRdmapOpcodeCount);
 

@@ -24,6 +24,10 @@ inline constexpr uint8_t kMpaFlagEnhanced = 0x10;
 // a reply carries kMpaResSvReply only if its sender really is softverbs.
 inline constexpr uint8_t kMpaResSvRequest = 0x01;
 inline constexpr uint8_t kMpaResSvReply = 0x02;
+// SOFTVERBS_IB_COMPLETION=1: "complete my Sends and Writes the IB way: ack what you place"
+// (wire::RdmapOpcode::sv_ack), asked for in each direction, again on separate bits.
+inline constexpr uint8_t kMpaResAckRequest = 0x04;
+inline constexpr uint8_t kMpaResAckReply = 0x08;
 
 enum class MpaKind : uint8_t { request, reply };
 

@@ -6,7 +6,8 @@
 // waiting for the peer (a READ or ATOMIC). Tests that provoke a remote error put a READ
 // behind the culprit and assert: a successful prefix no longer than the WRs that may have
 // completed on transmit, then exactly one completion with the expected error, then
-// IBV_WC_WR_FLUSH_ERR for everything after it.
+// IBV_WC_WR_FLUSH_ERR for everything after it. With SOFTVERBS_IB_COMPLETION=1 softverbs
+// peers follow IB's rule instead (the IbCompletion cases below): no such prefix.
 //
 // Async events: softverbs raises IBV_EVENT_QP_FATAL for a QP that a fatal error moved to
 // ERR, on the requester and (for errors it detects itself) on the responder, except that an
@@ -358,11 +359,155 @@ TEST_F(XProc, FiniteRnrRetryEndsWithRnrRetryExcErr) {
   ASSERT_EQ(local->post_send(make_rdma(IBV_WR_RDMA_READ, 2, {sge(4096, 64)}, ri.addr, ri.rkey)), 0);
   auto s = local->poll(CqSel::send, 2);
   ASSERT_EQ(s.size(), 2u);
-  EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND));
+  EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND));  // on transmit (iWARP)
   EXPECT_EQ(s[1].wr_id, 2u);
   EXPECT_EQ(s[1].status, IBV_WC_RNR_RETRY_EXC_ERR) << ibv_wc_status_str(s[1].status);
   EXPECT_EQ(wait_state(*local, IBV_QPS_ERR), IBV_QPS_ERR);
   EXPECT_EQ(wait_state(*remote, IBV_QPS_ERR), IBV_QPS_ERR) << "the receiver ended the connection";
+}
+
+// Moving a QP to RESET drops its completions still in the CQs, as mlx4/mlx5 do, so a QP
+// brought back up does not poll the flushes of its previous life (rdma-core's
+// test_mr_rereg_addr relies on it).
+TEST_F(XProc, ResetDropsTheQpsCompletionsFromItsCqs) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_EQ(local->post_recv(10 + i, {sge(i * 64, 64)}), 0);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(ibv_modify_qp(local->qp, &a, IBV_QP_STATE), 0);
+  ASSERT_EQ(wait_state(*local, IBV_QPS_ERR), IBV_QPS_ERR);
+  a.qp_state = IBV_QPS_RESET;
+  ASSERT_EQ(ibv_modify_qp(local->qp, &a, IBV_QP_STATE), 0);
+  EXPECT_TRUE(local->poll(CqSel::recv, 1, Ms(100)).empty()) << "a flush of the old QP survived";
+}
+
+// ---- SOFTVERBS_IB_COMPLETION=1: IB's completion rule between softverbs peers -------------
+// Both processes ask for Placement Acks: a SEND completes once a receive took it, a WRITE's
+// completion means its bytes are in the target's memory, and a remote error completes the WR
+// that caused it, with nothing before it reported as a success.
+class IbCompletion : public XProc {
+ protected:
+  void SetUp() override {
+    setenv("SOFTVERBS_IB_COMPLETION", "1", 1);
+    g_child_env = {"SOFTVERBS_IB_COMPLETION=1"};
+  }
+  void TearDown() override {
+    unsetenv("SOFTVERBS_IB_COMPLETION");
+    g_child_env.clear();
+    XProc::TearDown();
+  }
+};
+
+TEST_F(IbCompletion, SendCompletesOnlyOnceTheResponderPlacedIt) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  local->fill(0, 0, 64, 46);
+  ASSERT_EQ(local->post_send(make_send(1, {sge(0, 64)})), 0);
+  EXPECT_TRUE(local->poll(CqSel::send, 1, Ms(200)).empty()) << "completed with no receive posted";
+  ASSERT_EQ(remote->post_recv(9, {sge(0, 64)}), 0);
+  auto s = local->poll(CqSel::send, 1);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND));
+  auto r = remote->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 9, IBV_WC_SUCCESS, IBV_WC_RECV));
+}
+
+TEST_F(IbCompletion, WriteCompletionMeansTheBytesArePlaced) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  for (uint32_t i = 0; i < 50; ++i) {
+    const uint32_t len = 1024 + 4096 * (i % 7);
+    local->fill(0, 0, len, 600 + i);
+    ASSERT_EQ(local->post_send(make_rdma(IBV_WR_RDMA_WRITE, i, {sge(0, len)}, ri.addr, ri.rkey)),
+              0);
+    auto s = local->poll(CqSel::send, 1);
+    ASSERT_EQ(s.size(), 1u);
+    ASSERT_TRUE(wc_is(s[0], i, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE));
+    ASSERT_EQ(remote->check(0, 0, len, 600 + i), -1) << "WRITE " << i << " completed unplaced";
+  }
+}
+
+// The SEND that found no receive is the one that fails (IB spec 9.7.5.2.8), not the READ.
+TEST_F(IbCompletion, RnrRetryExcErrLandsOnTheSend) {
+  PeerConfig rc;
+  rc.rnr_retry = 1;
+  rc.min_rnr_timer = 1;
+  ASSERT_NO_FATAL_FAILURE(Connect(PeerConfig{}, rc));
+  ASSERT_EQ(local->post_send(make_send(1, {sge(0, 64)})), 0);
+  ASSERT_EQ(local->post_send(make_rdma(IBV_WR_RDMA_READ, 2, {sge(4096, 64)}, ri.addr, ri.rkey)), 0);
+  auto s = local->poll(CqSel::send, 2);
+  ASSERT_EQ(s.size(), 2u);
+  expect_error_then_flush(s, 1, 0, IBV_WC_RNR_RETRY_EXC_ERR);
+}
+
+TEST_F(IbCompletion, RemoteAccessErrorLandsOnTheWrite) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  std::vector<SendSpec> chain = {
+      make_send(1, {sge(0, 8)}),
+      make_rdma(IBV_WR_RDMA_WRITE, 2, {sge(0, 4096)}, ri.addr + ri.len - 100, ri.rkey),
+      make_rdma(IBV_WR_RDMA_READ, 3, {sge(8192, 8)}, ri.addr, ri.rkey)};
+  ASSERT_EQ(remote->post_recv(9, {sge(0, 64)}), 0);
+  ASSERT_EQ(local->post_send_chain(chain), 0);
+  auto s = local->poll(CqSel::send, chain.size());
+  ASSERT_EQ(s.size(), chain.size());
+  EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND)) << "the SEND before it was placed";
+  expect_error_then_flush({s.begin() + 1, s.end()}, 2, 0, IBV_WC_REM_ACCESS_ERR);
+}
+
+// The responder's own receive buffer fails its check: its receive completes with
+// IBV_WC_LOC_PROT_ERR and the SEND with IB's Remote Operational Error (rxe, mlx5).
+TEST_F(IbCompletion, BadReceiveBufferIsRemOpErrOnTheSend) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  SgeSpec bad = sge(0, 4096);
+  bad.lkey_override = local->regions[0].mr->lkey ^ kBadKeyBits;
+  ASSERT_EQ(local->post_recv(3, {bad}), 0);
+  ASSERT_EQ(remote->post_send(make_send(4, {sge(0, 64)})), 0);
+  auto r = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 3, IBV_WC_LOC_PROT_ERR));
+  auto s = remote->poll(CqSel::send, 1);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_TRUE(wc_is(s[0], 4, IBV_WC_REM_OP_ERR));
+}
+
+// Each side asks for acks for its own Sends: here only the peer process does, so its SEND
+// waits for a receive while ours completes on transmit (RFC 5040).
+TEST_F(XProc, IbCompletionIsAskedForPerDirection) {
+  g_child_env = {"SOFTVERBS_IB_COMPLETION=1"};
+  Connect();
+  g_child_env.clear();
+  ASSERT_FALSE(HasFatalFailure());
+  // The peer can take our SEND: its ack to us must not queue behind a SEND it cannot place
+  // (Placement Acks share the stream; see the README on SOFTVERBS_IB_COMPLETION).
+  ASSERT_EQ(remote->post_recv(8, {sge(0, 64)}), 0);
+  ASSERT_EQ(local->post_send(make_send(1, {sge(0, 64)})), 0);
+  ASSERT_EQ(remote->post_send(make_send(2, {sge(0, 64)})), 0);
+  auto s = local->poll(CqSel::send, 1);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND)) << "we did not ask: on transmit";
+  EXPECT_TRUE(remote->poll(CqSel::send, 1, Ms(200)).empty()) << "the peer's completed unreceived";
+  ASSERT_EQ(local->post_recv(9, {sge(0, 64)}), 0);
+  auto rs = remote->poll(CqSel::send, 1);
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_TRUE(wc_is(rs[0], 2, IBV_WC_SUCCESS, IBV_WC_SEND));
+}
+
+// Toward a plain iWARP peer (as siw is) RFC 5040 holds whatever we ask: no ACKs, a SEND
+// completes once TCP has it, received or not.
+TEST_F(IbCompletion, TowardAPlainIwarpPeerASendCompletesOnTransmit) {
+  g_child_env = {"SOFTVERBS_RFC7306=0"};
+  Connect();
+  g_child_env.clear();
+  ASSERT_FALSE(HasFatalFailure());
+  local->fill(0, 0, 64, 47);
+  ASSERT_EQ(local->post_send(make_send(1, {sge(0, 64)})), 0);
+  auto s = local->poll(CqSel::send, 1);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND));
+  ASSERT_EQ(remote->post_recv(9, {sge(0, 64)}), 0);
+  auto r = remote->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 9, IBV_WC_SUCCESS, IBV_WC_RECV));
+  EXPECT_EQ(remote->check(0, 0, 64, 47), -1);
 }
 
 // Toward a peer without the RFC 7306 extensions (a plain iWARP peer, as siw is), WRs that

@@ -52,6 +52,9 @@ std::vector<Row> rows() {
       // Send with Invalidate naming a region, a type 1 window or nothing (RFC 5040 §7.2).
       {"cannot invalidate", [] { return rdmap_prot_term(RdmapEcode::cannot_invalidate); },
        TermLayer::rdmap, prot, u(RdmapEcode::cannot_invalidate), IBV_WC_REM_INV_REQ_ERR},
+      // Our own receive buffer fails its check (siw: DDP catastrophic); IB's REM_OP_ERR.
+      {"receive buffer", [] { return ddp_catastrophic_term(); }, TermLayer::ddp,
+       u(DdpEtype::catastrophic), 0, IBV_WC_REM_OP_ERR},
       // More Read/Atomic Requests than the IRD we advertised (RFC 5040 §5.2).
       {"ird overrun", [] { return rdmap_catastrophic_term(); }, TermLayer::rdmap,
        u(RdmapEtype::catastrophic), 0, IBV_WC_FATAL_ERR},

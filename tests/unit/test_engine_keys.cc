@@ -164,8 +164,8 @@ TEST(KeyTable, Type1WindowGivesAccessToItsRangeOnlyThroughItsNewKey) {
   auto& kt = KeyTable::get();
   std::byte* p = nullptr;
   // Bound to 1 KiB in the middle of the region, remote write only.
-  ASSERT_TRUE(kt.bind(&kQp1, &r.pd,
-                      bind_args(w, 0x42, r, 0x10000 + 1024, 1024, IBV_ACCESS_REMOTE_WRITE)));
+  ASSERT_TRUE(
+      kt.bind(&kQp1, &r.pd, bind_args(w, 0x42, r, 0x10000 + 1024, 1024, IBV_ACCESS_REMOTE_WRITE)));
   const uint32_t k = w.key(0x42);
   EXPECT_EQ(check(r, k, &r.pd, 0x10000 + 1024, 1024, IBV_ACCESS_REMOTE_WRITE, true, &p),
             AccessResult::ok);
@@ -217,8 +217,7 @@ TEST(KeyTable, BindRefusesWhatTheSpecForbids) {
   EXPECT_FALSE(kt.bind(&kQp1, &r.pd, bind_args(w1, 1, r, 0x10000 + 4000, 97, rw)));
   EXPECT_FALSE(kt.bind(&kQp1, &r.pd, bind_args(w1, 1, r, 0xFFFF, 16, rw)));
   // o10-36.2.2: a type 1 window is not zero based.
-  EXPECT_FALSE(
-      kt.bind(&kQp1, &r.pd, bind_args(w1, 1, r, 0, 16, rw | IBV_ACCESS_ZERO_BASED)));
+  EXPECT_FALSE(kt.bind(&kQp1, &r.pd, bind_args(w1, 1, r, 0, 16, rw | IBV_ACCESS_ZERO_BASED)));
   // o10-37.2.40: a type 2 window is not bound with length 0.
   BindArgs empty = bind_args(w2, 1, r, 0x10000, 0, rw);
   EXPECT_FALSE(kt.bind(&kQp1, &r.pd, empty));
@@ -236,8 +235,7 @@ TEST(KeyTable, BindRefusesWhatTheSpecForbids) {
   ASSERT_TRUE(kt.bind(&kQp1, &r.pd, bind_args(w1, 1, read_only, 0, 16, IBV_ACCESS_REMOTE_READ)));
   EXPECT_TRUE(kt.has_windows(&read_only.mr));
   EXPECT_FALSE(kt.has_windows(&r.mr));
-  EXPECT_EQ(check(r, w2.key(1), &r.pd, 0x10000, 1, rw, true, &p, &kQp1),
-            AccessResult::invalid_key);
+  EXPECT_EQ(check(r, w2.key(1), &r.pd, 0x10000, 1, rw, true, &p, &kQp1), AccessResult::invalid_key);
   // o10-37.2.30: a valid type 2 window is not bound again before it is invalidated.
   ASSERT_TRUE(kt.bind(&kQp1, &r.pd, bind_args(w2, 1, r, 0x10000, 16, rw)));
   EXPECT_FALSE(kt.bind(&kQp1, &r.pd, bind_args(w2, 2, r, 0x10000, 16, rw)));

@@ -262,8 +262,9 @@ TEST(DdpRdmap, Rfc5040Sec4_2RdmapVersionNot1) {
   }
 }
 
-TEST(DdpRdmap, Rfc5040Sec4_1Opcodes12To15AreBad) {
-  for (uint8_t op = 12; op <= 15; ++op) {
+// 12 is softverbs' Placement Ack (sent only between softverbs peers).
+TEST(DdpRdmap, Rfc5040Sec4_1Opcodes13To15AreBad) {
+  for (uint8_t op = 13; op <= 15; ++op) {
     for (uint8_t ddp : {0x41, 0xc1}) {  // untagged and tagged
       Bytes h(80);
       h[0] = std::byte{ddp};
@@ -547,6 +548,7 @@ TEST(DdpRdmap, OpcodeTableMatchesHeaderConstants) {
       {RdmapOpcode::imm_data_se, false, kQnSend, 26, true, false},
       {RdmapOpcode::atomic_request, false, kQnReadRequest, 70, true, false},
       {RdmapOpcode::atomic_response, false, kQnAtomicResponse, 30, true, false},
+      {RdmapOpcode::sv_ack, false, kQnSvAck, 18, true, false},
   };
   ASSERT_EQ(std::size(want), kRdmapOpcodeCount);
   EXPECT_EQ(kDdpTaggedHdrLen, 14u);
@@ -576,7 +578,7 @@ TEST(DdpRdmap, OpcodeTableMatchesHeaderConstants) {
     EXPECT_EQ(ddp_header_len(ctrl), w.hdr_len) << info.name;
   }
   EXPECT_EQ(names.size(), kRdmapOpcodeCount);
-  EXPECT_STREQ(to_string(static_cast<RdmapOpcode>(12)), "unknown opcode");
+  EXPECT_STREQ(to_string(static_cast<RdmapOpcode>(13)), "unknown opcode");
 }
 
 }  // namespace
