@@ -160,7 +160,9 @@ SV_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
   }
   ibv_context& ctx = c->vctx.context;
   ctx.device = dev;
-  ctx.cmd_fd = -1;
+  // A real descriptor, as a provider's uverbs fd is: programs dup() it to share the context
+  // (rdma-core's test_shared_pd), and ibv_import_device then answers EOPNOTSUPP.
+  ctx.cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
   ctx.async_fd = c->async.fd();
   ctx.num_comp_vectors = 1;
   pthread_mutex_init(&ctx.mutex, nullptr);
@@ -187,6 +189,7 @@ SV_EXPORT int ibv_close_device(ibv_context* ctx) {
   if (!handle_remove(HKind::context, ctx)) return EINVAL;
   Context* c = Context::from(ctx);
   c->async.close_fd();
+  if (ctx->cmd_fd >= 0) close(ctx->cmd_fd);
   pthread_mutex_destroy(&ctx->mutex);
   delete c;
   return 0;

@@ -1,6 +1,7 @@
 // Invalid arguments and resource limits: the errno values rdma-core documents (create_*
 // return NULL with errno; modify/destroy/post return the errno; post_* set *bad_wr).
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -125,6 +126,18 @@ TEST_F(LocalVerbs, DeviceIdentityAndExtendedAttributes) {
 
 // An Ethernet port is addressed by GID: an AH without a GRH, or with a source GID index the
 // port does not have, is EINVAL (the kernel's rdma_check_ah_attr); a global one is made.
+// The context's cmd_fd is a real descriptor (programs dup() it to share a context, as
+// rdma-core's shared-PD tests do); importing it is not supported, and says so.
+TEST_F(LocalVerbs, CmdFdIsADescriptorAndImportIsNotSupported) {
+  ASSERT_GE(ctx->cmd_fd, 0);
+  const int dup_fd = dup(ctx->cmd_fd);
+  ASSERT_GE(dup_fd, 0) << strerror(errno);
+  errno = 0;
+  EXPECT_EQ(ibv_import_device(dup_fd), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  close(dup_fd);
+}
+
 TEST_F(LocalVerbs, CreateAhNeedsAGrhOnAnEthernetPort) {
   ibv_ah_attr a{};
   a.port_num = 1;

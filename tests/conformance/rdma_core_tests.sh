@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# rdma_core_tests.sh <rdma-core checkout> [libdir] [test names...]
+#
+# Runs rdma-core's own verbs tests (tests/run_tests.py, on Debian's python3-pyverbs) against
+# softverbs: LD_LIBRARY_PATH=<libdir> (default build/lib), device softverbs0 on loopback.
+# Not in the default suite: the tests are not packaged by Debian, so CI cannot have them;
+# fetch rdma-core yourself and check out the tag matching python3-pyverbs (v44.0 on Debian 12).
+# SOFTVERBS_IB_COMPLETION=1 is set for both ends (the tests assume IB's completion rule:
+# a WRITE's completion means the data is there). Prints unittest's summary and one line per
+# test that did not pass; exits with unittest's status.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+if [ $# -lt 1 ] || [ ! -f "$1/tests/run_tests.py" ]; then
+  echo "usage: $0 <rdma-core checkout (with tests/run_tests.py)> [libdir] [tests...]" >&2
+  exit 2
+fi
+SRC=$(cd "$1" && pwd)
+LIB=$(cd "${2:-$ROOT/build/lib}" && pwd)
+shift $(($# >= 2 ? 2 : 1))
+bash "$ROOT/scripts/install-deps.sh" >/dev/null || exit 1
+cd "$SRC/tests" || exit 2
+out=$(SOFTVERBS_NETDEV=lo SOFTVERBS_IB_COMPLETION=1 LD_LIBRARY_PATH=$LIB \
+  timeout 1800 /usr/bin/python3 run_tests.py --dev softverbs0 -v "$@" 2>&1)
+rc=$?
+printf '%s\n' "$out" | grep -aE '\.\.\. (ERROR|FAIL)' | sed 's/^/not passed: /'
+printf '%s\n' "$out" | grep -aE '^(Ran [0-9]+ tests|OK|FAILED)'
+printf '%s\n' "$out" | grep -aoE "skipped '[^']*'" | sort | uniq -c | sort -rn | head -20 |
+  sed 's/^/skip reason: /'
+exit $rc
