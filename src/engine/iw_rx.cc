@@ -300,7 +300,8 @@ bool rx_run_locked(Qp* qp) {
     c.units_published = c.units_rx;
     std::lock_guard lk(qp->tx_mu);
     c.ack_to_send = c.units_rx;
-    tx_ack_locked(qp);
+    tx_ack_locked(qp, c.ack_requested);
+    c.ack_requested = false;
   }
   return true;
 }

@@ -580,13 +580,19 @@ void tx_post_locked(Qp* qp) {
   if (window) qp->tx_window_end_ns = now + window;
 }
 
-// A Placement Ack after a receive pass leaves at once, whoever ran the pass, as an IB
-// responder acks what it placed whatever its application does. (Held back for the reply
-// the application might post, it let perftest -R's server, waiting for its last handshake
-// Send to complete, miss the client's next connection.) Everything one pass placed shares
-// one ack, and an ack rides in the same sendmsg as any other frames ready then.
-void tx_ack_locked(Qp* qp) {
-  tx_run_locked(qp);
+// A Placement Ack after a receive pass. One the peer asked for (a signaled WR, or its
+// periodic request) leaves at once, whoever ran the pass, as an IB responder acks: held back
+// for the reply the application might post, it let perftest -R's server, waiting for its last
+// handshake Send to complete, miss the client's next connection. The others wait, at most
+// kAckDelay, for a flush point (a post, poll or arm, the timer) so they coalesce and ride with
+// other frames. Everything one pass placed shares one ack.
+void tx_ack_locked(Qp* qp, bool now) {
+  constexpr uint64_t kAckDelay = 50 * 1000;  // ns
+  if (now) {
+    tx_run_locked(qp);
+    return;
+  }
+  tx_defer_locked(qp, kAckDelay);
 }
 
 void qp_tx_flush(Qp* qp) {

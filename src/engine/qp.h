@@ -152,6 +152,7 @@ struct Conn {
   std::array<ibv_sge, kMaxSge> tmp_sge{};
   uint32_t units_rx = 0;         // softverbs peer: Send/Write/Immediate Data messages placed
   uint32_t units_published = 0;  // ... of which the TX side has been told
+  bool ack_requested = false;    // a message placed in this pass asked for its ack now
 
   // TX (under tx_mu)
   static constexpr size_t kMaxIov = 512;
@@ -170,6 +171,7 @@ struct Conn {
   // the Send/Write/Immediate Data messages we framed, peer_acked how many they placed.
   uint32_t ack_to_send = 0, ack_sent = 0;
   uint32_t units_tx = 0, peer_acked = 0;
+  uint32_t unrequested = 0;  // messages framed since the last one that asked for an ack
 
   bool peer_gone = false;   // OOB peer closed while nothing was outstanding
   bool registered = false;  // in the progress thread's epoll set
@@ -302,8 +304,9 @@ void qp_conn_lost(Qp* qp, ibv_wc_status status);
 // Frames and writes as much as the socket takes. Caller holds tx_mu.
 void tx_run_locked(Qp* qp);
 void tx_post_locked(Qp* qp);  // after a post: transmit now or batch (doorbell batching)
-void tx_ack_locked(Qp* qp);   // a Placement Ack is due: send now or with the next batch
-void tx_kick(Qp* qp);         // takes tx_mu
+// A Placement Ack is due: now (the peer asked) or within a short delay (coalesced).
+void tx_ack_locked(Qp* qp, bool now);
+void tx_kick(Qp* qp);  // takes tx_mu
 // Sends what doorbell batching deferred (takes tx_mu; nothing to do is one atomic load).
 void qp_tx_flush(Qp* qp);
 // Sends a Terminate (best effort) and no more FPDUs afterwards. Caller holds tx_mu.

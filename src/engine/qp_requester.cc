@@ -207,6 +207,17 @@ void set_error_in_tx(Qp* qp, SendWqe& w, ibv_wc_status st) {
   });
 }
 
+// With Placement Acks (SOFTVERBS_IB_COMPLETION), the last frame of a WR's message asks for an
+// ack now when the WR is signaled, and at least every kAckEvery messages so unsignaled WRs
+// retire (IB's AckReq); the responder acks the others within a short delay anyway.
+constexpr uint32_t kAckEvery = 16;
+void mark_ack_request(Conn& c, const SendWqe& w, std::byte* hdr) {
+  if (!c.wait_acks) return;
+  if (!w.signaled && ++c.unrequested < kAckEvery) return;
+  c.unrequested = 0;
+  hdr[0] |= std::byte{wire::kDdpSvAckReq};
+}
+
 // Memory window operations run on the requester, in SQ order, and put nothing on the wire:
 // a Bind takes effect before any later WR leaves (so a Send behind it may carry the new
 // rkey), and a refused one stops the SQ (rxe: IBV_WC_MW_BIND_ERR, LOC_QP_OP_ERR for an
@@ -290,6 +301,7 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
         const bool last = w.sent + chunk == w.length;
         std::byte* h = f.begin(wire::kDdpUntaggedHdrLen);
         wire::encode_untagged(h, op, last, rsvd, wire::kQnSend, w.msn, w.sent);
+        if (last && w.opcode != IBV_WR_SEND_WITH_IMM) mark_ack_request(c, w, h);
         gather(f, w, w.sent, chunk);
         f.end();
         w.sent += chunk;
@@ -304,6 +316,7 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
         const bool last = w.sent + chunk == w.length;
         std::byte* h = f.begin(wire::kDdpTaggedHdrLen);
         wire::encode_tagged(h, RdmapOpcode::rdma_write, last, w.rkey, w.remote_addr + w.sent);
+        if (last && w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM) mark_ack_request(c, w, h);
         gather(f, w, w.sent, chunk);
         f.end();
         w.sent += chunk;
@@ -364,6 +377,7 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
         std::memcpy(h + wire::kDdpUntaggedHdrLen, &w.imm_or_inv, 4);  // already big-endian
         wire::store_be32(h + wire::kDdpUntaggedHdrLen + 4,
                          w.opcode == IBV_WR_SEND_WITH_IMM ? kSvImmAttached : 0);
+        mark_ack_request(c, w, h);
         f.end();
         ++c.units_tx;
       }

@@ -357,6 +357,7 @@ RxAction on_imm(Qp* qp, Conn& c) {
   }
   ++c.recv_msn;
   ++c.units_rx;
+  c.ack_requested |= s.sv_ack_req;
   c.place.kind = Placement::Kind::discard;
   return RxAction::place;
 }
@@ -492,6 +493,7 @@ bool rx_on_segment_end(Qp* qp) {
       c.have_recv = false;
       ++c.recv_msn;
       ++c.units_rx;
+      c.ack_requested |= s.sv_ack_req;
       if (!inv && c.peer_sv && s.rsvd_ulp == kSvImmFollows) {
         // The Immediate Data message right behind completes this receive.
         c.imm_pending = true;
@@ -510,6 +512,7 @@ bool rx_on_segment_end(Qp* qp) {
         c.last_write_len = c.write_len;
         c.write_len = 0;
         if (!c.expect_rtr) ++c.units_rx;  // the RTR is no message of the peer's ULP
+        c.ack_requested |= s.sv_ack_req;
       }
       return true;
     case RdmapOpcode::read_response: {

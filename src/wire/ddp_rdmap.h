@@ -98,7 +98,14 @@ struct DdpSegment {
   uint32_t mo = 0;
   uint16_t hdr_len = 0;      // header bytes including the opcode's extra RDMAP header
   uint16_t payload_len = 0;  // ULPDU_Length - hdr_len
+  bool sv_ack_req = false;   // kDdpSvAckReq
 };
+
+// A reserved DDP control bit (RFC 5041 §5.1: zero on transmit, ignored on receive) that
+// softverbs sets, only toward a peer that asked for Placement Acks, on the last segment of a
+// message whose placement it wants acked now (IB's AckReq): a signaled WR, or a periodic one
+// so unsignaled WRs can retire.
+inline constexpr uint8_t kDdpSvAckReq = 0x20;
 
 // Why a segment header was refused; errors.cc maps each to a Terminate triple.
 enum class DdpError : uint8_t {
