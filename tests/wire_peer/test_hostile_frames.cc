@@ -46,10 +46,14 @@ std::vector<Case> cases() {
   }
   {
     auto u = send_ok;
-    u[1] = std::byte{0x4c};  // opcode 12: no such RDMAP message
+    u[1] = std::byte{0x4d};  // opcode 13: no such RDMAP message
     v.push_back({"unknown_opcode", u, 0, TermLayer::rdmap, uint8_t(RdmapEtype::remote_operation),
                  uint8_t(RdmapEcode::unexpected_opcode)});
   }
+  // A Placement Ack (softverbs' opcode 12) from a peer we never asked for acks.
+  v.push_back({"unasked_placement_ack", untagged(RdmapOpcode::sv_ack, kQnSvAck, 1, 0), 0,
+               TermLayer::rdmap, uint8_t(RdmapEtype::remote_operation),
+               uint8_t(RdmapEcode::unexpected_opcode)});
   v.push_back({"msn_out_of_range", untagged(RdmapOpcode::send, kQnSend, 7, 8), 0, TermLayer::ddp,
                uint8_t(DdpEtype::untagged), uint8_t(DdpUntaggedEcode::msn_range)});
   v.push_back({"bad_qn", untagged(RdmapOpcode::send, 5, 1, 8), 0, TermLayer::ddp,
@@ -118,6 +122,25 @@ std::vector<size_t> case_indices() {
 
 INSTANTIATE_TEST_SUITE_P(Frames, HostileFrame, ::testing::ValuesIn(case_indices()),
                          [](const auto& info) { return std::string(cases()[info.param].name); });
+
+// With SOFTVERBS_IB_COMPLETION=1 we ask the (softverbs-speaking) peer for Placement Acks; one
+// acking messages we never sent is a broken or hostile peer: Terminate, QP in ERR.
+TEST(PlacementAck, ForMoreThanWeSentTerminates) {
+  setenv("SOFTVERBS_IB_COMPLETION", "1", 1);
+  {
+    Local l;
+    FakePeer p(l.qp->qp_num);
+    unsetenv("SOFTVERBS_IB_COMPLETION");
+    p.send_fpdu(untagged(RdmapOpcode::sv_ack, kQnSvAck, 3, 0));
+    Terminate t;
+    ASSERT_TRUE(p.read_terminate(t)) << "no Terminate came back";
+    EXPECT_EQ(t.layer, TermLayer::rdmap);
+    EXPECT_EQ(t.etype, uint8_t(RdmapEtype::remote_operation));
+    EXPECT_EQ(t.ecode, uint8_t(RdmapEcode::unexpected_opcode));
+    EXPECT_TRUE(l.wait_state(IBV_QPS_ERR));
+  }
+  unsetenv("SOFTVERBS_IB_COMPLETION");
+}
 
 // A Terminate from the peer (RDMAP remote operation) ends our outstanding READ with
 // IBV_WC_REM_OP_ERR and flushes the rest.
