@@ -5,6 +5,9 @@
 // status it maps to (RDMAP remote operation -> IBV_WC_REM_OP_ERR).
 #include <sys/mman.h>
 
+#include <chrono>
+#include <thread>
+
 #include "fake_peer.h"
 
 using namespace wire_peer;
@@ -131,6 +134,10 @@ TEST(PlacementAck, ForMoreThanWeSentTerminates) {
     Local l;
     FakePeer p(l.qp->qp_num);
     unsetenv("SOFTVERBS_IB_COMPLETION");
+    // Asked for: an ack of nothing (count 0) is in order and changes nothing.
+    p.send_fpdu(untagged(RdmapOpcode::sv_ack, kQnSvAck, 0, 0));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_NE(l.state(), IBV_QPS_ERR) << "an ack we asked for was refused";
     p.send_fpdu(untagged(RdmapOpcode::sv_ack, kQnSvAck, 3, 0));
     Terminate t;
     ASSERT_TRUE(p.read_terminate(t)) << "no Terminate came back";
