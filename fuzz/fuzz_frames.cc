@@ -125,6 +125,7 @@ void fuzz_rdmap_header(const DdpSegment& seg, const std::byte* h) {
     case RdmapOpcode::send_inv:
     case RdmapOpcode::send_se:
     case RdmapOpcode::send_se_inv:
+    case RdmapOpcode::sv_ack:  // header only: the count is the MSN
       break;
   }
 }
@@ -157,6 +158,8 @@ void fuzz_ddp(Bytes ulpdu, uint16_t ulpdu_len) {
   FUZZ_CHECK(out[0] == (ulpdu[0] & std::byte{0xC3}));  // |T|L|Rsvd(4)|DV(2)|
   FUZZ_CHECK(out[1] == (ulpdu[1] & std::byte{0xCF}));  // |RV(2)|Rsvd(2)|Opcode(4)|
   FUZZ_CHECK(std::memcmp(out + 2, ulpdu.data() + 2, n - 2) == 0);
+  // The one reserved bit we read back: softverbs' ack request.
+  FUZZ_CHECK(seg.sv_ack_req == ((ulpdu[0] & std::byte{kDdpSvAckReq}) != std::byte{0}));
 
   if (seg.hdr_len > n) fuzz_rdmap_header(seg, ulpdu.data() + n);
 }
