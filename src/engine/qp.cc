@@ -10,6 +10,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "engine/app_memory.h"
 #include "engine/iw_cm.h"
 #include "engine/linger.h"
 #include "engine/log.h"
@@ -448,12 +449,13 @@ int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing
     for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
     w.length = static_cast<uint32_t>(len);
     if (wr->send_flags & IBV_SEND_INLINE) {
-      // Copy now: the caller may reuse the buffer as soon as post_send returns.
+      // Copy now: the caller may reuse the buffer as soon as post_send returns. A read of
+      // application memory (engine/app_memory.h), as every other.
       std::byte* dst = &qp->sq_inline[static_cast<size_t>(slot) * kMaxInline];
       size_t off = 0;
       for (int i = 0; i < wr->num_sge; ++i) {
-        std::memcpy(dst + off, reinterpret_cast<const void*>(wr->sg_list[i].addr),
-                    wr->sg_list[i].length);
+        copy_from_app(dst + off, reinterpret_cast<const std::byte*>(wr->sg_list[i].addr),
+                      wr->sg_list[i].length);
         off += wr->sg_list[i].length;
       }
       sge[0] = ibv_sge{reinterpret_cast<uint64_t>(dst), w.length, 0};

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "engine/app_memory.h"
 #include "engine/log.h"
 #include "rdmacm/rsocket_impl.h"
 #include "transport/tcp.h"
@@ -373,14 +374,17 @@ int conn_errno(const Rs* s) {
 }
 
 // Copies [src, src+len) of the application's data into the sbuf ring at its head: one or two
-// SGEs (the copy may wrap).
+// SGEs (the copy may wrap). A read of application memory like the engine's DMA
+// (engine/app_memory.h): riostream sends from the buffer it riomaps, which its peer's
+// riowrite fills and whose arrival it learns by polling that memory, an ordering through
+// the network that TSan cannot see.
 int stage(Rs* s, const std::byte* src, uint32_t len, ibv_sge sge[2]) {
   const uint32_t first = std::min(len, s->sbuf_size - s->sbuf_head);
-  std::memcpy(s->sbuf.data() + s->sbuf_head, src, first);
+  sv::engine::copy_from_app(s->sbuf.data() + s->sbuf_head, src, first);
   sge[0] = {reinterpret_cast<uintptr_t>(s->sbuf.data() + s->sbuf_head), first, s->smr->lkey};
   int n = 1;
   if (len > first) {
-    std::memcpy(s->sbuf.data(), src + first, len - first);
+    sv::engine::copy_from_app(s->sbuf.data(), src + first, len - first);
     sge[1] = {reinterpret_cast<uintptr_t>(s->sbuf.data()), len - first, s->smr->lkey};
     n = 2;
   }
