@@ -51,7 +51,14 @@ result() {  # result NAME OK LOG...
     fail=$((fail + 1))
     failed+=("$name")
     echo "FAIL $name"
-    for f in "$@"; do grep -Ev "^[0-9a-z]+_(lat|bw) " "$f" | tail -12 | sed "s#^#  $(basename "$f" .log)| #"; done
+    for f in "$@"; do
+      # A sanitizer report whole (its second stack is what tells the race), else the tail.
+      if grep -q "Sanitizer" "$f"; then
+        sed -n '/WARNING\|ERROR: /,$p' "$f" | head -150
+      else
+        grep -Ev "^[0-9a-z]+_(lat|bw) " "$f" | tail -12
+      fi | sed "s#^#  $(basename "$f" .log)| #"
+    done
   fi
 }
 
