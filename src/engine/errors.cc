@@ -9,6 +9,16 @@ namespace sv::engine {
 
 using namespace wire;
 
+namespace {
+Terminate term(TermLayer layer, uint8_t etype, uint8_t ecode) {
+  Terminate t;
+  t.layer = layer;
+  t.etype = etype;
+  t.ecode = ecode;
+  return t;
+}
+}  // namespace
+
 Terminate access_to_terminate(AccessResult r, bool tagged) {
   Terminate t;
   if (tagged) {
@@ -57,11 +67,7 @@ Terminate access_to_terminate(AccessResult r, bool tagged) {
 }
 
 Terminate llp_term(LlpEcode e) {
-  Terminate t;
-  t.layer = TermLayer::llp;
-  t.etype = 0;
-  t.ecode = static_cast<uint8_t>(e);
-  return t;
+  return term(TermLayer::llp, 0, static_cast<uint8_t>(e));
 }
 
 Terminate ddp_error_term(DdpError e) {
@@ -96,44 +102,26 @@ Terminate ddp_error_term(DdpError e) {
 }
 
 Terminate untagged_term(DdpUntaggedEcode e) {
-  Terminate t;
-  t.layer = TermLayer::ddp;
-  t.etype = static_cast<uint8_t>(DdpEtype::untagged);
-  t.ecode = static_cast<uint8_t>(e);
-  return t;
+  return term(TermLayer::ddp, static_cast<uint8_t>(DdpEtype::untagged), static_cast<uint8_t>(e));
 }
 
 Terminate rdmap_op_term(RdmapEcode e) {
-  Terminate t;
-  t.layer = TermLayer::rdmap;
-  t.etype = static_cast<uint8_t>(RdmapEtype::remote_operation);
-  t.ecode = static_cast<uint8_t>(e);
-  return t;
+  return term(TermLayer::rdmap, static_cast<uint8_t>(RdmapEtype::remote_operation),
+              static_cast<uint8_t>(e));
 }
 
 // siw's answer to a receive buffer that fails its own check (siw_proc_send): DDP catastrophic.
 Terminate ddp_catastrophic_term() {
-  Terminate t;
-  t.layer = TermLayer::ddp;
-  t.etype = static_cast<uint8_t>(DdpEtype::catastrophic);
-  t.ecode = 0;
-  return t;
+  return term(TermLayer::ddp, static_cast<uint8_t>(DdpEtype::catastrophic), 0);
 }
 
 Terminate rdmap_catastrophic_term() {
-  Terminate t;
-  t.layer = TermLayer::rdmap;
-  t.etype = static_cast<uint8_t>(RdmapEtype::catastrophic);
-  t.ecode = 0;
-  return t;
+  return term(TermLayer::rdmap, static_cast<uint8_t>(RdmapEtype::catastrophic), 0);
 }
 
 Terminate rdmap_prot_term(RdmapEcode e) {
-  Terminate t;
-  t.layer = TermLayer::rdmap;
-  t.etype = static_cast<uint8_t>(RdmapEtype::remote_protection);
-  t.ecode = static_cast<uint8_t>(e);
-  return t;
+  return term(TermLayer::rdmap, static_cast<uint8_t>(RdmapEtype::remote_protection),
+              static_cast<uint8_t>(e));
 }
 
 ibv_wc_status terminate_to_wc_status(const Terminate& t) {

@@ -366,15 +366,14 @@ RxAction on_imm(Qp* qp, Conn& c) {
 // messages we never sent, or one going backwards, is a broken or hostile peer.
 RxAction on_sv_ack(Qp* qp, Conn& c) {
   const uint32_t n = c.seg.msn;
-  std::lock_guard lk(qp->tx_mu);
+  std::unique_lock lk(qp->tx_mu);
   if (!c.wait_acks || static_cast<int32_t>(n - c.peer_acked) < 0 ||
       static_cast<int32_t>(c.units_tx - n) < 0) {
     SV_WARN("qp %u: bad Placement Ack %u (had %u, sent %u)", qp->qpn(), n, c.peer_acked,
             c.units_tx);
-    qp->tx_mu.unlock();
+    lk.unlock();  // rx_fail takes tx_mu to send its Terminate
     rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), true, IBV_WC_REM_OP_ERR,
             IBV_WC_WR_FLUSH_ERR);
-    qp->tx_mu.lock();
     return RxAction::dead;
   }
   c.peer_acked = n;

@@ -287,6 +287,20 @@ class XProc : public ::testing::Test {
   PeerInfo li, ri;
 };
 
+// XProc with both processes asking for IB's completion rule (SOFTVERBS_IB_COMPLETION=1).
+class IbCompletion : public XProc {
+ protected:
+  void SetUp() override {
+    setenv("SOFTVERBS_IB_COMPLETION", "1", 1);
+    g_child_env = {"SOFTVERBS_IB_COMPLETION=1"};
+  }
+  void TearDown() override {
+    unsetenv("SOFTVERBS_IB_COMPLETION");
+    g_child_env.clear();
+    XProc::TearDown();
+  }
+};
+
 // Two QPs in this process, connected over loopback TCP.
 class InProc : public ::testing::Test {
  protected:

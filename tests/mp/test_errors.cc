@@ -207,15 +207,21 @@ TEST_F(InProc, InfiniteTimeoutWaitsForThePeer) {
   EXPECT_EQ(b->poll(CqSel::recv, 1).size(), 1u);
 }
 
-TEST_F(XProc, BadLkeyOnRecvIsLocProtErrWhenSendArrives) {
-  ASSERT_NO_FATAL_FAILURE(Connect());
+// The peer's SEND (wr_id 4) arrives at a receive (wr_id 3) whose lkey is no longer valid: the
+// receive completes with IBV_WC_LOC_PROT_ERR.
+void expect_send_into_bad_receive(Peer& local, RemotePeer& remote) {
   SgeSpec bad = sge(0, 4096);
-  bad.lkey_override = local->regions[0].mr->lkey ^ kBadKeyBits;
-  ASSERT_EQ(local->post_recv(3, {bad}), 0);
-  ASSERT_EQ(remote->post_send(make_send(4, {sge(0, 64)})), 0);
-  auto r = local->poll(CqSel::recv, 1);
+  bad.lkey_override = local.regions[0].mr->lkey ^ kBadKeyBits;
+  ASSERT_EQ(local.post_recv(3, {bad}), 0);
+  ASSERT_EQ(remote.post_send(make_send(4, {sge(0, 64)})), 0);
+  auto r = local.poll(CqSel::recv, 1);
   ASSERT_EQ(r.size(), 1u);
   EXPECT_TRUE(wc_is(r[0], 3, IBV_WC_LOC_PROT_ERR));
+}
+
+TEST_F(XProc, BadLkeyOnRecvIsLocProtErrWhenSendArrives) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  ASSERT_NO_FATAL_FAILURE(expect_send_into_bad_receive(*local, *remote));
   expect_dead_qp(*local, IBV_EVENT_QP_ACCESS_ERR);  // a local access violation (siw's event)
 }
 
@@ -384,19 +390,7 @@ TEST_F(XProc, ResetDropsTheQpsCompletionsFromItsCqs) {
 // ---- SOFTVERBS_IB_COMPLETION=1: IB's completion rule between softverbs peers -------------
 // Both processes ask for Placement Acks: a SEND completes once a receive took it, a WRITE's
 // completion means its bytes are in the target's memory, and a remote error completes the WR
-// that caused it, with nothing before it reported as a success.
-class IbCompletion : public XProc {
- protected:
-  void SetUp() override {
-    setenv("SOFTVERBS_IB_COMPLETION", "1", 1);
-    g_child_env = {"SOFTVERBS_IB_COMPLETION=1"};
-  }
-  void TearDown() override {
-    unsetenv("SOFTVERBS_IB_COMPLETION");
-    g_child_env.clear();
-    XProc::TearDown();
-  }
-};
+// that caused it, with nothing before it reported as a success. (Fixture: harness.h.)
 
 TEST_F(IbCompletion, SendCompletesOnlyOnceTheResponderPlacedIt) {
   ASSERT_NO_FATAL_FAILURE(Connect());
@@ -457,13 +451,7 @@ TEST_F(IbCompletion, RemoteAccessErrorLandsOnTheWrite) {
 // IBV_WC_LOC_PROT_ERR and the SEND with IB's Remote Operational Error (rxe, mlx5).
 TEST_F(IbCompletion, BadReceiveBufferIsRemOpErrOnTheSend) {
   ASSERT_NO_FATAL_FAILURE(Connect());
-  SgeSpec bad = sge(0, 4096);
-  bad.lkey_override = local->regions[0].mr->lkey ^ kBadKeyBits;
-  ASSERT_EQ(local->post_recv(3, {bad}), 0);
-  ASSERT_EQ(remote->post_send(make_send(4, {sge(0, 64)})), 0);
-  auto r = local->poll(CqSel::recv, 1);
-  ASSERT_EQ(r.size(), 1u);
-  EXPECT_TRUE(wc_is(r[0], 3, IBV_WC_LOC_PROT_ERR));
+  ASSERT_NO_FATAL_FAILURE(expect_send_into_bad_receive(*local, *remote));
   auto s = remote->poll(CqSel::send, 1);
   ASSERT_EQ(s.size(), 1u);
   EXPECT_TRUE(wc_is(s[0], 4, IBV_WC_REM_OP_ERR));
