@@ -80,9 +80,10 @@ struct Limits {
   std::atomic<int> used[static_cast<int>(Limit::count)] = {};
   Limits() {
     const char* env[] = {"SOFTVERBS_MAX_QP", "SOFTVERBS_MAX_CQ",  "SOFTVERBS_MAX_PD",
-                         "SOFTVERBS_MAX_MR", "SOFTVERBS_MAX_SRQ", "SOFTVERBS_MAX_MW"};
+                         "SOFTVERBS_MAX_MR", "SOFTVERBS_MAX_SRQ", "SOFTVERBS_MAX_MW",
+                         "SOFTVERBS_MAX_AH"};
     // Regions and windows share the 65535 keys of the key table.
-    const int dflt[] = {kMaxQp, 65535, 65535, kMaxMr, 65535, kMaxMr};
+    const int dflt[] = {kMaxQp, 65535, 65535, kMaxMr, 65535, kMaxMr, 65535};
     for (int i = 0; i < static_cast<int>(Limit::count); ++i) {
       max[i] = dflt[i];
       if (const char* v = std::getenv(env[i])) {
@@ -159,6 +160,7 @@ void fill_device_attr(const Device* d, ibv_device_attr* a) {
   a->max_mr = limit_of(Limit::mr);
   a->max_pd = limit_of(Limit::pd);
   a->max_mw = limit_of(Limit::mw);
+  a->max_ah = limit_of(Limit::ah);
   a->max_qp_rd_atom = kMaxRdAtom;
   a->max_ee_rd_atom = 0;
   a->max_res_rd_atom = kMaxRdAtom * 1024;

@@ -34,8 +34,8 @@ struct Device {
 
 // Object limits, as ibv_query_device reports them and as creation enforces them (ENOMEM
 // beyond, as the kernel's pools): the defaults, or lower values from SOFTVERBS_MAX_{QP,CQ,
-// PD,MR,SRQ,MW} (like a provider's module parameters; read once per process).
-enum class Limit : uint8_t { qp, cq, pd, mr, srq, mw, count };
+// PD,MR,SRQ,MW,AH} (like a provider's module parameters; read once per process).
+enum class Limit : uint8_t { qp, cq, pd, mr, srq, mw, ah, count };
 int limit_of(Limit l);
 // Takes one object of kind l; false (nothing taken) at the limit.
 bool limit_take(Limit l);

@@ -641,6 +641,12 @@ uint32_t alloc_qpn(Qp* qp) {
   }
 }
 
+bool add_qpn(uint32_t qpn, Qp* qp) {
+  auto& r = reg();
+  std::lock_guard lk(r.mu);
+  return r.qps.emplace(qpn, qp).second;
+}
+
 void free_qpn(uint32_t qpn) {
   auto& r = reg();
   std::lock_guard lk(r.mu);

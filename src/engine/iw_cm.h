@@ -130,6 +130,8 @@ class Endpoint : public Progress::Handler {
 namespace oob {
 // Allocates a host-unique QPN; 0 if exhausted.
 uint32_t alloc_qpn(Qp* qp);
+// Enters a QPN chosen elsewhere (a UD QP's, from its UDP port); false if it is taken.
+bool add_qpn(uint32_t qpn, Qp* qp);
 void free_qpn(uint32_t qpn);
 Qp* lookup(uint32_t qpn);
 // Called when a QP moves to RTR with a peer (GID, QPN): connects or waits for the peer.

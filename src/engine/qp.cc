@@ -30,7 +30,9 @@ struct QpIo : Progress::Handler {
   void on_event(uint32_t ev) override {
     if (ev & (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)) {
       std::lock_guard lk(qp->rx_mu);
-      if (qp->conn.fd >= 0 && !rx_run_locked(qp)) {
+      if (qp->ud)
+        ud_rx_run_locked(qp);
+      else if (qp->conn.fd >= 0 && !rx_run_locked(qp)) {
         // rx_run_locked reported the loss; nothing more to read.
       }
     }
@@ -47,6 +49,40 @@ struct Transition {
   int required;
   int optional;
 };
+
+// The same table for UD (qp_state_table's IB_QPT_UD columns): a Q_Key instead of paths,
+// PSNs, IRD/ORD and retry counts.
+Transition transition_ud(ibv_qp_state cur, ibv_qp_state next) {
+  constexpr int kS = IBV_QP_STATE;
+  constexpr int kQ = IBV_QP_QKEY;
+  if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) return {true, kS, 0};
+  switch (cur) {
+    case IBV_QPS_RESET:
+      if (next == IBV_QPS_INIT) return {true, kS | IBV_QP_PKEY_INDEX | IBV_QP_PORT | kQ, 0};
+      break;
+    case IBV_QPS_INIT:
+      if (next == IBV_QPS_INIT) return {true, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | kQ};
+      if (next == IBV_QPS_RTR) return {true, kS, IBV_QP_PKEY_INDEX | kQ};
+      break;
+    case IBV_QPS_RTR:
+      if (next == IBV_QPS_RTS) return {true, kS | IBV_QP_SQ_PSN, IBV_QP_CUR_STATE | kQ};
+      break;
+    case IBV_QPS_RTS:
+      if (next == IBV_QPS_RTS) return {true, 0, IBV_QP_CUR_STATE | kQ};
+      if (next == IBV_QPS_SQD) return {true, kS, IBV_QP_EN_SQD_ASYNC_NOTIFY};
+      break;
+    case IBV_QPS_SQD:
+      if (next == IBV_QPS_RTS) return {true, kS, IBV_QP_CUR_STATE | kQ};
+      if (next == IBV_QPS_SQD) return {true, 0, IBV_QP_PKEY_INDEX | kQ};
+      break;
+    case IBV_QPS_SQE:
+      if (next == IBV_QPS_RTS) return {true, kS, IBV_QP_CUR_STATE | kQ};
+      break;
+    default:
+      break;
+  }
+  return {false, 0, 0};
+}
 
 Transition transition(ibv_qp_state cur, ibv_qp_state next) {
   constexpr int kS = IBV_QP_STATE;
@@ -109,10 +145,11 @@ constexpr int kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
 Qp* qp_create(Context* ctx, Pd* pd, const ibv_qp_init_attr* init, int* err) {
   *err = EINVAL;
   if (!pd || !init || !init->send_cq || !init->recv_cq) return nullptr;
-  if (init->qp_type != IBV_QPT_RC) {
+  if (init->qp_type != IBV_QPT_RC && init->qp_type != IBV_QPT_UD) {
     *err = EOPNOTSUPP;
     return nullptr;
   }
+  const bool ud = init->qp_type == IBV_QPT_UD;
   const auto& c = init->cap;
   if (c.max_send_wr > static_cast<uint32_t>(kMaxQpWr) ||
       c.max_recv_wr > static_cast<uint32_t>(kMaxQpWr) ||
@@ -154,24 +191,32 @@ Qp* qp_create(Context* ctx, Pd* pd, const ibv_qp_init_attr* init, int* err) {
   b.recv_cq = init->recv_cq;
   b.srq = init->srq;
   b.state = IBV_QPS_RESET;
-  b.qp_type = IBV_QPT_RC;
+  b.qp_type = init->qp_type;
   pthread_mutex_init(&b.mutex, nullptr);
   pthread_cond_init(&b.cond, nullptr);
   b.events_completed = 0;
-  const uint32_t qpn = oob::alloc_qpn(qp);
-  if (!qpn) {
-    delete qp;
-    *err = ENOMEM;
-    return nullptr;
+  qp->io = std::make_unique<QpIo>(qp);
+  if (ud) {
+    if (const int e = ud_open(qp)) {
+      delete qp;
+      *err = e == EMFILE || e == ENFILE ? ENOMEM : e;
+      return nullptr;
+    }
+  } else {
+    const uint32_t qpn = oob::alloc_qpn(qp);
+    if (!qpn) {
+      delete qp;
+      *err = ENOMEM;
+      return nullptr;
+    }
+    b.qp_num = qpn;
+    b.handle = qpn;
   }
-  b.qp_num = qpn;
-  b.handle = qpn;
-  qp->stats = stats::attach(qpn, IBV_QPT_RC);
+  qp->stats = stats::attach(b.qp_num, init->qp_type);
   qp->attr.qp_state = IBV_QPS_RESET;
   qp->attr.cap = qp->cap;
   qp->attr.path_mtu = IBV_MTU_4096;
   qp->attr.port_num = 1;
-  qp->io = std::make_unique<QpIo>(qp);
   qp->scq->attach(qp);
   if (qp->rcq != qp->scq) qp->rcq->attach(qp);
   if (qp->srq) {
@@ -206,6 +251,7 @@ int qp_destroy(Qp* qp) {
     oob::forget(qp);
     oob::free_qpn(qp->qpn());
   });
+  if (qp->ud) ud_close(qp);
   close_conn(qp);
   qp->scq->detach(qp);
   if (qp->rcq != qp->scq) qp->rcq->detach(qp);
@@ -236,7 +282,8 @@ int qp_modify(Qp* qp, ibv_qp_attr* a, int mask) {
   std::unique_lock lk(qp->tx_mu);
   const ibv_qp_state cur = (mask & IBV_QP_CUR_STATE) ? a->cur_qp_state : qp->state.load();
   const ibv_qp_state next = (mask & IBV_QP_STATE) ? a->qp_state : cur;
-  const Transition t = transition(qp->state.load(), next);
+  const Transition t =
+      qp->ud ? transition_ud(qp->state.load(), next) : transition(qp->state.load(), next);
   if (!t.valid || cur != qp->state.load()) return EINVAL;
   if ((mask & t.required) != t.required || (mask & ~(t.required | t.optional | IBV_QP_STATE)) != 0)
     return EINVAL;
@@ -260,6 +307,7 @@ int qp_modify(Qp* qp, ibv_qp_attr* a, int mask) {
   auto& s = qp->attr;
   if (mask & IBV_QP_ACCESS_FLAGS) s.qp_access_flags = a->qp_access_flags & kKnownAccess;
   if (mask & IBV_QP_PKEY_INDEX) s.pkey_index = a->pkey_index;
+  if (mask & IBV_QP_QKEY) s.qkey = a->qkey;
   if (mask & IBV_QP_PORT) s.port_num = a->port_num;
   if (mask & IBV_QP_AV) s.ah_attr = a->ah_attr;
   if (mask & IBV_QP_PATH_MTU) s.path_mtu = a->path_mtu;
@@ -307,13 +355,19 @@ int qp_modify(Qp* qp, ibv_qp_attr* a, int mask) {
     std::swap(qp->conn, fresh);
     qp->rx_stalled = false;
     qp->tx_blocked = false;
+    qp->ud_tx_failed = false;
     qp->scq->clean(qp->qpn());
     if (qp->rcq != qp->scq) qp->rcq->clean(qp->qpn());
+    if (qp->ud) ud_update_interest(qp);
     return 0;
   }
   qp_set_state_locked(qp, next);
-  if (next == IBV_QPS_RTR && !qp->cm_managed) oob::start(qp);
-  if (next == IBV_QPS_RTS && prev != IBV_QPS_RTS) tx_run_locked(qp);
+  if (qp->ud) {
+    if (next == IBV_QPS_RTS) ud_tx_locked(qp);  // what was posted while in SQD
+  } else {
+    if (next == IBV_QPS_RTR && !qp->cm_managed) oob::start(qp);
+    if (next == IBV_QPS_RTS && prev != IBV_QPS_RTS) tx_run_locked(qp);
+  }
   if (next == IBV_QPS_SQD && s.en_sqd_async_notify) {
     // Nothing is ever in flight between WQEs for long: the SQ drains immediately.
     lk.unlock();
@@ -339,7 +393,7 @@ int qp_query(Qp* qp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) {
     init->recv_cq = qp->qpx.qp_base.recv_cq;
     init->srq = qp->qpx.qp_base.srq;
     init->cap = qp->cap;
-    init->qp_type = IBV_QPT_RC;
+    init->qp_type = qp->qpx.qp_base.qp_type;
     init->sq_sig_all = qp->sq_sig_all;
   }
   return 0;
@@ -351,6 +405,13 @@ static int check_send_wr(const Qp* qp, const ibv_send_wr* wr) {
   uint64_t len = 0;
   for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
   if (len > kMaxMsgSize) return EINVAL;
+  if (qp->ud) {
+    // UD carries Sends only, each to the address handle its WR names (IBA 10.8.2).
+    if (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM) return EINVAL;
+    if (!wr->wr.ud.ah || wr->wr.ud.remote_qpn > 0xFFFFFF) return EINVAL;
+    if ((wr->send_flags & IBV_SEND_INLINE) && len > qp->cap.max_inline_data) return EINVAL;
+    return 0;
+  }
   switch (wr->opcode) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_INV:
@@ -487,8 +548,12 @@ int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing
       default:
         break;
     }
-    if (wr->opcode == IBV_WR_RDMA_WRITE || wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
-        wr->opcode == IBV_WR_RDMA_READ) {
+    if (qp->ud) {
+      w.dgid = Ah::from(wr->wr.ud.ah)->attr.grh.dgid;
+      w.remote_qpn = wr->wr.ud.remote_qpn;
+      w.remote_qkey = wr->wr.ud.remote_qkey;
+    } else if (wr->opcode == IBV_WR_RDMA_WRITE || wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
+               wr->opcode == IBV_WR_RDMA_READ) {
       w.remote_addr = wr->wr.rdma.remote_addr;
       w.rkey = wr->wr.rdma.rkey;
     } else if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
@@ -501,6 +566,13 @@ int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing
     ++qp->sq_count;
   }
   if (err) *bad = wr;
+  if (qp->ud) {
+    if (qp->state.load() == IBV_QPS_ERR)
+      flush_qp_locked(qp, IBV_WC_WR_FLUSH_ERR);
+    else
+      ud_tx_locked(qp);
+    return err;
+  }
   if (qp->conn.peer_gone && qp->sq_count && qp->state.load() != IBV_QPS_ERR) {
     // Retries toward a peer that is gone are exhausted (IB spec 9.7.5.1.5 analogue).
     lk.unlock();
@@ -624,18 +696,18 @@ static void restart_rx(Qp* qp) {
   if (!qp->rx_stalled) return;
   if (Progress::get().on_thread() || qp->rx_mu.try_lock()) {
     if (!Progress::get().on_thread()) {
-      rx_run_locked(qp);
+      qp_rx_locked(qp);
       qp->rx_mu.unlock();
     } else {
       std::lock_guard lk(qp->rx_mu);
-      rx_run_locked(qp);
+      qp_rx_locked(qp);
     }
     qp_update_interest(qp);
   } else {
     Progress::get().post([qp, qpn = qp->qpn()] {
       if (oob::lookup(qpn) != qp) return;  // destroyed meanwhile
       std::lock_guard lk(qp->rx_mu);
-      rx_run_locked(qp);
+      qp_rx_locked(qp);
       qp_update_interest(qp);
     });
   }
@@ -774,6 +846,10 @@ void qp_conn_lost(Qp* qp, ibv_wc_status status) {
 }
 
 void qp_update_interest(Qp* qp) {
+  if (qp->ud) {
+    ud_update_interest(qp);
+    return;
+  }
   auto apply = [qp] {
     if (qp->conn.fd < 0) return;
     uint32_t ev = 0;
@@ -846,6 +922,15 @@ void qp_attach_conn(Qp* qp) {
 }
 
 void qp_progress(Qp* qp) {
+  if (qp->ud) {
+    // A busy poller drives the receive path itself; a stalled QP waits for a post_recv.
+    if (!qp->rx_stalled && qp->rx_mu.try_lock()) {
+      ud_rx_run_locked(qp);
+      qp->rx_mu.unlock();
+      if (qp->rx_stalled) ud_update_interest(qp);
+    }
+    return;
+  }
   if (!qp->conn_up.load(std::memory_order_acquire)) return;
   if (qp->rx_mu.try_lock()) {
     rx_run_locked(qp);

@@ -76,7 +76,19 @@ struct SendWqe {
   uint32_t msn = 0;         // Read/Atomic request MSN (also the atomic request id)
   uint32_t resp_bytes = 0;  // Read Response bytes placed
   uint32_t ack_seq = 0;     // softverbs peer: complete once peer_acked reaches it
+  // UD (qp_ud.cc): the destination, copied from the AH at post so it may be destroyed.
+  ibv_gid dgid{};
+  uint32_t remote_qpn = 0;
+  uint32_t remote_qkey = 0;
   ibv_wc_status status = IBV_WC_SUCCESS;
+};
+
+// An address handle (UD): where a datagram goes. Only global (GRH) addresses exist on our
+// Ethernet-like port.
+struct Ah {
+  ibv_ah ah;  // first: handed out as ibv_ah*
+  ibv_ah_attr attr{};
+  static const Ah* from(const ibv_ah* a) { return reinterpret_cast<const Ah*>(a); }
 };
 
 struct RecvWqe {
@@ -250,6 +262,16 @@ struct Qp {
   std::unique_ptr<Progress::Handler> io;  // epoll handler for conn.fd
   uint32_t events_reported = 0;           // async events posted for it (qpx.qp_base.mutex)
 
+  // UD (qp_ud.cc): the QP's own UDP socket, bound to the port in its QPN (port << 8 | 0xFF).
+  bool ud = false;
+  int ud_fd = -1;
+  bool ud_registered = false;           // progress thread only
+  uint32_t ud_events = 0;               // progress thread only
+  std::vector<std::byte> ud_rxbuf;      // rx_mu: one datagram
+  bool ud_dual_stack = false;           // ud_fd is AF_INET6 taking IPv4 too
+  uint32_t ud_psn = 0;                  // tx_mu
+  bool ud_tx_failed = false;            // tx_mu: a WQE failed, the QP is going to ERR
+
   ibv_qp* ibqp() { return &qpx.qp_base; }
   static Qp* from(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
   uint32_t qpn() const { return qpx.qp_base.qp_num; }
@@ -318,6 +340,29 @@ void complete_sq_locked(Qp* qp);
 void flush_qp_locked(Qp* qp, ibv_wc_status first_status);
 void complete_recv(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_len, ibv_wc_opcode op,
                    unsigned wc_flags, uint32_t imm, uint32_t inv);
+// A UD receive: the sender's QPN, the GRH flag and the solicited bit come with the datagram.
+void complete_recv_ud(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_len,
+                      uint32_t src_qp, bool imm, uint32_t imm_be, bool solicited);
+
+// ---- qp_responder.cc: receive WQEs, shared with qp_ud.cc --------------------------------
+// Pops a receive WQE (RQ or SRQ) into out, its SGEs copied into sge. False if none.
+bool take_recv(Qp* qp, RecvWqe& out, std::array<ibv_sge, kMaxSge>& sge);
+// The WQE's buffers are registered for local write in the PD its queue belongs to.
+bool recv_keys_ok(Qp* qp, const RecvWqe& w);
+
+// ---- qp_ud.cc: unreliable datagram QPs over UDP ---------------------------------------
+inline constexpr uint32_t kUdQpnLow = 0xFF;  // RC QPNs use 1..254 (iw_cm.cc)
+inline constexpr uint32_t kUdMtu = 4096;     // the port's active_mtu: largest UD payload
+// Opens the QP's UDP socket and gives it its QPN; 0 or an errno.
+int ud_open(Qp* qp);
+void ud_close(Qp* qp);
+// Sends the queued WQEs from sq_tx (RTS only). Caller holds tx_mu.
+void ud_tx_locked(Qp* qp);
+// Receives what the socket holds while receive WQEs are posted. Caller holds rx_mu.
+void ud_rx_run_locked(Qp* qp);
+void ud_update_interest(Qp* qp);
+// The receive side of either QP type (RC: rx_run_locked). Caller holds rx_mu.
+void qp_rx_locked(Qp* qp);
 
 // ---- iw_rx.cc -------------------------------------------------------------------------
 // Parses what the socket holds. Caller holds rx_mu. Returns false if the connection died.

@@ -136,4 +136,21 @@ void complete_recv(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_len
   push_cq(qp, qp->rcq, wc, (wc_flags & (1u << 31)) != 0);
 }
 
+void complete_recv_ud(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_len,
+                      uint32_t src_qp, bool imm, uint32_t imm_be, bool solicited) {
+  ibv_wc wc{};
+  wc.wr_id = w.wr_id;
+  wc.status = st;
+  wc.opcode = IBV_WC_RECV;
+  wc.qp_num = qp->qpn();
+  if (st == IBV_WC_SUCCESS) {
+    wc.byte_len = byte_len;  // the GRH's 40 bytes included (IBA 11.4.1.1)
+    wc.src_qp = src_qp;
+    wc.wc_flags = IBV_WC_GRH | (imm ? IBV_WC_WITH_IMM : 0);
+    if (imm) wc.imm_data = imm_be;
+    wc.pkey_index = 0;
+  }
+  push_cq(qp, qp->rcq, wc, solicited);
+}
+
 }  // namespace sv::engine

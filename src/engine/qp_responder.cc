@@ -18,7 +18,8 @@ namespace {
 using wire::RdmapOpcode;
 using wire::Terminate;
 
-// Pops a receive WQE (RQ or SRQ) into conn.cur_recv, copying its SGEs.
+}  // namespace
+
 bool take_recv(Qp* qp, RecvWqe& out, std::array<ibv_sge, kMaxSge>& sge) {
   if (qp->srq) {
     Srq* s = qp->srq;
@@ -70,6 +71,8 @@ bool recv_keys_ok(Qp* qp, const RecvWqe& w) {
   }
   return true;
 }
+
+namespace {
 
 // Finds the oldest WQE awaiting a response of this kind.
 SendWqe* oldest_awaiting(Qp* qp, bool atomic) {

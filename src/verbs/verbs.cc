@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include "engine/context.h"
 #include "engine/cq.h"
@@ -21,6 +22,7 @@
 #include "verbs/handles.h"
 #include "verbs/mw.h"
 #include "verbs/qp_ex.h"
+#include "wire/ud.h"
 
 #define SV_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -756,7 +758,7 @@ SV_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
   return 0;
 }
 
-// ---- address handles and multicast (UD only: RC is all we carry) ------------------------
+// ---- address handles (UD: engine/qp_ud.cc) -----------------------------------------------
 
 SV_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
   if (!handle_ok(HKind::pd, pd) || !attr || attr->port_num != 1) {
@@ -764,38 +766,82 @@ SV_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
     return nullptr;
   }
   // An Ethernet (RoCE-style) port is addressed by GID only: an AH without a GRH, or naming a
-  // source GID the port does not have, is EINVAL (the kernel's rdma_check_ah_attr).
-  if (!attr->is_global || attr->grh.sgid_index >= Context::from(pd->context)->device->gids.size()) {
+  // source GID the port does not have, is EINVAL (the kernel's rdma_check_ah_attr). A GID
+  // that names no IP address cannot be routed to (the kernel's neighbour resolution fails).
+  sv::transport::SockAddr to;
+  if (!attr->is_global || attr->grh.sgid_index >= Context::from(pd->context)->device->gids.size() ||
+      !gid_to_addr(attr->grh.dgid, to)) {
     errno = EINVAL;
     return nullptr;
   }
-  auto* ah = static_cast<ibv_ah*>(calloc(1, sizeof(ibv_ah)));
-  if (!ah) {
+  if (!limit_take(Limit::ah)) {
     errno = ENOMEM;
     return nullptr;
   }
-  ah->context = pd->context;
-  ah->pd = pd;
+  auto* ah = new (std::nothrow) Ah();
+  if (!ah) {
+    limit_give(Limit::ah);
+    errno = ENOMEM;
+    return nullptr;
+  }
+  ah->attr = *attr;
+  ah->ah.context = pd->context;
+  ah->ah.pd = pd;
   ++reinterpret_cast<Pd*>(pd)->users;
-  handle_add(HKind::ah, ah, pd->context);
-  return ah;
+  handle_add(HKind::ah, &ah->ah, pd->context);
+  return &ah->ah;
 }
 
 SV_EXPORT int ibv_destroy_ah(ibv_ah* ah) {
   if (!handle_remove(HKind::ah, ah)) return EINVAL;
   --reinterpret_cast<Pd*>(ah->pd)->users;
-  free(ah);
+  delete Ah::from(ah);
+  limit_give(Limit::ah);
   return 0;
 }
 
-SV_EXPORT int ibv_init_ah_from_wc(ibv_context*, uint8_t, ibv_wc*, ibv_grh*, ibv_ah_attr*) {
-  errno = EOPNOTSUPP;  // needs a UD GRH; softverbs carries RC only
-  return -1;
+// The AH that answers a UD receive (IBA 11.4.1.1 / rdma-core's ibv_init_ah_from_wc): the
+// GRH's source GID becomes the destination, and its destination the source GID index.
+SV_EXPORT int ibv_init_ah_from_wc(ibv_context* ctx, uint8_t port_num, ibv_wc* wc, ibv_grh* grh,
+                                  ibv_ah_attr* ah_attr) {
+  if (!ctx || !wc || !ah_attr || port_num != 1) {
+    errno = EINVAL;
+    return -1;
+  }
+  std::memset(ah_attr, 0, sizeof *ah_attr);
+  ah_attr->dlid = wc->slid;
+  ah_attr->sl = wc->sl;
+  ah_attr->src_path_bits = wc->dlid_path_bits;
+  ah_attr->port_num = port_num;
+  if (!(wc->wc_flags & IBV_WC_GRH) || !grh) {
+    errno = EPROTONOSUPPORT;  // no GRH: an Ethernet port cannot answer it
+    return -1;
+  }
+  sv::wire::Grh g;
+  if (!sv::wire::decode_grh(reinterpret_cast<const std::byte*>(grh), g)) {
+    errno = EPROTONOSUPPORT;
+    return -1;
+  }
+  const Device* d = Context::from(ctx)->device;
+  size_t idx = 0;
+  while (idx < d->gids.size() && std::memcmp(d->gids[idx].raw, g.dgid, 16) != 0) ++idx;
+  if (idx == d->gids.size()) {
+    errno = ENOENT;  // rdma-core: the GID the message was sent to is not ours
+    return -1;
+  }
+  ah_attr->is_global = 1;
+  std::memcpy(ah_attr->grh.dgid.raw, g.sgid, 16);
+  ah_attr->grh.sgid_index = static_cast<uint8_t>(idx);
+  ah_attr->grh.flow_label = g.flow_label;
+  ah_attr->grh.traffic_class = g.traffic_class;
+  ah_attr->grh.hop_limit = 0xFF;
+  return 0;
 }
 
-SV_EXPORT ibv_ah* ibv_create_ah_from_wc(ibv_pd*, ibv_wc*, ibv_grh*, uint8_t) {
-  errno = EOPNOTSUPP;
-  return nullptr;
+SV_EXPORT ibv_ah* ibv_create_ah_from_wc(ibv_pd* pd, ibv_wc* wc, ibv_grh* grh, uint8_t port_num) {
+  ibv_ah_attr attr;
+  if (!pd || ibv_init_ah_from_wc(pd->context, port_num, wc, grh, &attr)) return nullptr;
+  return ibv_create_ah(pd, &attr);
 }
 
 SV_EXPORT int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) {

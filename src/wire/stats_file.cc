@@ -77,6 +77,8 @@ const char* ctr_name(Ctr c) {
       return "rcvd_terminates";
     case Ctr::rnr_waits:
       return "rnr_waits";
+    case Ctr::ud_dropped:
+      return "ud_dropped";
     case Ctr::count:
       break;
   }

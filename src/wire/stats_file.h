@@ -39,6 +39,7 @@ enum class Ctr : uint8_t {
   sent_terminates,
   rcvd_terminates,
   rnr_waits,  // a Send arrived with no receive posted (we stop reading: RNR)
+  ud_dropped,  // UD datagrams dropped: malformed, Q_Key/P_Key/QPN mismatch, QP not ready
   count
 };
 inline constexpr size_t kCtrCount = static_cast<size_t>(Ctr::count);
