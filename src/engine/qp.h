@@ -265,12 +265,12 @@ struct Qp {
   // UD (qp_ud.cc): the QP's own UDP socket, bound to the port in its QPN (port << 8 | 0xFF).
   bool ud = false;
   int ud_fd = -1;
-  bool ud_registered = false;           // progress thread only
-  uint32_t ud_events = 0;               // progress thread only
-  std::vector<std::byte> ud_rxbuf;      // rx_mu: one datagram
-  bool ud_dual_stack = false;           // ud_fd is AF_INET6 taking IPv4 too
-  uint32_t ud_psn = 0;                  // tx_mu
-  bool ud_tx_failed = false;            // tx_mu: a WQE failed, the QP is going to ERR
+  bool ud_registered = false;       // progress thread only
+  uint32_t ud_events = 0;           // progress thread only
+  std::vector<std::byte> ud_rxbuf;  // rx_mu: one datagram
+  bool ud_dual_stack = false;       // ud_fd is AF_INET6 taking IPv4 too
+  uint32_t ud_psn = 0;              // tx_mu
+  bool ud_tx_failed = false;        // tx_mu: a WQE failed, the QP is going to ERR
 
   ibv_qp* ibqp() { return &qpx.qp_base; }
   static Qp* from(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }

@@ -187,9 +187,9 @@ bool deliver(Qp* qp, size_t n, const transport::SockAddr& from, const ibv_gid& t
     const Pd* pd = qp->srq ? qp->srq->pd : qp->pd;  // an SRQ's WQEs belong to its PD
     for (uint32_t i = 0; i < w.num_sge && keys_ok; ++i) {
       std::byte* dst;
-      keys_ok = !w.sge[i].length || kt.check(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length,
-                                             IBV_ACCESS_LOCAL_WRITE, false, &dst) ==
-                                        AccessResult::ok;
+      keys_ok =
+          !w.sge[i].length || kt.check(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length,
+                                       IBV_ACCESS_LOCAL_WRITE, false, &dst) == AccessResult::ok;
     }
     if (keys_ok) {
       scatter(w, 0, grh.data(), wire::kGrhLen);
@@ -263,8 +263,8 @@ void ud_rx_run_locked(Qp* qp) {
   for (int budget = kRxBudget; budget; --budget) {
     const ibv_qp_state st = qp->state.load(std::memory_order_acquire);
     // IBA 10.3.1: a QP below RTR, or in ERR, takes nothing; what arrives is dropped.
-    const bool accept = st == IBV_QPS_RTR || st == IBV_QPS_RTS || st == IBV_QPS_SQD ||
-                        st == IBV_QPS_SQE;
+    const bool accept =
+        st == IBV_QPS_RTR || st == IBV_QPS_RTS || st == IBV_QPS_SQD || st == IBV_QPS_SQE;
     if (accept && !recv_ready(qp)) return;
     sockaddr_storage from{};
     alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(in_pktinfo))];

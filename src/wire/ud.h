@@ -28,15 +28,15 @@ inline constexpr uint8_t kUdSendOnlyImm = 0x65;
 inline constexpr uint16_t kDefaultPkey = 0xFFFF;
 
 struct UdHeader {
-  bool solicited = false;   // BTH SE
-  bool has_imm = false;     // opcode SEND Only with Immediate
+  bool solicited = false;  // BTH SE
+  bool has_imm = false;    // opcode SEND Only with Immediate
   uint16_t pkey = kDefaultPkey;
-  uint32_t dest_qp = 0;     // 24 bits
-  uint32_t psn = 0;         // 24 bits
-  uint32_t qkey = 0;        // DETH
-  uint32_t src_qp = 0;      // 24 bits
-  uint32_t imm_be = 0;      // ImmDt as it sits in memory (ibv_wc.imm_data is big-endian)
-  uint8_t pad = 0;          // BTH PadCnt: bytes after the payload to drop
+  uint32_t dest_qp = 0;  // 24 bits
+  uint32_t psn = 0;      // 24 bits
+  uint32_t qkey = 0;     // DETH
+  uint32_t src_qp = 0;   // 24 bits
+  uint32_t imm_be = 0;   // ImmDt as it sits in memory (ibv_wc.imm_data is big-endian)
+  uint8_t pad = 0;       // BTH PadCnt: bytes after the payload to drop
 };
 
 enum class UdError : uint8_t {

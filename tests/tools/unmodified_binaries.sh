@@ -118,6 +118,11 @@ run_pair ibv_rc_pingpong_events "ibv_rc_pingpong -g 0 -n 200 -e" \
 # -t: an extended CQ (ibv_create_cq_ex) with completion timestamps, polled with ibv_start_poll.
 run_pair ibv_rc_pingpong_timestamps "ibv_rc_pingpong -g 0 -n 200 -t" \
   "ibv_rc_pingpong -g 0 -n 200 -t $SRV_ADDR" "Average receive completion clock cycles = [1-9]"
+# UD: datagrams over UDP, a GRH in front of each receive (-g: an Ethernet port needs GIDs).
+run_pair ibv_ud_pingpong "ibv_ud_pingpong -g 0 -n 200" \
+  "ibv_ud_pingpong -g 0 -n 200 $SRV_ADDR" "200 iters in"
+run_pair ibv_ud_pingpong_events_mtu "ibv_ud_pingpong -g 0 -n 200 -e -s 4096" \
+  "ibv_ud_pingpong -g 0 -n 200 -e -s 4096 $SRV_ADDR" "200 iters in"
 run_pair rping "rping -s -a $SRV_ADDR -v -C 100" "rping -c -a $SRV_ADDR -v -C 100" "rdma-ping-99"
 run_pair ucmatose "ucmatose" "ucmatose -s $SRV_ADDR" "test complete"
 # rdma_verbs.h style: rdma_create_ep with the address's QP type, a passive ep whose requests
@@ -137,6 +142,10 @@ for t in ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw; do
       "^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+"
   done
 done
+PORT=18515 run_pair "ib_send_bw -c UD" "ib_send_bw -c UD -D 1 -s 2048" \
+  "ib_send_bw -c UD -D 1 -s 2048 $SRV_ADDR" "^ *2048 +[0-9]+ +[0-9.]+ +[0-9.]+"
+PORT=18515 run_pair "ib_send_lat -c UD" "ib_send_lat -c UD $PT_LAT" \
+  "ib_send_lat -c UD $PT_LAT $SRV_ADDR" "^ *8 +500 +[0-9.]+"
 for t in ib_write_lat ib_read_lat ib_send_lat; do
   for r in "" "-R"; do
     PORT=18515 run_pair "$t${r:+ $r}" "$t $PT_LAT $r" "$t $PT_LAT $r $SRV_ADDR" \
