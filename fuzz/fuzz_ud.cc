@@ -2,11 +2,14 @@
 // the datagram's BTH/DETH/ImmDt headers and, read back by ibv_init_ah_from_wc, the GRH
 // (src/wire/ud.h).
 //
-// Input: byte 0 bit 0 picks the parser; the rest is the datagram or the 40-byte GRH.
+// Input: byte 0 (mod 3) picks the parser; the rest is its input.
 //  0: a datagram. Traps if a decoded header's length, payload and pad do not add up to the
 //     datagram, or if re-encoding the header does not decode to the same fields.
 //  1: a GRH. Traps if a decoded GRH does not survive encode/decode with its addresses,
 //     version (IPv4 for IPv4-mapped addresses), traffic class, flow label and hop limit.
+//  2: an rdma_cm SIDR message on a PS_UDP port. Traps if a decoded message's private data
+//     is not inside the input or beyond its kind's limit, or if it does not re-encode to
+//     the same bytes.
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -60,14 +63,38 @@ void grh(const std::byte* d, size_t n) {
              std::memcmp(back.sgid, g.sgid, 16) == 0 && std::memcmp(back.dgid, g.dgid, 16) == 0);
 }
 
+void sidr(const std::byte* d, size_t n) {
+  w::Sidr m;
+  if (!w::decode_sidr(d, n, m)) return;
+  FUZZ_CHECK(n == w::kSidrHdrLen + m.pdata_len);
+  FUZZ_CHECK(m.pdata_len <=
+             (m.kind == w::SidrKind::req ? w::kSidrReqMaxPrivData : w::kSidrRepMaxPrivData));
+  FUZZ_CHECK(!m.pdata_len || (m.pdata == d + w::kSidrHdrLen));
+  std::array<std::byte, w::kSidrHdrLen + 255> out;
+  const size_t len = w::encode_sidr(m, out.data());
+  FUZZ_CHECK(len == n);
+  // The QPN's reserved top byte is not carried through.
+  std::array<std::byte, w::kSidrHdrLen + 255> in;
+  std::memcpy(in.data(), d, n);
+  in[12] = std::byte{0};
+  FUZZ_CHECK(std::memcmp(out.data(), in.data(), n) == 0);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const auto* d = reinterpret_cast<const std::byte*>(data + 1);
-  if (data[0] & 1)
-    grh(d, size - 1);
-  else
-    datagram(d, size - 1);
+  switch (data[0] % 3) {
+    case 0:
+      datagram(d, size - 1);
+      break;
+    case 1:
+      grh(d, size - 1);
+      break;
+    default:
+      sidr(d, size - 1);
+      break;
+  }
   return 0;
 }

@@ -15,7 +15,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -28,11 +30,13 @@
 #include "engine/qp.h"
 #include "util/fork_local.h"
 #include "util/raw_socket.h"
+#include "wire/ud.h"
 
 #define SV_EXPORT extern "C" __attribute__((visibility("default")))
 
 using namespace sv::engine;
 using sv::transport::SockAddr;
+namespace wire = sv::wire;
 
 namespace {
 
@@ -47,6 +51,7 @@ struct Channel {
 };
 
 struct CmId;
+struct SidrSock;
 
 struct Listener : Progress::Handler {
   CmId* id = nullptr;
@@ -68,6 +73,12 @@ struct CmId {
   // rdma_create_ep on a passive id: rdma_get_request creates a QP like this on each child.
   std::unique_ptr<ibv_qp_init_attr> child_qp_attr;
   uint8_t resp_res = 0, init_depth = 0;
+  // RDMA_PS_UDP: the SIDR socket (listener's, or the requester's while it resolves). A
+  // request's child answers on a duplicate of its listener's socket, to the requester.
+  SidrSock* sidr = nullptr;
+  int sidr_reply_fd = -1;
+  SockAddr sidr_peer;
+  uint32_t sidr_req_id = 0;
   int outstanding = 0;  // events not yet acked (rdma_destroy_id waits)
   std::condition_variable cv;
 };
@@ -122,7 +133,7 @@ ibv_context* g_verbs() {
 
 void queue_event(CmId* id, rdma_cm_event_type type, int status,
                  const std::vector<std::byte>* pdata = nullptr, rdma_cm_id* ev_id = nullptr,
-                 uint8_t resp_res = 0, uint8_t init_depth = 0) {
+                 uint8_t resp_res = 0, uint8_t init_depth = 0, const rdma_ud_param* ud = nullptr) {
   auto* e = new CmEvent();
   e->ev.id = ev_id ? ev_id : &id->id;
   e->ev.listen_id = ev_id ? &id->id : nullptr;
@@ -134,8 +145,15 @@ void queue_event(CmId* id, rdma_cm_event_type type, int status,
     e->ev.param.conn.private_data_len =
         static_cast<uint8_t>(std::min<size_t>(e->pdata.size(), 255));
   }
-  e->ev.param.conn.responder_resources = resp_res;
-  e->ev.param.conn.initiator_depth = init_depth;
+  if (ud) {
+    // A UD event's parameters are rdma_ud_param (same private data fields at the front).
+    e->ev.param.ud.ah_attr = ud->ah_attr;
+    e->ev.param.ud.qp_num = ud->qp_num;
+    e->ev.param.ud.qkey = ud->qkey;
+  } else {
+    e->ev.param.conn.responder_resources = resp_res;
+    e->ev.param.conn.initiator_depth = init_depth;
+  }
   CmId* owner = ev_id ? cmid(ev_id) : id;
   chan(owner->id.channel)->events.push(e);
 }
@@ -292,6 +310,249 @@ int sync_wait(CmId* id, rdma_cm_event_type want) {
   return 0;
 }
 
+// ---- RDMA_PS_UDP: SIDR over UDP -------------------------------------------------------------
+// rdma_cm's UD "connection" is IB's service ID resolution (IBA 12.11): rdma_connect sends a
+// SIDR REQ with the ULP's private data to the listener's port; rdma_accept answers with a
+// SIDR REP naming the QPN and Q_Key to send to, and the requester gets ESTABLISHED with an
+// rdma_ud_param (AH attributes, QPN, Q_Key). The passive side gets no event after accepting.
+// Nothing stays connected: the QPs exchange datagrams (engine/qp_ud.cc). We carry the two
+// messages in UDP datagrams (wire/ud.h); the rdma_cm port is the UDP port.
+constexpr uint32_t kUdpQkey = 0x01234567;  // RDMA_UDP_QKEY, librdmacm's Q_Key for PS_UDP
+constexpr int kSidrTries = 8;              // REQ retransmissions before UNREACHABLE
+constexpr auto kSidrRetry = std::chrono::milliseconds(250);
+constexpr size_t kSidrAnswered = 64;  // recent REPs kept to answer retransmitted REQs
+
+struct SidrSock : Progress::Handler {
+  CmId* id = nullptr;
+  int fd = -1;
+  bool passive = false;
+  // active: the request, resent until a reply or kSidrTries
+  std::vector<std::byte> req;
+  uint32_t req_id = 0;
+  int tries = 0;
+  bool done = false;
+  // passive: requests whose child is still deciding, and recent answers
+  struct Seen {
+    SockAddr from;
+    uint32_t req_id;
+    std::vector<std::byte> rep;  // empty while pending
+  };
+  std::deque<Seen> seen;
+  void on_event(uint32_t) override;
+};
+
+bool same_addr(const SockAddr& a, const SockAddr& b) {
+  return a.len == b.len && std::memcmp(&a.ss, &b.ss, a.len) == 0;
+}
+
+// The AH attributes that reach `peer` from this device (GID of our source address).
+ibv_ah_attr ah_toward(const SockAddr& src, const SockAddr& peer) {
+  ibv_ah_attr a{};
+  a.is_global = 1;
+  a.port_num = 1;
+  a.grh.dgid = addr_to_gid(peer);
+  a.grh.hop_limit = 64;
+  const ibv_gid mine = addr_to_gid(src);
+  const Device* d = the_device();
+  for (size_t i = 0; i < d->gids.size(); ++i)
+    if (std::memcmp(d->gids[i].raw, mine.raw, 16) == 0) a.grh.sgid_index = static_cast<uint8_t>(i);
+  return a;
+}
+
+void sidr_finish(SidrSock* s, rdma_cm_event_type type, int status, const wire::Sidr* rep) {
+  // Called with g_live.get().mu held and s->id alive.
+  s->done = true;
+  CmId* id = s->id;
+  if (type != RDMA_CM_EVENT_ESTABLISHED) {
+    queue_event(id, type, status);
+    return;
+  }
+  std::vector<std::byte> pd(rep->pdata, rep->pdata + rep->pdata_len);
+  rdma_ud_param ud{};
+  ud.ah_attr = ah_toward(id_src(id), id_dst(id));
+  ud.qp_num = rep->qpn;
+  ud.qkey = rep->qkey;
+  {
+    std::lock_guard lk(id->mu);
+    id->connected = true;
+  }
+  queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0, &pd, nullptr, 0, 0, &ud);
+}
+
+void sidr_on_request(SidrSock* s, const wire::Sidr& m, const SockAddr& from) {
+  for (auto& seen : s->seen) {
+    if (seen.req_id != m.req_id || !same_addr(seen.from, from)) continue;
+    // A retransmission: answer again, or keep waiting for the application.
+    if (!seen.rep.empty())
+      sendto(s->fd, seen.rep.data(), seen.rep.size(), 0,
+             reinterpret_cast<const sockaddr*>(&from.ss), from.len);
+    return;
+  }
+  CmId* lid = s->id;
+  auto* child = new CmId();
+  child->id.verbs = g_verbs();
+  child->id.channel = lid->id.channel;
+  child->id.context = lid->id.context;
+  child->id.ps = RDMA_PS_UDP;
+  child->id.port_num = 1;
+  child->id.qp_type = IBV_QPT_UD;
+  child->id.pd = lid->id.pd;
+  child->sidr_reply_fd = fcntl(s->fd, F_DUPFD_CLOEXEC, 0);
+  child->sidr_peer = from;
+  child->sidr_req_id = m.req_id;
+  g_live.get().ids.push_back(child);
+  SockAddr src = sv::transport::local_addr(s->fd);
+  if (is_any(src)) {
+    // The address the requester reached: the one the kernel routes back from.
+    const int probe = sv::raw_socket(from.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (probe >= 0 && connect(probe, reinterpret_cast<const sockaddr*>(&from.ss), from.len) == 0) {
+      const uint16_t port = src.port();
+      src = sv::transport::local_addr(probe);
+      src.set_port(port);
+    }
+    if (probe >= 0) close(probe);
+  }
+  set_src(child, src);
+  set_dst(child, from);
+  if (s->seen.size() >= kSidrAnswered) s->seen.pop_front();
+  s->seen.push_back({from, m.req_id, {}});
+  std::vector<std::byte> pd(m.pdata, m.pdata + m.pdata_len);
+  rdma_ud_param ud{};
+  queue_event(lid, RDMA_CM_EVENT_CONNECT_REQUEST, 0, &pd, &child->id, 0, 0, &ud);
+}
+
+void SidrSock::on_event(uint32_t) {
+  std::lock_guard reg(g_live.get().mu);
+  for (;;) {
+    std::array<std::byte, wire::kSidrHdrLen + wire::kSidrReqMaxPrivData + 1> buf;
+    sockaddr_storage from{};
+    socklen_t flen = sizeof from;
+    const ssize_t n = recvfrom(fd, buf.data(), buf.size(), MSG_DONTWAIT,
+                               reinterpret_cast<sockaddr*>(&from), &flen);
+    if (n < 0) {
+      // A connected requester socket learns of a closed port (ICMP): no such service.
+      if (errno == ECONNREFUSED && !passive && !done && alive(id))
+        sidr_finish(this, RDMA_CM_EVENT_UNREACHABLE, wire::kSidrUnsupported, nullptr);
+      if (errno == EINTR || errno == ECONNREFUSED) continue;
+      return;
+    }
+    if (!alive(id) || done) continue;
+    wire::Sidr m;
+    if (!wire::decode_sidr(buf.data(), static_cast<size_t>(n), m)) continue;  // not ours
+    const SockAddr src = SockAddr::from(reinterpret_cast<sockaddr*>(&from));
+    if (passive && m.kind == wire::SidrKind::req) {
+      sidr_on_request(this, m, src);
+    } else if (!passive && m.kind == wire::SidrKind::rep && m.req_id == req_id) {
+      if (m.status == wire::kSidrSuccess)
+        sidr_finish(this, RDMA_CM_EVENT_ESTABLISHED, 0, &m);
+      else
+        sidr_finish(this, RDMA_CM_EVENT_UNREACHABLE, m.status, nullptr);
+    }
+  }
+}
+
+void sidr_retry(CmId* id, SidrSock* s) {
+  Progress::get().post_after(kSidrRetry, [id, s] {
+    std::lock_guard reg(g_live.get().mu);
+    if (!alive(id) || id->sidr != s || s->done) return;
+    if (++s->tries >= kSidrTries) {
+      sidr_finish(s, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT, nullptr);
+      return;
+    }
+    send(s->fd, s->req.data(), s->req.size(), MSG_DONTWAIT);
+    sidr_retry(id, s);
+  });
+}
+
+// Unregisters and frees an id's SIDR socket (progress thread).
+void sidr_close(CmId* id) {
+  Progress::get().run_sync([id] {
+    if (!id->sidr) return;
+    Progress::get().del(id->sidr->fd);
+    close(id->sidr->fd);
+    delete id->sidr;
+    id->sidr = nullptr;
+  });
+}
+
+int sidr_connect(CmId* id, const rdma_conn_param* param) {
+  if (id->sidr || id->connected) return fail(EISCONN);
+  const SockAddr dst = id_dst(id);
+  if (!dst.len) return fail(EINVAL);
+  const int fd = sv::raw_socket(dst.family(), SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return -1;
+  const SockAddr src = id_src(id);
+  if (src.len && !is_any(src)) {
+    SockAddr b = src;
+    b.set_port(0);
+    if (bind(fd, reinterpret_cast<const sockaddr*>(&b.ss), b.len) != 0) {
+      const int e = errno;
+      close(fd);
+      return fail(e);
+    }
+  }
+  // Connected, so a closed port comes back as ECONNREFUSED.
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&dst.ss), dst.len) != 0) {
+    const int e = errno;
+    close(fd);
+    return fail(e);
+  }
+  auto* s = new SidrSock();
+  s->id = id;
+  s->fd = fd;
+  wire::Sidr m;
+  m.kind = wire::SidrKind::req;
+  m.req_id = static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+             static_cast<uint32_t>(reinterpret_cast<uintptr_t>(id));
+  if (param && param->private_data && param->private_data_len) {
+    m.pdata = static_cast<const std::byte*>(param->private_data);
+    m.pdata_len =
+        static_cast<uint8_t>(std::min<size_t>(param->private_data_len, wire::kSidrReqMaxPrivData));
+  }
+  s->req_id = m.req_id;
+  s->req.resize(wire::kSidrHdrLen + m.pdata_len);
+  s->req.resize(wire::encode_sidr(m, s->req.data()));
+  const bool sync = id->sync;
+  {
+    std::lock_guard reg(g_live.get().mu);
+    id->sidr = s;
+  }
+  Progress::get().run_sync([s] { Progress::get().add(s->fd, EPOLLIN, s); });
+  send(fd, s->req.data(), s->req.size(), MSG_DONTWAIT);
+  sidr_retry(id, s);
+  return sync ? sync_wait(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
+}
+
+// rdma_accept / rdma_reject of a UD request: one SIDR REP.
+int sidr_answer(CmId* id, uint8_t status, uint32_t qpn, uint32_t qkey, const void* pdata,
+                size_t pdata_len) {
+  if (id->sidr_reply_fd < 0) return fail(EINVAL);
+  wire::Sidr m;
+  m.kind = wire::SidrKind::rep;
+  m.status = status;
+  m.req_id = id->sidr_req_id;
+  m.qpn = qpn;
+  m.qkey = qkey;
+  m.pdata = static_cast<const std::byte*>(pdata);
+  m.pdata_len = static_cast<uint8_t>(std::min(pdata_len, wire::kSidrRepMaxPrivData));
+  std::vector<std::byte> rep(wire::kSidrHdrLen + m.pdata_len);
+  rep.resize(wire::encode_sidr(m, rep.data()));
+  const SockAddr to = id->sidr_peer;
+  if (sendto(id->sidr_reply_fd, rep.data(), rep.size(), 0,
+             reinterpret_cast<const sockaddr*>(&to.ss), to.len) < 0)
+    return -1;
+  // Remembered by the listener, if it is still there, for a retransmitted REQ.
+  std::lock_guard reg(g_live.get().mu);
+  for (CmId* l : g_live.get().ids) {
+    if (!l->sidr || !l->sidr->passive) continue;
+    for (auto& seen : l->sidr->seen)
+      if (seen.req_id == id->sidr_req_id && same_addr(seen.from, to)) seen.rep = rep;
+  }
+  close(id->sidr_reply_fd);
+  id->sidr_reply_fd = -1;
+  return 0;
+}
+
 }  // namespace
 
 // ---- event channels -------------------------------------------------------------------
@@ -387,7 +648,7 @@ SV_EXPORT const char* rdma_event_str(rdma_cm_event_type event) {
 SV_EXPORT int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** out, void* context,
                              rdma_port_space ps) {
   if (!out) return fail(EINVAL);
-  if (ps != RDMA_PS_TCP && ps != RDMA_PS_IB) return fail(EPROTONOSUPPORT);
+  if (ps != RDMA_PS_TCP && ps != RDMA_PS_IB && ps != RDMA_PS_UDP) return fail(EPROTONOSUPPORT);
   auto* id = new (std::nothrow) CmId();
   if (!id) return fail(ENOMEM);
   if (!channel) {
@@ -402,7 +663,7 @@ SV_EXPORT int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** out, void
   id->id.channel = channel;
   id->id.context = context;
   id->id.ps = ps;
-  id->id.qp_type = IBV_QPT_RC;
+  id->id.qp_type = ps == RDMA_PS_UDP ? IBV_QPT_UD : IBV_QPT_RC;
   {
     std::lock_guard reg(g_live.get().mu);
     g_live.get().ids.push_back(id);
@@ -448,6 +709,8 @@ SV_EXPORT int rdma_destroy_id(rdma_cm_id* i) {
     }
   });
   if (id->bound_fd >= 0) close(id->bound_fd);
+  sidr_close(id);
+  if (id->sidr_reply_fd >= 0) close(id->sidr_reply_fd);
   // An active handshake still running finds the id gone and disposes of itself; a
   // passive one waiting for accept/reject is refused.
   if (passive_ep) passive_ep->reject({});
@@ -459,9 +722,11 @@ SV_EXPORT int rdma_destroy_id(rdma_cm_id* i) {
 SV_EXPORT int rdma_bind_addr(rdma_cm_id* i, sockaddr* addr) {
   if (!i || !addr || !sa_len(addr)) return fail(EINVAL);
   CmId* id = cmid(i);
-  if (id->bound_fd >= 0 || id->listener) return fail(EINVAL);
+  if (id->bound_fd >= 0 || id->listener || id->sidr) return fail(EINVAL);
   SockAddr a = SockAddr::from(addr);
-  int fd = sv::raw_socket(a.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  // The rdma_cm port is a TCP port (iWARP) or, for RDMA_PS_UDP, a UDP port (SIDR).
+  const int type = i->ps == RDMA_PS_UDP ? SOCK_DGRAM : SOCK_STREAM;
+  int fd = sv::raw_socket(a.family(), type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -1;
   int one = 1;
   // RDMA_PS_TCP ports have no TIME_WAIT: perftest -R re-listens on the port at once.
@@ -490,6 +755,19 @@ SV_EXPORT int rdma_listen(rdma_cm_id* i, int backlog) {
     sockaddr_in any{};
     any.sin_family = AF_INET;
     if (rdma_bind_addr(i, reinterpret_cast<sockaddr*>(&any))) return -1;
+  }
+  if (i->ps == RDMA_PS_UDP) {
+    auto* s = new SidrSock();
+    s->id = id;
+    s->fd = id->bound_fd;
+    s->passive = true;
+    id->bound_fd = -1;
+    {
+      std::lock_guard reg(g_live.get().mu);
+      id->sidr = s;
+    }
+    Progress::get().run_sync([s] { Progress::get().add(s->fd, EPOLLIN, s); });
+    return 0;
   }
   if (listen(id->bound_fd, backlog > 0 ? backlog : 128) < 0) return -1;
   auto* l = new Listener();
@@ -584,6 +862,23 @@ SV_EXPORT int rdma_create_qp_ex(rdma_cm_id* i, ibv_qp_init_attr_ex* attr) {
   a.qp_state = IBV_QPS_INIT;
   a.pkey_index = 0;
   a.port_num = 1;
+  if (init.qp_type == IBV_QPT_UD) {
+    // librdmacm's ucma_init_ud_qp: INIT with the port space's Q_Key, then RTR and RTS; the
+    // QP is ready to send and receive as soon as it exists.
+    a.qkey = kUdpQkey;
+    int e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY);
+    a.qp_state = IBV_QPS_RTR;
+    if (!e) e = ibv_modify_qp(qp, &a, IBV_QP_STATE);
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = 0;
+    if (!e) e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
+    if (e) {
+      ibv_destroy_qp(qp);
+      return fail(e);
+    }
+    id->id.qp = qp;
+    return 0;
+  }
   // iw_cm_init_qp_attr grants remote read and write; we also offer atomics.
   a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
                       IBV_ACCESS_LOCAL_WRITE;
@@ -646,6 +941,7 @@ SV_EXPORT void rdma_destroy_qp(rdma_cm_id* i) {
 SV_EXPORT int rdma_connect(rdma_cm_id* i, rdma_conn_param* param) {
   if (!i) return fail(EINVAL);
   CmId* id = cmid(i);
+  if (i->ps == RDMA_PS_UDP) return sidr_connect(id, param);
   if (id->ep || id->connected) return fail(EISCONN);
   SockAddr dst = id_dst(id);
   if (!dst.len) return fail(EINVAL);
@@ -722,6 +1018,16 @@ SV_EXPORT int rdma_establish(rdma_cm_id* i) {
 SV_EXPORT int rdma_accept(rdma_cm_id* i, rdma_conn_param* param) {
   if (!i) return fail(EINVAL);
   CmId* id = cmid(i);
+  if (i->ps == RDMA_PS_UDP) {
+    // SIDR REP: the QPN to send to (the caller's, else the id's QP) and that QP's Q_Key.
+    // librdmacm returns at once for UD: no ESTABLISHED on this side.
+    uint32_t qpn = param && param->qp_num ? param->qp_num : (i->qp ? i->qp->qp_num : 0);
+    uint32_t qkey = kUdpQkey;
+    if (i->qp) qkey = Qp::from(i->qp)->attr.qkey;
+    if (!qpn) return fail(EINVAL);
+    return sidr_answer(id, wire::kSidrSuccess, qpn, qkey, param ? param->private_data : nullptr,
+                       param && param->private_data ? param->private_data_len : 0);
+  }
   Endpoint* ep = id->ep;
   if (!ep || ep->role() != Endpoint::Role::passive) return fail(EINVAL);
   MpaOffer o;
@@ -748,6 +1054,7 @@ SV_EXPORT int rdma_accept(rdma_cm_id* i, rdma_conn_param* param) {
 SV_EXPORT int rdma_reject(rdma_cm_id* i, const void* pdata, uint8_t len) {
   if (!i) return fail(EINVAL);
   CmId* id = cmid(i);
+  if (i->ps == RDMA_PS_UDP) return sidr_answer(id, wire::kSidrReject, 0, 0, pdata, pdata ? len : 0);
   Endpoint* ep = id->ep;
   if (!ep || ep->role() != Endpoint::Role::passive) return fail(EINVAL);
   std::vector<std::byte> b;
@@ -894,7 +1201,9 @@ int addrinfo_from_hints(const rdma_addrinfo* h, rdma_addrinfo** res) {
   auto* ra = static_cast<rdma_addrinfo*>(calloc(1, sizeof(rdma_addrinfo)));
   if (!ra) return errno = ENOMEM, -1;
   ra->ai_flags = h->ai_flags;
-  ra->ai_qp_type = h->ai_qp_type ? h->ai_qp_type : IBV_QPT_RC;
+  ra->ai_qp_type = h->ai_qp_type                     ? h->ai_qp_type
+                   : h->ai_port_space == RDMA_PS_UDP ? IBV_QPT_UD
+                                                     : IBV_QPT_RC;
   ra->ai_port_space = h->ai_port_space ? h->ai_port_space : RDMA_PS_TCP;
   if (h->ai_src_len && h->ai_src_addr) {
     ra->ai_src_addr = copy_addr(h->ai_src_addr, h->ai_src_len);
@@ -931,7 +1240,9 @@ SV_EXPORT int rdma_getaddrinfo(const char* node, const char* service, const rdma
   auto* ra = static_cast<rdma_addrinfo*>(calloc(1, sizeof(rdma_addrinfo)));
   ra->ai_flags = hints ? hints->ai_flags : 0;
   ra->ai_family = ai->ai_family;
-  ra->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type : IBV_QPT_RC;
+  ra->ai_qp_type = hints && hints->ai_qp_type                     ? hints->ai_qp_type
+                   : hints && hints->ai_port_space == RDMA_PS_UDP ? IBV_QPT_UD
+                                                                  : IBV_QPT_RC;
   ra->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
   auto* a = static_cast<sockaddr*>(calloc(1, sizeof(sockaddr_storage)));
   std::memcpy(a, ai->ai_addr, ai->ai_addrlen);
@@ -977,6 +1288,27 @@ SV_EXPORT int rdma_init_qp_attr(rdma_cm_id* i, ibv_qp_attr* attr, int* mask) {
   CmId* id = cmid(i);
   std::memset(attr, 0, sizeof *attr);
   const ibv_qp_state cur = i->qp ? Qp::from(i->qp)->state.load() : IBV_QPS_RESET;
+  if (i->qp_type == IBV_QPT_UD) {
+    // ucma_init_ud_qp's sequence: INIT with the Q_Key, RTR, RTS with an SQ PSN.
+    switch (cur) {
+      case IBV_QPS_RESET:
+        attr->qp_state = IBV_QPS_INIT;
+        attr->port_num = 1;
+        attr->qkey = kUdpQkey;
+        *mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
+        return 0;
+      case IBV_QPS_INIT:
+        attr->qp_state = IBV_QPS_RTR;
+        *mask = IBV_QP_STATE;
+        return 0;
+      case IBV_QPS_RTR:
+        attr->qp_state = IBV_QPS_RTS;
+        *mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+        return 0;
+      default:
+        return fail(EINVAL);
+    }
+  }
   switch (cur) {
     case IBV_QPS_RESET:
       attr->qp_state = IBV_QPS_INIT;

@@ -135,4 +135,43 @@ bool decode_grh(const std::byte in[kGrhLen], Grh& g) {
   return true;
 }
 
+namespace {
+constexpr char kSidrMagic[4] = {'S', 'V', 'S', 'I'};
+size_t sidr_limit(SidrKind k) {
+  return k == SidrKind::req ? kSidrReqMaxPrivData : kSidrRepMaxPrivData;
+}
+}  // namespace
+
+size_t encode_sidr(const Sidr& m, std::byte* out) {
+  const uint8_t len = static_cast<uint8_t>(std::min<size_t>(m.pdata_len, sidr_limit(m.kind)));
+  std::memcpy(out, kSidrMagic, 4);
+  out[4] = std::byte{kSidrVersion};
+  out[5] = std::byte{static_cast<uint8_t>(m.kind)};
+  out[6] = std::byte{m.status};
+  out[7] = std::byte{len};
+  store_be32(out + 8, m.req_id);
+  store_be32(out + 12, m.qpn & 0xFFFFFF);
+  store_be32(out + 16, m.qkey);
+  if (len) std::memcpy(out + kSidrHdrLen, m.pdata, len);
+  return kSidrHdrLen + len;
+}
+
+bool decode_sidr(const std::byte* p, size_t n, Sidr& m) {
+  if (n < kSidrHdrLen || std::memcmp(p, kSidrMagic, 4) != 0) return false;
+  if (static_cast<uint8_t>(p[4]) != kSidrVersion) return false;
+  const auto kind = static_cast<uint8_t>(p[5]);
+  if (kind != static_cast<uint8_t>(SidrKind::req) && kind != static_cast<uint8_t>(SidrKind::rep))
+    return false;
+  m = Sidr{};
+  m.kind = static_cast<SidrKind>(kind);
+  m.status = static_cast<uint8_t>(p[6]);
+  m.pdata_len = static_cast<uint8_t>(p[7]);
+  if (m.pdata_len > sidr_limit(m.kind) || n != kSidrHdrLen + m.pdata_len) return false;
+  m.req_id = load_be32(p + 8);
+  m.qpn = load_be32(p + 12) & 0xFFFFFF;
+  m.qkey = load_be32(p + 16);
+  m.pdata = m.pdata_len ? p + kSidrHdrLen : nullptr;
+  return true;
+}
+
 }  // namespace sv::wire

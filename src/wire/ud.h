@@ -73,4 +73,30 @@ void encode_grh(const Grh& g, uint32_t payload_len, std::byte out[kGrhLen]);
 // header nor (at offset 20) an IPv4 header with a valid checksum.
 bool decode_grh(const std::byte in[kGrhLen], Grh& g);
 
+// ---- rdma_cm over UD (RDMA_PS_UDP): service ID resolution ------------------------------
+// IB's SIDR REQ/REP (IBA 12.11) carried in a UDP datagram to the listener's port: the
+// request names nothing but private data; the reply carries the QPN and Q_Key to send to.
+// Layout: "SVSI" | version | kind | status | pdata_len | req_id | qpn | qkey | pdata.
+inline constexpr size_t kSidrHdrLen = 20;
+inline constexpr uint8_t kSidrVersion = 1;
+inline constexpr size_t kSidrReqMaxPrivData = 180;  // IBA SIDR REQ 216 - rdma_cm's 36
+inline constexpr size_t kSidrRepMaxPrivData = 136;  // IBA SIDR REP private data
+enum class SidrKind : uint8_t { req = 1, rep = 2 };
+// SIDR REP status (IBA Table 124): what the kernel reports as UNREACHABLE's status.
+inline constexpr uint8_t kSidrSuccess = 0, kSidrUnsupported = 1, kSidrReject = 2;
+
+struct Sidr {
+  SidrKind kind = SidrKind::req;
+  uint8_t status = kSidrSuccess;
+  uint32_t req_id = 0;
+  uint32_t qpn = 0;
+  uint32_t qkey = 0;
+  const std::byte* pdata = nullptr;  // into the decoded buffer
+  uint8_t pdata_len = 0;
+};
+// Writes the message (kSidrHdrLen + pdata_len bytes, pdata_len within its kind's limit).
+size_t encode_sidr(const Sidr& m, std::byte* out);
+// False unless a whole, well-formed message of a known kind and version.
+bool decode_sidr(const std::byte* p, size_t n, Sidr& m);
+
 }  // namespace sv::wire

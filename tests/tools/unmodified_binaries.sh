@@ -123,6 +123,9 @@ run_pair ibv_ud_pingpong "ibv_ud_pingpong -g 0 -n 200" \
   "ibv_ud_pingpong -g 0 -n 200 $SRV_ADDR" "200 iters in"
 run_pair ibv_ud_pingpong_events_mtu "ibv_ud_pingpong -g 0 -n 200 -e -s 4096" \
   "ibv_ud_pingpong -g 0 -n 200 -e -s 4096 $SRV_ADDR" "200 iters in"
+# rdma_cm over UD (RDMA_PS_UDP, SIDR over UDP): 4 ids, 50 messages each way, AH from the wc.
+run_pair udaddy "udaddy -c 4 -C 50 -S 1000" "udaddy -s $SRV_ADDR -c 4 -C 50 -S 1000" \
+  "data transfers complete"
 run_pair rping "rping -s -a $SRV_ADDR -v -C 100" "rping -c -a $SRV_ADDR -v -C 100" "rdma-ping-99"
 run_pair ucmatose "ucmatose" "ucmatose -s $SRV_ADDR" "test complete"
 # rdma_verbs.h style: rdma_create_ep with the address's QP type, a passive ep whose requests
