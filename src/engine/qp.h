@@ -340,9 +340,12 @@ void complete_sq_locked(Qp* qp);
 void flush_qp_locked(Qp* qp, ibv_wc_status first_status);
 void complete_recv(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_len, ibv_wc_opcode op,
                    unsigned wc_flags, uint32_t imm, uint32_t inv);
-// A UD receive: the sender's QPN, the GRH flag and the solicited bit come with the datagram.
+// A UD receive: the sender's QPN, the GRH flag and the solicited bit come with the datagram;
+// l3_type is the GRH's content as mlx5 reports it in wc.sl (kUdL3Ipv4 / kUdL3Ipv6).
+inline constexpr uint8_t kUdL3Ipv6 = 1, kUdL3Ipv4 = 2;
 void complete_recv_ud(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_len,
-                      uint32_t src_qp, bool imm, uint32_t imm_be, bool solicited);
+                      uint32_t src_qp, bool imm, uint32_t imm_be, bool solicited,
+                      uint8_t l3_type = 0);
 
 // ---- qp_responder.cc: receive WQEs, shared with qp_ud.cc --------------------------------
 // Pops a receive WQE (RQ or SRQ) into out, its SGEs copied into sge. False if none.

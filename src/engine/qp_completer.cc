@@ -137,7 +137,8 @@ void complete_recv(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_len
 }
 
 void complete_recv_ud(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_len,
-                      uint32_t src_qp, bool imm, uint32_t imm_be, bool solicited) {
+                      uint32_t src_qp, bool imm, uint32_t imm_be, bool solicited,
+                      uint8_t l3_type) {
   ibv_wc wc{};
   wc.wr_id = w.wr_id;
   wc.status = st;
@@ -149,6 +150,10 @@ void complete_recv_ud(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_
     wc.wc_flags = IBV_WC_GRH | (imm ? IBV_WC_WITH_IMM : 0);
     if (imm) wc.imm_data = imm_be;
     wc.pkey_index = 0;
+    // SL has no meaning for a RoCE receive; mlx5 reports the packet's L3 header type there
+    // (PRM: 1 IPv6, 2 IPv4) and UCX's UD transport reads it to find the destination GID in
+    // the GRH, so we do as mlx5 does.
+    wc.sl = l3_type;
   }
   push_cq(qp, qp->rcq, wc, solicited);
 }

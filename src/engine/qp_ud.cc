@@ -201,7 +201,9 @@ bool deliver(Qp* qp, size_t n, const transport::SockAddr& from, const ibv_gid& t
     qp_set_error(qp, IBV_WC_WR_FLUSH_ERR, true, IBV_EVENT_QP_ACCESS_ERR);
     return false;
   }
-  complete_recv_ud(qp, w, IBV_WC_SUCCESS, total, h.src_qp, h.has_imm, h.imm_be, h.solicited);
+  const bool v4 = wire::gid_is_v4(g.sgid) && wire::gid_is_v4(g.dgid);
+  complete_recv_ud(qp, w, IBV_WC_SUCCESS, total, h.src_qp, h.has_imm, h.imm_be, h.solicited,
+                   v4 ? kUdL3Ipv4 : kUdL3Ipv6);
   return true;
 }
 

@@ -221,6 +221,7 @@ TEST_F(Ud, SendLandsAfterAGrhWithTheSendersQpn) {
   EXPECT_EQ(r[0].src_qp, a.qp->qp_num);
   EXPECT_TRUE(r[0].wc_flags & IBV_WC_GRH);
   EXPECT_FALSE(r[0].wc_flags & IBV_WC_WITH_IMM);
+  EXPECT_EQ(r[0].sl, 2);  // mlx5's "IPv4 header in the GRH", which UCX reads
   EXPECT_TRUE(same(0x10000 + kGrh, 1000, 3));
   // RoCEv2 over IPv4, as rxe writes it: 20 zero bytes, then an IPv4 header 127.0.0.1 ->
   // 127.0.0.1 (SOFTVERBS_NETDEV=lo).
