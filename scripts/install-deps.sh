@@ -8,7 +8,8 @@ PKGS=(
   libibverbs-dev librdmacm-dev                                 # the verbs/rdma_cm headers = the ABI
   ibverbs-utils rdmacm-utils perftest                          # unmodified binaries we must run
   ibverbs-providers python3-pyverbs libucx0                    # provider libraries and their users
-  libfabric-bin openmpi-bin libopenmpi-dev                     # the verbs ecosystem's clients
+  libfabric-bin openmpi-bin libopenmpi-dev mpich libmpich-dev  # the verbs ecosystem's clients
+  ucx-utils                                                    # ucx_perftest, ucx_info (UCX over verbs)
   iperf3                                                       # a TCP program under librspreload
   iproute2 tshark                                              # netns hosts, frame captures
   nftables                                                     # packet loss where netem is absent

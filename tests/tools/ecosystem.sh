@@ -2,11 +2,17 @@
 # The verbs ecosystem's programs, unmodified Debian 12 binaries, over softverbs on one host:
 #   libfabric 1.17  fi_info -p verbs, fi_pingpong over verbs msg endpoints and over
 #                   verbs;ofi_rxm rdm endpoints (msg and tagged), data checked (-c)
-#   Open MPI 4.1    2-rank ping-pong over --mca pml cm --mca mtl ofi (verbs;ofi_rxm), and the
-#                   openib BTL initialising on softverbs0
-# Debian 12's MPICH 4.0.2 is built for ch4:ucx (mpichversion), not libfabric: it reaches
-# softverbs only through UCX's verbs transports, which need UD QPs and /dev/infiniband (the
-# verbs-completeness issue), so it is not run here.
+#   Open MPI 4.1    2-rank ping-pong over --mca pml cm --mca mtl ofi (verbs;ofi_rxm), over
+#                   --mca pml ucx (UCX's rc_verbs with ud_verbs for wire-up), and the openib
+#                   BTL initialising on softverbs0
+#   MPICH 4.0.2     2-rank ping-pong; Debian builds it for ch4:ucx (mpichversion), so it
+#                   reaches softverbs through UCX's rc_verbs/ud_verbs
+#   UCX 1.13        ucx_perftest tag_lat over ud_verbs and put_bw over rc_verbs,ud_verbs
+# UCX only opens a verbs device whose /dev/infiniband/<dev_name> is an accessible character
+# device. This script gives it one the README's way, in a mount namespace of its own (root:
+# unshare -m): a tmpfs on /dev/infiniband holding uverbs0 with /dev/null's numbers, seen by
+# nothing outside. Every UCX run allows only the verbs transports (and self), and logs
+# softverbs' connection lines, so a run that did not go through softverbs fails.
 # The ping-pong (tests/tools/mpi_pingpong.c) is built with each MPI's own mpicc and checks
 # every byte both ways. Each case checks the programs' output, not only their exit codes.
 #
@@ -24,14 +30,25 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ADDR=10.78.0.1
 
 if [ -z "${SV_ECO_IN_NS:-}" ]; then
-  for b in fi_info fi_pingpong mpicc.openmpi mpirun.openmpi; do
+  for b in fi_info fi_pingpong mpicc.openmpi mpirun.openmpi mpicc.mpich mpirun.mpich \
+    ucx_perftest; do
     command -v $b >/dev/null || {
-      echo "missing $b: apt-get install libfabric-bin openmpi-bin libopenmpi-dev" >&2
+      echo "missing $b: apt-get install libfabric-bin openmpi-bin libopenmpi-dev mpich" \
+        "libmpich-dev ucx-utils" >&2
       exit 1
     }
   done
-  exec unshare -n env SV_ECO_IN_NS=1 bash "$0" "$@"
+  # The mount point must exist; the node itself lives only in our mount namespace.
+  made_dir=0
+  [ -d /dev/infiniband ] || { mkdir /dev/infiniband && made_dir=1; }
+  unshare -n -m env SV_ECO_IN_NS=1 bash "$0" "$@"
+  rc=$?
+  [ $made_dir = 1 ] && rmdir /dev/infiniband
+  exit $rc
 fi
+
+mount -t tmpfs -o mode=755 softverbs-uverbs /dev/infiniband &&
+  mknod -m 666 /dev/infiniband/uverbs0 c 1 3 || exit 1
 
 ip link set lo up || exit 1
 # A veth pair, both ends here (the dummy driver is not in every kernel; veth is what the
@@ -158,11 +175,64 @@ run_openmpi_openib() {
   result "openmpi openib BTL initialises on softverbs0 port 1" $ok "$log"
 }
 
+# UCX: only softverbs' transports; its engine logs each RC connection (SOFTVERBS_LOG=info).
+UCX_ENV=(UCX_TLS=rc_verbs,ud_verbs,self SOFTVERBS_LOG=info)
+
+run_openmpi_ucx() {
+  [[ "openmpi ucx" =~ $FILTER ]] || return 0
+  local log=$TMP/openmpi_ucx.log ok=1
+  [ -x "$TMP/pp_ompi" ] || build_pingpong mpicc.openmpi "$TMP/pp_ompi" || ok=0
+  [ $ok = 1 ] && { env "${UCX_ENV[@]}" timeout 120 "${OMPI[@]}" -x UCX_TLS -x SOFTVERBS_LOG \
+    --mca pml ucx --mca osc ^ucx --mca btl self "$TMP/pp_ompi" >"$log" 2>&1 || ok=0; }
+  pingpong_ok "$log" || ok=0
+  expect "$log" "softverbs.*qp [0-9]+ connected" || ok=0
+  result "openmpi 2-rank ping-pong, pml ucx over rc_verbs,ud_verbs" $ok "$log"
+  [ $ok = 1 ] && grep -E "^pingpong (8|1048576) " "$log" | sed 's/^/     /'
+}
+
+run_mpich_ucx() {
+  [[ "mpich ucx" =~ $FILTER ]] || return 0
+  local log=$TMP/mpich.log ok=1
+  build_pingpong mpicc.mpich "$TMP/pp_mpich" || ok=0
+  [ $ok = 1 ] && { env "${UCX_ENV[@]}" timeout 120 mpirun.mpich -np 2 \
+    -genv LD_LIBRARY_PATH "$LD_LIBRARY_PATH" -genv UCX_TLS rc_verbs,ud_verbs,self \
+    -genv SOFTVERBS_LOG info "$TMP/pp_mpich" >"$log" 2>&1 || ok=0; }
+  pingpong_ok "$log" || ok=0
+  expect "$log" "softverbs.*qp [0-9]+ connected" || ok=0
+  result "mpich 2-rank ping-pong, ch4:ucx over rc_verbs,ud_verbs" $ok "$log"
+  [ $ok = 1 ] && grep -E "^pingpong (8|1048576) " "$log" | sed 's/^/     /'
+}
+
+# ucx_perftest NAME TLS ARGS...: server and client; the client prints its final line.
+run_ucx_perftest() {
+  local name=$1 tls=$2
+  shift 2
+  [[ $name =~ $FILTER ]] || return 0
+  local s=$TMP/ucx_server.log c=$TMP/ucx_client.log ok=1
+  UCX_TLS=$tls timeout 60 ucx_perftest "$@" -p 18610 >"$s" 2>&1 &
+  local spid=$!
+  pids+=($spid)
+  for _ in $(seq 100); do
+    ss -Hltn "sport = :18610" | grep -q . && break
+    sleep 0.1
+  done
+  UCX_TLS=$tls timeout 50 ucx_perftest "$@" -p 18610 $ADDR >"$c" 2>&1 || ok=0
+  wait $spid || ok=0
+  expect "$c" "^Final: +[0-9]+ +[0-9.]+" || ok=0
+  result "$name" $ok "$s" "$c"
+  [ $ok = 1 ] && grep -E "^Final:" "$c" | sed 's/^/     /'
+}
+
 run_fi_info
+run_ucx_perftest "ucx_perftest tag_lat ud_verbs" ud_verbs,self -t tag_lat -n 2000
+run_ucx_perftest "ucx_perftest ucp_put_bw rc_verbs,ud_verbs" rc_verbs,ud_verbs,self \
+  -t ucp_put_bw -s 65536 -n 2000
 run_fi_pingpong "fi_pingpong verbs msg" 18601 -p verbs -e msg
 run_fi_pingpong "fi_pingpong verbs;ofi_rxm rdm" 18602 -p "verbs;ofi_rxm" -e rdm
 run_fi_pingpong "fi_pingpong verbs;ofi_rxm rdm tagged" 18603 -p "verbs;ofi_rxm" -e rdm -m tagged
 run_openmpi_ofi
+run_openmpi_ucx
+run_mpich_ucx
 run_openmpi_openib
 
 echo
