@@ -168,8 +168,11 @@ void show_qps(const std::vector<StatsView>& ps) {
   for (const auto& p : ps)
     for (const auto& q : p.qps)
       std::printf("link softverbs0/1 lqpn %u rqpn %u type %s state %s peer %s pid %u comm %s\n",
-                  q.qpn, q.dest_qpn, q.qp_type == IBV_QPT_RC ? "RC" : "UNKNOWN", qp_state(q.state),
-                  peer_text(q).c_str(), p.pid, p.comm.c_str());
+                  q.qpn, q.dest_qpn,
+                  q.qp_type == IBV_QPT_RC   ? "RC"
+                  : q.qp_type == IBV_QPT_UD ? "UD"
+                                            : "UNKNOWN",
+                  qp_state(q.state), peer_text(q).c_str(), p.pid, p.comm.c_str());
 }
 
 void print_counters(const QpStatsView& q) {

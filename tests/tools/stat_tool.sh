@@ -88,6 +88,24 @@ left=$(ls "$SOFTVERBS_STATS_DIR" | grep -v -e 12345678 -e 2147483000 | wc -l)
 echo "left $left" >"$W/left.log"
 check "the programs' files are gone after they exit" "$W/left.log" "^left 0$"
 
+# UD QPs: listed as UD, their datagrams counted (and nothing dropped between two live QPs).
+timeout 30 ib_send_bw -c UD -p 18641 -D 3 -s 1024 >"$W/uds.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 50); do ss -Hltn "sport = :18641" | grep -q . && break; sleep 0.1; done
+timeout 30 ib_send_bw -c UD -p 18641 -D 3 -s 1024 127.0.0.1 >"$W/udc.log" 2>&1 &
+tpid=$!
+pids+=($tpid)
+sleep 2.5
+cpid=$(pgrep -P $tpid -n)
+"$STAT" qp >"$W/udqp.log" 2>&1
+"$STAT" -p $cpid stat >>"$W/udqp.log" 2>&1
+check "UD: type UD in RTS, datagrams counted, none dropped" "$W/udqp.log" \
+  "type UD state RTS peer - pid $cpid comm ib_send_bw" "pid $cpid .* sent_sends [1-9][0-9]* " \
+  " ud_dropped 0 "
+wait $tpid
+for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+pids=()
+
 echo
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
