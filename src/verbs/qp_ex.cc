@@ -26,6 +26,8 @@ constexpr uint64_t kSupportedSendOps =
     IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
     IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_BIND_MW |
     IBV_QP_EX_WITH_LOCAL_INV;
+// What a UD QP carries (engine/qp_ud.cc): Sends, each addressed by ibv_wr_set_ud_addr.
+constexpr uint64_t kSupportedUdSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
 
 Qp* of(ibv_qp_ex* q) {
   return reinterpret_cast<Qp*>(q);
@@ -185,14 +187,21 @@ void wr_set_inline_data(ibv_qp_ex* q, void* addr, size_t length) {
   wr_set_inline_data_list(q, 1, &d);
 }
 
+// The current WR's destination (UD QPs; on RC it is a misuse).
+void wr_set_ud_addr(ibv_qp_ex* q, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey) {
+  WrBatch& b = batch(q);
+  if (!of(q)->ud || b.wrs.empty() || !ah) {
+    b.err = EINVAL;
+    return;
+  }
+  b.wrs.back().wr.ud = {ah, remote_qpn, remote_qkey};
+}
+
 // Builders and setters for what this QP cannot do (never requested: creation refuses them).
 void fail_batch(ibv_qp_ex* q) {
   batch(q).err = EOPNOTSUPP;
 }
 void wr_send_tso(ibv_qp_ex* q, void*, uint16_t, uint16_t) {
-  fail_batch(q);
-}
-void wr_set_ud_addr(ibv_qp_ex* q, ibv_ah*, uint32_t, uint32_t) {
   fail_batch(q);
 }
 void wr_set_xrc_srqn(ibv_qp_ex* q, uint32_t) {
@@ -219,7 +228,10 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr) {
     return nullptr;
   }
   const bool ex = attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-  if (ex && ((attr->send_ops_flags & ~kSupportedSendOps) || attr->qp_type != IBV_QPT_RC)) {
+  const uint64_t ops = attr->qp_type == IBV_QPT_RC   ? kSupportedSendOps
+                       : attr->qp_type == IBV_QPT_UD ? kSupportedUdSendOps
+                                                     : 0;
+  if (ex && (attr->send_ops_flags & ~ops || !ops)) {
     errno = EOPNOTSUPP;
     return nullptr;
   }

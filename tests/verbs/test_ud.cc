@@ -555,6 +555,56 @@ TEST_F(Ud, HostileDatagramsAreDropped) {
   close(fd);
 }
 
+// The ibv_wr_* API on a UD QP: Sends addressed with ibv_wr_set_ud_addr; RC opcodes are
+// refused at creation, a WR without an address at ibv_wr_complete.
+TEST_F(Ud, WrApiSendsWithUdAddresses) {
+  ibv_qp_init_attr_ex ia{};
+  ia.qp_type = IBV_QPT_UD;
+  ia.send_cq = a.scq;
+  ia.recv_cq = a.rcq;
+  ia.cap.max_send_wr = 8;
+  ia.cap.max_recv_wr = 8;
+  ia.cap.max_send_sge = 1;
+  ia.cap.max_recv_sge = 1;
+  ia.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  ia.pd = pd;
+  ia.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE;
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp_ex(ctx, &ia), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  ia.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+  ibv_qp* qp = ibv_create_qp_ex(ctx, &ia);
+  ASSERT_NE(qp, nullptr) << strerror(errno);
+  ASSERT_EQ(to_init(qp), 0);
+  ASSERT_NO_FATAL_FAILURE(rtr_rts(qp));
+  ibv_qp_ex* x = ibv_qp_to_qp_ex(qp);
+  ASSERT_NE(x, nullptr);
+  ASSERT_EQ(post_recv(b.qp, 1, 0x10000, 256), 0);
+  fill(0, 50, 6);
+  ibv_wr_start(x);
+  x->wr_id = 77;
+  x->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_send_imm(x, htonl(5));
+  ibv_wr_set_ud_addr(x, ah, b.qp->qp_num, kQkey);
+  ibv_wr_set_sge(x, mr->lkey, reinterpret_cast<uint64_t>(at(0)), 50);
+  ASSERT_EQ(ibv_wr_complete(x), 0);
+  auto r = poll(b.rcq, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].src_qp, qp->qp_num);
+  EXPECT_EQ(ntohl(r[0].imm_data), 5u);
+  EXPECT_TRUE(same(0x10000 + kGrh, 50, 6));
+  auto s = poll(a.scq, 1);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].wr_id, 77u);
+  // No destination: the batch is refused whole.
+  ibv_wr_start(x);
+  ibv_wr_send(x);
+  ibv_wr_set_sge(x, mr->lkey, reinterpret_cast<uint64_t>(at(0)), 8);
+  EXPECT_EQ(ibv_wr_complete(x), EINVAL);
+  EXPECT_TRUE(quiet(b.rcq));
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+}
+
 TEST_F(Ud, ErrorFlushesPostedReceivesAndLaterSends) {
   ASSERT_EQ(post_recv(b.qp, 1, 0x10000, 256), 0);
   ibv_qp_attr at{};
