@@ -1,12 +1,17 @@
 // UD queue pairs through the public verbs API: two UD QPs of this process exchange real
-// UDP datagrams over loopback (ibv_ud_pingpong and udaddy cover two processes in
-// tests/tools/unmodified_binaries.sh). A raw UDP socket plays the hostile sender.
+// UDP datagrams over loopback, and an echo peer in another process (this binary re-run with
+// --ud-echo) answers through the AH it makes from each receive. ibv_ud_pingpong and udaddy
+// run in tests/tools/unmodified_binaries.sh. A raw UDP socket plays the hostile sender.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 
 #include <array>
 #include <chrono>
@@ -620,4 +625,136 @@ TEST_F(Ud, ErrorFlushesPostedReceivesAndLaterSends) {
   EXPECT_EQ(s[0].wr_id, 7u);
 }
 
+// The other process: a UD QP that answers each of `n` messages with its bytes plus one,
+// through an AH made from the receive (ibv_create_ah_from_wc), and then exits 0.
+int ud_echo_main(int n) {
+  int nd = 0;
+  ibv_device** l = ibv_get_device_list(&nd);
+  if (!l || nd < 1) return 10;
+  ibv_context* ctx = ibv_open_device(l[0]);
+  ibv_free_device_list(l);
+  ibv_pd* pd = ctx ? ibv_alloc_pd(ctx) : nullptr;
+  ibv_cq* cq = pd ? ibv_create_cq(ctx, 64, nullptr, nullptr, 0) : nullptr;
+  std::vector<uint8_t> buf(64 * 8192);
+  ibv_mr* mr = cq ? ibv_reg_mr(pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE) : nullptr;
+  if (!mr) return 11;
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_UD;
+  ia.cap.max_send_wr = ia.cap.max_recv_wr = 32;
+  ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  ibv_qp* qp = ibv_create_qp(pd, &ia);
+  if (!qp) return 12;
+  ibv_qp_attr at{};
+  at.qp_state = IBV_QPS_INIT;
+  at.port_num = 1;
+  at.qkey = kQkey;
+  if (ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY))
+    return 13;
+  at.qp_state = IBV_QPS_RTR;
+  if (ibv_modify_qp(qp, &at, IBV_QP_STATE)) return 14;
+  at.qp_state = IBV_QPS_RTS;
+  if (ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_SQ_PSN)) return 15;
+  for (int i = 0; i < 32; ++i) {
+    ibv_sge s{reinterpret_cast<uint64_t>(&buf[static_cast<size_t>(i) * 8192]), 8192, mr->lkey};
+    ibv_recv_wr w{};
+    w.wr_id = static_cast<uint64_t>(i);
+    w.sg_list = &s;
+    w.num_sge = 1;
+    ibv_recv_wr* bad;
+    if (ibv_post_recv(qp, &w, &bad)) return 16;
+  }
+  std::printf("%u\n", qp->qp_num);
+  std::fflush(stdout);
+  const auto end = Clock::now() + kWait;
+  for (int done = 0; done < n;) {
+    if (Clock::now() > end) return 17;
+    ibv_wc wc;
+    const int r = ibv_poll_cq(cq, 1, &wc);
+    if (r < 0) return 18;
+    if (r == 0 || wc.opcode == IBV_WC_SEND) continue;
+    if (wc.status != IBV_WC_SUCCESS) return 19;
+    uint8_t* m = &buf[wc.wr_id * 8192];
+    ibv_ah* ah = ibv_create_ah_from_wc(pd, &wc, reinterpret_cast<ibv_grh*>(m), 1);
+    if (!ah) return 20;
+    const uint32_t len = wc.byte_len - kGrh;
+    for (uint32_t i = 0; i < len; ++i) ++m[kGrh + i];
+    ibv_sge s{reinterpret_cast<uint64_t>(m + kGrh), len, mr->lkey};
+    ibv_send_wr w{};
+    w.sg_list = &s;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_SEND;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.wr.ud.ah = ah;
+    w.wr.ud.remote_qpn = wc.src_qp;
+    w.wr.ud.remote_qkey = kQkey;
+    ibv_send_wr* bad;
+    if (ibv_post_send(qp, &w, &bad)) return 21;
+    // The send completes before the AH may go (and before the buffer is reposted).
+    for (;;) {
+      if (Clock::now() > end) return 22;
+      ibv_wc sc;
+      const int k = ibv_poll_cq(cq, 1, &sc);
+      if (k < 0) return 23;
+      if (k == 1 && sc.opcode == IBV_WC_SEND) break;
+      if (k == 1) return 24;  // no second message is sent before its answer
+    }
+    ibv_destroy_ah(ah);
+    ++done;
+  }
+  ibv_destroy_qp(qp);
+  ibv_dereg_mr(mr);
+  ibv_destroy_cq(cq);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+  return 0;
+}
+
+// Messages of several sizes to a UD QP in another process, each answered with its bytes plus
+// one: the peer found our address in the GRH and our QPN in the completion.
+TEST_F(Ud, EchoThroughAnotherProcess) {
+  const std::vector<uint32_t> sizes = {1, 64, 1000, 4096, 0, 333};
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    close(out[0]);
+    const std::string n = std::to_string(sizes.size());
+    execl("/proc/self/exe", "ud_verbs", "--ud-echo", n.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(out[1]);
+  FILE* f = fdopen(out[0], "r");
+  unsigned peer = 0;
+  ASSERT_EQ(std::fscanf(f, "%u", &peer), 1);
+  std::fclose(f);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_EQ(post_recv(a.qp, i, 0x10000, 8192), 0);
+    fill(0, sizes[i], static_cast<uint8_t>(i * 11));
+    ASSERT_EQ(post_send(a.qp, peer, {.id = i, .off = 0, .len = sizes[i]}), 0);
+    auto r = poll(a.rcq, 1);
+    ASSERT_EQ(r.size(), 1u) << "no answer to message " << i;
+    EXPECT_EQ(r[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(r[0].src_qp, peer);
+    EXPECT_EQ(r[0].byte_len, sizes[i] + kGrh);
+    bool ok = true;
+    for (uint32_t k = 0; k < sizes[i]; ++k)
+      ok &= at(0x10000 + kGrh)[k] == static_cast<uint8_t>(buf[k] + 1);
+    EXPECT_TRUE(ok) << "message " << i;
+    ASSERT_EQ(poll(a.scq, 1).size(), 1u);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "peer status " << status;
+}
+
 }  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], "--ud-echo") == 0) return ud_echo_main(std::atoi(argv[i + 1]));
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
