@@ -320,12 +320,16 @@ int sync_wait(CmId* id, rdma_cm_event_type want) {
 constexpr uint32_t kUdpQkey = 0x01234567;  // RDMA_UDP_QKEY, librdmacm's Q_Key for PS_UDP
 constexpr int kSidrTries = 8;              // REQ retransmissions before UNREACHABLE
 constexpr auto kSidrRetry = std::chrono::milliseconds(250);
-constexpr size_t kSidrAnswered = 64;  // recent REPs kept to answer retransmitted REQs
+// Requests a listener remembers: those still waiting for the application (at most its
+// backlog, itself at most this) and recent answers, for retransmitted REQs. A flood of
+// distinct requests beyond the backlog is dropped, as a full listen backlog drops SYNs.
+constexpr size_t kSidrAnswered = 64;
 
 struct SidrSock : Progress::Handler {
   CmId* id = nullptr;
   int fd = -1;
   bool passive = false;
+  size_t backlog = kSidrAnswered;  // passive: pending requests allowed
   // active: the request, resent until a reply or kSidrTries
   std::vector<std::byte> req;
   uint32_t req_id = 0;
@@ -388,6 +392,17 @@ void sidr_on_request(SidrSock* s, const wire::Sidr& m, const SockAddr& from) {
              reinterpret_cast<const sockaddr*>(&from.ss), from.len);
     return;
   }
+  // Room: forget the oldest answered request; with none to forget, or the backlog full of
+  // undecided ones, drop this request (the requester retries, then gives up).
+  size_t pending = 0;
+  for (const auto& seen : s->seen) pending += seen.rep.empty();
+  if (pending >= s->backlog) return;
+  if (s->seen.size() >= kSidrAnswered) {
+    auto old = std::find_if(s->seen.begin(), s->seen.end(),
+                            [](const SidrSock::Seen& x) { return !x.rep.empty(); });
+    if (old == s->seen.end()) return;
+    s->seen.erase(old);
+  }
   CmId* lid = s->id;
   auto* child = new CmId();
   child->id.verbs = g_verbs();
@@ -414,7 +429,6 @@ void sidr_on_request(SidrSock* s, const wire::Sidr& m, const SockAddr& from) {
   }
   set_src(child, src);
   set_dst(child, from);
-  if (s->seen.size() >= kSidrAnswered) s->seen.pop_front();
   s->seen.push_back({from, m.req_id, {}});
   std::vector<std::byte> pd(m.pdata, m.pdata + m.pdata_len);
   rdma_ud_param ud{};
@@ -538,9 +552,9 @@ int sidr_answer(CmId* id, uint8_t status, uint32_t qpn, uint32_t qkey, const voi
   std::vector<std::byte> rep(wire::kSidrHdrLen + m.pdata_len);
   rep.resize(wire::encode_sidr(m, rep.data()));
   const SockAddr to = id->sidr_peer;
-  if (sendto(id->sidr_reply_fd, rep.data(), rep.size(), 0,
-             reinterpret_cast<const sockaddr*>(&to.ss), to.len) < 0)
-    return -1;
+  const ssize_t sent = sendto(id->sidr_reply_fd, rep.data(), rep.size(), 0,
+                              reinterpret_cast<const sockaddr*>(&to.ss), to.len);
+  const int send_err = errno;
   // Remembered by the listener, if it is still there, for a retransmitted REQ.
   std::lock_guard reg(g_live.get().mu);
   for (CmId* l : g_live.get().ids) {
@@ -548,9 +562,9 @@ int sidr_answer(CmId* id, uint8_t status, uint32_t qpn, uint32_t qkey, const voi
     for (auto& seen : l->sidr->seen)
       if (seen.req_id == id->sidr_req_id && same_addr(seen.from, to)) seen.rep = rep;
   }
-  close(id->sidr_reply_fd);
+  close(id->sidr_reply_fd);  // one answer per request, delivered or not (UD is unreliable)
   id->sidr_reply_fd = -1;
-  return 0;
+  return sent < 0 ? fail(send_err) : 0;
 }
 
 }  // namespace
@@ -710,7 +724,9 @@ SV_EXPORT int rdma_destroy_id(rdma_cm_id* i) {
   });
   if (id->bound_fd >= 0) close(id->bound_fd);
   sidr_close(id);
-  if (id->sidr_reply_fd >= 0) close(id->sidr_reply_fd);
+  // A UD request destroyed undecided is rejected, as the kernel's cma does; that also frees
+  // its place in the listener's backlog.
+  if (id->sidr_reply_fd >= 0) sidr_answer(id, wire::kSidrReject, 0, 0, nullptr, 0);
   // An active handshake still running finds the id gone and disposes of itself; a
   // passive one waiting for accept/reject is refused.
   if (passive_ep) passive_ep->reject({});
@@ -761,6 +777,7 @@ SV_EXPORT int rdma_listen(rdma_cm_id* i, int backlog) {
     s->id = id;
     s->fd = id->bound_fd;
     s->passive = true;
+    s->backlog = backlog > 0 ? std::min<size_t>(backlog, kSidrAnswered) : kSidrAnswered;
     id->bound_fd = -1;
     {
       std::lock_guard reg(g_live.get().mu);

@@ -260,6 +260,46 @@ TEST_F(CmUd, HostileDatagramsOnTheListenerPortAreIgnored) {
   rdma_ack_cm_event(ev);
 }
 
+// A flood of distinct requests: at most the backlog waits for the application; the rest is
+// dropped. Destroying undecided requests rejects them and frees the backlog.
+TEST_F(CmUd, RequestsBeyondTheBacklogAreDropped) {
+  sockaddr_in a = loopback(port);
+  ASSERT_EQ(rdma_bind_addr(srv.id, reinterpret_cast<sockaddr*>(&a)), 0);
+  ASSERT_EQ(rdma_listen(srv.id, 4), 0);
+  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  ASSERT_GE(fd, 0);
+  for (uint32_t i = 0; i < 50; ++i) {
+    uint8_t req[20] = {'S', 'V', 'S', 'I', 1, 1, 0, 0};
+    req[8] = static_cast<uint8_t>(i >> 24);
+    req[11] = static_cast<uint8_t>(i);
+    sendto(fd, req, sizeof req, 0, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  }
+  std::vector<rdma_cm_id*> kids;
+  while (rdma_cm_event* ev = next_event(srv.ch, 300)) {
+    EXPECT_EQ(ev->event, RDMA_CM_EVENT_CONNECT_REQUEST);
+    kids.push_back(ev->id);
+    rdma_ack_cm_event(ev);
+  }
+  EXPECT_EQ(kids.size(), 4u);
+  // The rejections reach the requester's socket.
+  for (rdma_cm_id* k : kids) EXPECT_EQ(rdma_destroy_id(k), 0);
+  int rejects = 0;
+  uint8_t rep[64];
+  pollfd p{fd, POLLIN, 0};
+  while (poll(&p, 1, 300) == 1 && recv(fd, rep, sizeof rep, 0) >= 20)
+    rejects += rep[5] == 2 && rep[6] == 2;  // a REP with status IB_SIDR_REJECT
+  EXPECT_EQ(rejects, 4);
+  close(fd);
+  // Room again: a real request is served.
+  ASSERT_NO_FATAL_FAILURE(connect("after"));
+  ASSERT_NO_FATAL_FAILURE(take_request("after"));
+  ASSERT_EQ(rdma_reject(child, nullptr, 0), 0);
+  rdma_cm_event* ev = next_event(cli.ch);
+  ASSERT_NE(ev, nullptr);
+  EXPECT_EQ(ev->event, RDMA_CM_EVENT_UNREACHABLE);
+  rdma_ack_cm_event(ev);
+}
+
 TEST(CmUdAddrinfo, UdpPortSpaceMeansUdQps) {
   rdma_addrinfo hints{};
   hints.ai_port_space = RDMA_PS_UDP;
