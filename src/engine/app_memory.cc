@@ -1,5 +1,6 @@
 #include "engine/app_memory.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace sv::engine {
@@ -18,6 +19,25 @@ void copy_to_app(std::byte* app, const std::byte* src, size_t n) noexcept {
   std::memcpy(app, src, n - 1);
   __atomic_store_n(reinterpret_cast<unsigned char*>(app + n - 1),
                    static_cast<unsigned char>(src[n - 1]), __ATOMIC_RELEASE);
+}
+
+uint32_t copy_to_sgl(const ibv_sge* sge, uint32_t num_sge, uint32_t offset, const std::byte* src,
+                     uint32_t n) noexcept {
+  uint32_t copied = 0;
+  for (uint32_t i = 0; i < num_sge && n; ++i) {
+    const ibv_sge& s = sge[i];
+    if (offset >= s.length) {
+      offset -= s.length;
+      continue;
+    }
+    const uint32_t take = std::min(n, s.length - offset);
+    copy_to_app(reinterpret_cast<std::byte*>(s.addr) + offset, src, take);
+    src += take;
+    n -= take;
+    copied += take;
+    offset = 0;
+  }
+  return copied;
 }
 
 uint64_t app_atomic(uint64_t* v, const wire::AtomicRequest& r) noexcept {

@@ -36,23 +36,9 @@ void place_bytes(Conn& c, const std::byte* src, uint32_t n) {
       copy_to_app(p.ptr, src, n);
       p.ptr += n;
       break;
-    case Placement::Kind::sgl: {
-      uint32_t off = p.offset;
-      for (uint32_t i = 0; i < p.num_sge && n; ++i) {
-        const ibv_sge& s = p.sge[i];
-        if (off >= s.length) {
-          off -= s.length;
-          continue;
-        }
-        const uint32_t take = std::min(n, s.length - off);
-        copy_to_app(reinterpret_cast<std::byte*>(s.addr) + off, src, take);
-        src += take;
-        n -= take;
-        p.offset += take;
-        off = 0;
-      }
+    case Placement::Kind::sgl:
+      p.offset += copy_to_sgl(p.sge, p.num_sge, p.offset, src, n);
       break;
-    }
   }
 }
 

@@ -30,11 +30,7 @@ struct QpIo : Progress::Handler {
   void on_event(uint32_t ev) override {
     if (ev & (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)) {
       std::lock_guard lk(qp->rx_mu);
-      if (qp->ud)
-        ud_rx_run_locked(qp);
-      else if (qp->conn.fd >= 0 && !rx_run_locked(qp)) {
-        // rx_run_locked reported the loss; nothing more to read.
-      }
+      if (qp->ud || qp->conn.fd >= 0) qp_rx_locked(qp);
     }
     if (ev & EPOLLOUT) tx_kick(qp);
     qp_update_interest(qp);
@@ -566,11 +562,8 @@ int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing
     ++qp->sq_count;
   }
   if (err) *bad = wr;
-  if (qp->ud) {
-    if (qp->state.load() == IBV_QPS_ERR)
-      flush_qp_locked(qp, IBV_WC_WR_FLUSH_ERR);
-    else
-      ud_tx_locked(qp);
+  if (qp->ud && qp->state.load() != IBV_QPS_ERR) {
+    ud_tx_locked(qp);  // datagrams leave now; in ERR, the flush below completes them
     return err;
   }
   if (qp->conn.peer_gone && qp->sq_count && qp->state.load() != IBV_QPS_ERR) {

@@ -352,6 +352,8 @@ void complete_recv_ud(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_
 bool take_recv(Qp* qp, RecvWqe& out, std::array<ibv_sge, kMaxSge>& sge);
 // The WQE's buffers are registered for local write in the PD its queue belongs to.
 bool recv_keys_ok(Qp* qp, const RecvWqe& w);
+// The same, for a caller already holding KeyTable's read guard (to place under it).
+bool recv_keys_ok_guarded(Qp* qp, const RecvWqe& w);
 
 // ---- qp_ud.cc: unreliable datagram QPs over UDP ---------------------------------------
 inline constexpr uint32_t kUdQpnLow = 0xFF;  // RC QPNs use 1..254 (iw_cm.cc)

@@ -59,9 +59,13 @@ bool take_recv(Qp* qp, RecvWqe& out, std::array<ibv_sge, kMaxSge>& sge) {
 // An SRQ's receives belong to the SRQ's PD (IB spec 10.2.9; rxe and siw check it), not to
 // the PD of the QP that happens to consume them.
 bool recv_keys_ok(Qp* qp, const RecvWqe& w) {
+  auto g = KeyTable::get().read_guard();
+  return recv_keys_ok_guarded(qp, w);
+}
+
+bool recv_keys_ok_guarded(Qp* qp, const RecvWqe& w) {
   const Pd* pd = qp->srq ? qp->srq->pd : qp->pd;
   auto& kt = KeyTable::get();
-  auto g = kt.read_guard();
   for (uint32_t i = 0; i < w.num_sge; ++i) {
     if (!w.sge[i].length) continue;
     std::byte* p;

@@ -99,20 +99,20 @@ ibv_gid dest_gid(msghdr& m) {
   return g;
 }
 
-// Copies src into the receive WQE's gather list from byte offset `off`.
-void scatter(const RecvWqe& w, uint32_t off, const std::byte* src, uint32_t len) {
-  for (uint32_t i = 0; i < w.num_sge && len; ++i) {
-    const ibv_sge& s = w.sge[i];
-    if (off >= s.length) {
-      off -= s.length;
-      continue;
-    }
-    const uint32_t take = std::min(len, s.length - off);
-    copy_to_app(reinterpret_cast<std::byte*>(s.addr) + off, src, take);
-    src += take;
-    len -= take;
-    off = 0;
+// Where a datagram to (dgid, port) goes. A dual-stack socket takes the GID as it is (an IPv4
+// address as ::ffff:a.b.c.d); an IPv4-only one only IPv4 GIDs. False: no such address.
+bool dest_addr(const Qp* qp, const ibv_gid& dgid, uint16_t port, transport::SockAddr& to) {
+  if (!qp->ud_dual_stack) {
+    if (!gid_to_addr(dgid, to)) return false;
+    to.set_port(port);
+    return true;
   }
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_port = htons(port);
+  std::memcpy(&a.sin6_addr, dgid.raw, 16);
+  to = transport::SockAddr::from(reinterpret_cast<sockaddr*>(&a));
+  return true;
 }
 
 // True when a receive WQE is waiting; otherwise marks RX stalled under the same lock, so a
@@ -179,21 +179,14 @@ bool deliver(Qp* qp, size_t n, const transport::SockAddr& from, const ibv_gid& t
   g.hop_limit = 64;
   std::array<std::byte, wire::kGrhLen> grh;
   wire::encode_grh(g, static_cast<uint32_t>(len), grh.data());
-  bool keys_ok = true;
+  bool keys_ok;
   {
     // Checked and placed under one read guard: no deregistration in between.
-    auto& kt = KeyTable::get();
-    auto guard = kt.read_guard();
-    const Pd* pd = qp->srq ? qp->srq->pd : qp->pd;  // an SRQ's WQEs belong to its PD
-    for (uint32_t i = 0; i < w.num_sge && keys_ok; ++i) {
-      std::byte* dst;
-      keys_ok =
-          !w.sge[i].length || kt.check(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length,
-                                       IBV_ACCESS_LOCAL_WRITE, false, &dst) == AccessResult::ok;
-    }
+    auto guard = KeyTable::get().read_guard();
+    keys_ok = recv_keys_ok_guarded(qp, w);
     if (keys_ok) {
-      scatter(w, 0, grh.data(), wire::kGrhLen);
-      scatter(w, wire::kGrhLen, p + hdr_len, static_cast<uint32_t>(len));
+      copy_to_sgl(w.sge, w.num_sge, 0, grh.data(), wire::kGrhLen);
+      copy_to_sgl(w.sge, w.num_sge, wire::kGrhLen, p + hdr_len, static_cast<uint32_t>(len));
     }
   }
   if (!keys_ok) {
@@ -344,19 +337,7 @@ void ud_tx_locked(Qp* qp) {
         break;
       }
       transport::SockAddr to;
-      if (!gid_to_addr(w.dgid, to)) continue;  // checked at ibv_create_ah
-      to.set_port(static_cast<uint16_t>(w.remote_qpn >> 8));
-      if (to.family() == AF_INET && qp->ud_dual_stack) {
-        // A dual-stack socket reaches IPv4 through an IPv4-mapped address.
-        sockaddr_in v4;
-        std::memcpy(&v4, &to.ss, sizeof v4);
-        sockaddr_in6 m{};
-        m.sin6_family = AF_INET6;
-        m.sin6_port = v4.sin_port;
-        m.sin6_addr.s6_addr[10] = m.sin6_addr.s6_addr[11] = 0xff;
-        std::memcpy(&m.sin6_addr.s6_addr[12], &v4.sin_addr, 4);
-        to = transport::SockAddr::from(reinterpret_cast<sockaddr*>(&m));
-      }
+      if (!dest_addr(qp, w.dgid, static_cast<uint16_t>(w.remote_qpn >> 8), to)) continue;
       msghdr m{};
       m.msg_name = &to.ss;
       m.msg_namelen = to.len;

@@ -182,6 +182,22 @@ bool is_any(const SockAddr& a) {
   return true;
 }
 
+// The source address the kernel would use toward `to` (connecting a UDP socket sends
+// nothing), with port `port`; false if there is no route.
+bool route_source(const SockAddr& to, uint16_t port, SockAddr& out) {
+  const int fd = sv::raw_socket(to.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  SockAddr probe = to;
+  if (probe.port() == 0) probe.set_port(9);
+  const bool ok = connect(fd, reinterpret_cast<const sockaddr*>(&probe.ss), probe.len) == 0;
+  if (ok) {
+    out = sv::transport::local_addr(fd);
+    out.set_port(port);
+  }
+  close(fd);
+  return ok;
+}
+
 socklen_t sa_len(const sockaddr* sa) {
   if (!sa) return 0;
   return sa->sa_family == AF_INET6  ? sizeof(sockaddr_in6)
@@ -417,16 +433,8 @@ void sidr_on_request(SidrSock* s, const wire::Sidr& m, const SockAddr& from) {
   child->sidr_req_id = m.req_id;
   g_live.get().ids.push_back(child);
   SockAddr src = sv::transport::local_addr(s->fd);
-  if (is_any(src)) {
-    // The address the requester reached: the one the kernel routes back from.
-    const int probe = sv::raw_socket(from.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (probe >= 0 && connect(probe, reinterpret_cast<const sockaddr*>(&from.ss), from.len) == 0) {
-      const uint16_t port = src.port();
-      src = sv::transport::local_addr(probe);
-      src.set_port(port);
-    }
-    if (probe >= 0) close(probe);
-  }
+  // A wildcard listener: the address the requester reached is the one routed back from.
+  if (is_any(src)) route_source(from, src.port(), src);
   set_src(child, src);
   set_dst(child, from);
   s->seen.push_back({from, m.req_id, {}});
@@ -804,17 +812,8 @@ SV_EXPORT int rdma_resolve_addr(rdma_cm_id* i, sockaddr* src, sockaddr* dst, int
   if (src && sa_len(src)) {
     SockAddr s = SockAddr::from(src);
     set_src(id, s);
-  } else {
-    // The source the kernel would pick: connect a UDP socket (sends nothing).
-    int fd = sv::raw_socket(d.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    SockAddr probe = d;
-    if (probe.port() == 0) probe.set_port(9);
-    if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&probe.ss), probe.len) == 0) {
-      SockAddr s = sv::transport::local_addr(fd);
-      s.set_port(0);
-      set_src(id, s);
-    }
-    if (fd >= 0) close(fd);
+  } else if (SockAddr s; route_source(d, 0, s)) {
+    set_src(id, s);  // the source the kernel would pick
   }
   id->id.verbs = g_verbs();
   id->id.port_num = 1;
