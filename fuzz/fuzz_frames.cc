@@ -13,6 +13,7 @@
 #include <cstring>
 #include <span>
 
+#include "fuzz_check.h"
 #include "wire/be.h"
 #include "wire/crc32c.h"
 #include "wire/ddp_rdmap.h"
@@ -21,11 +22,6 @@
 using namespace sv::wire;
 
 namespace {
-
-#define FUZZ_CHECK(cond)           \
-  do {                             \
-    if (!(cond)) __builtin_trap(); \
-  } while (0)
 
 using Bytes = std::span<const std::byte>;
 

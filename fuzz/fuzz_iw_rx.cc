@@ -28,16 +28,12 @@
 
 #include "engine/progress.h"
 #include "engine/qp.h"
+#include "fuzz_check.h"
 #include "wire/be.h"
 
 using namespace sv::engine;
 
 namespace {
-
-#define FUZZ_CHECK(cond)           \
-  do {                             \
-    if (!(cond)) __builtin_trap(); \
-  } while (0)
 
 constexpr uint32_t kStagMark = 0x7EA50000;
 constexpr size_t kGuard = 64;

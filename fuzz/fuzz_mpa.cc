@@ -24,6 +24,7 @@
 
 #include "engine/iw_cm.h"
 #include "engine/progress.h"
+#include "fuzz_check.h"
 #include "wire/be.h"
 #include "wire/mpa.h"
 
@@ -31,11 +32,6 @@ using namespace sv::engine;
 namespace wire = sv::wire;
 
 namespace {
-
-#define FUZZ_CHECK(cond)           \
-  do {                             \
-    if (!(cond)) __builtin_trap(); \
-  } while (0)
 
 struct Run {
   bool accept = false;

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fuzz_check.h"
 #include "wire/rds_files.h"
 #include "wire/rds_hdr.h"
 #include "wire/rds_rx.h"
@@ -29,11 +30,6 @@
 using namespace sv::wire;
 
 namespace {
-
-#define FUZZ_CHECK(cond)           \
-  do {                             \
-    if (!(cond)) __builtin_trap(); \
-  } while (0)
 
 bool same_header(const RdsHeader& a, const RdsHeader& b) {
   return a.sequence == b.sequence && a.ack == b.ack && a.len == b.len && a.sport == b.sport &&

@@ -13,14 +13,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "fuzz_check.h"
 #include "wire/rsocket_wire.h"
 
 namespace rs = sv::wire::rs;
-
-#define FUZZ_CHECK(cond)           \
-  do {                             \
-    if (!(cond)) __builtin_trap(); \
-  } while (0)
 
 namespace {
 

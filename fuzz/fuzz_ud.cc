@@ -15,14 +15,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "fuzz_check.h"
 #include "wire/ud.h"
 
 namespace w = sv::wire;
-
-#define FUZZ_CHECK(cond)           \
-  do {                             \
-    if (!(cond)) __builtin_trap(); \
-  } while (0)
 
 namespace {
 

@@ -31,17 +31,13 @@
 
 #include "engine/progress.h"
 #include "engine/qp.h"
+#include "fuzz_check.h"
 #include "wire/be.h"
 #include "wire/ud.h"
 
 using namespace sv::engine;
 
 namespace {
-
-#define FUZZ_CHECK(cond)           \
-  do {                             \
-    if (!(cond)) __builtin_trap(); \
-  } while (0)
 
 constexpr uint32_t kQkey = 0x11111111;
 constexpr size_t kGuard = 64;

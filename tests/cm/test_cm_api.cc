@@ -17,26 +17,16 @@
 #include <string>
 #include <thread>
 
+#include "cm_util.h"
 #include "wire/stats_file.h"
 
 namespace {
 
-sockaddr_in loopback(uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
-}
+using cmtest::loopback;
+using cmtest::readable;
 
-// A port of this process's own (tests may run in parallel).
 uint16_t test_port(int i) {
-  return static_cast<uint16_t>(20000 + (getpid() % 2000) * 8 + i);
-}
-
-bool readable(int fd, int ms) {
-  pollfd p{fd, POLLIN, 0};
-  return poll(&p, 1, ms) == 1;
+  return cmtest::test_port(20000, i);
 }
 
 // Next event on ch, which must be `want` for id; acked.

@@ -15,27 +15,22 @@
 #include <thread>
 #include <vector>
 
+#include "cm_util.h"
+
 namespace {
+
+using cmtest::loopback;
 
 constexpr uint32_t kUdpQkey = 0x01234567;  // RDMA_UDP_QKEY
 constexpr int kGrh = 40;
 
-sockaddr_in loopback(uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
-}
-
 uint16_t test_port(int i) {
-  return static_cast<uint16_t>(36000 + (getpid() % 2000) * 8 + i);
+  return cmtest::test_port(36000, i);
 }
 
 // Next event on ch (acked by the caller).
 rdma_cm_event* next_event(rdma_event_channel* ch, int ms = 5000) {
-  pollfd p{ch->fd, POLLIN, 0};
-  if (poll(&p, 1, ms) != 1) return nullptr;
+  if (!cmtest::readable(ch->fd, ms)) return nullptr;
   rdma_cm_event* ev = nullptr;
   return rdma_get_cm_event(ch, &ev) == 0 ? ev : nullptr;
 }

@@ -21,22 +21,17 @@
 #include <thread>
 #include <vector>
 
+#include "cm_util.h"
 #include "wire/rsocket_wire.h"
 
 namespace rs = sv::wire::rs;
 
 namespace {
 
-uint16_t test_port(int i) {
-  return static_cast<uint16_t>(30000 + (getpid() % 2000) * 8 + i);
-}
+using cmtest::loopback;
 
-sockaddr_in loopback(uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
+uint16_t test_port(int i) {
+  return cmtest::test_port(30000, i);
 }
 
 int listener(uint16_t port) {

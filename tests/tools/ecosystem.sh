@@ -102,6 +102,14 @@ run_fi_info() {
   [ $ok = 1 ] && grep -m1 "fabric:" "$log" | sed 's/^ */     /'
 }
 
+# wait_listen PORT: until a server listens on TCP PORT (bounded: 10 s).
+wait_listen() {
+  for _ in $(seq 100); do
+    ss -Hltn "sport = :$1" | grep -q . && return 0
+    sleep 0.1
+  done
+}
+
 # fi_pingpong NAME PORT ARGS...: server and client; both print every size with all acks.
 run_fi_pingpong() {
   local name=$1 port=$2
@@ -111,10 +119,7 @@ run_fi_pingpong() {
   timeout 60 fi_pingpong "$@" -B $port -I 100 -c >"$s" 2>&1 &
   local spid=$!
   pids+=($spid)
-  for _ in $(seq 100); do
-    ss -Hltn "sport = :$port" | grep -q . && break
-    sleep 0.1
-  done
+  wait_listen $port
   timeout 50 fi_pingpong "$@" -P $port -I 100 -c $ADDR >"$c" 2>&1 || ok=0
   wait $spid || ok=0
   local sz
@@ -212,10 +217,7 @@ run_ucx_perftest() {
   UCX_TLS=$tls timeout 60 ucx_perftest "$@" -p 18610 >"$s" 2>&1 &
   local spid=$!
   pids+=($spid)
-  for _ in $(seq 100); do
-    ss -Hltn "sport = :18610" | grep -q . && break
-    sleep 0.1
-  done
+  wait_listen 18610
   UCX_TLS=$tls timeout 50 ucx_perftest "$@" -p 18610 $ADDR >"$c" 2>&1 || ok=0
   wait $spid || ok=0
   expect "$c" "^Final: +[0-9]+ +[0-9.]+" || ok=0

@@ -122,6 +122,7 @@ class Ud : public ::testing::Test {
   }
 
   uint8_t* at(size_t off) { return buf.data() + off; }
+  // One receive of [off, off+len) of the buffer, to a QP or (qp null) to the SRQ.
   int post_recv(ibv_qp* qp, uint64_t id, size_t off, uint32_t len) {
     ibv_sge s{reinterpret_cast<uint64_t>(at(off)), len, mr->lkey};
     ibv_recv_wr wr{};
@@ -129,16 +130,7 @@ class Ud : public ::testing::Test {
     wr.sg_list = &s;
     wr.num_sge = 1;
     ibv_recv_wr* bad = nullptr;
-    return ibv_post_recv(qp, &wr, &bad);
-  }
-  int post_srq_recv(uint64_t id, size_t off, uint32_t len) {
-    ibv_sge s{reinterpret_cast<uint64_t>(at(off)), len, mr->lkey};
-    ibv_recv_wr wr{};
-    wr.wr_id = id;
-    wr.sg_list = &s;
-    wr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    return ibv_post_srq_recv(srq, &wr, &bad);
+    return qp ? ibv_post_recv(qp, &wr, &bad) : ibv_post_srq_recv(srq, &wr, &bad);
   }
   struct Send {
     uint64_t id = 0;
@@ -473,7 +465,7 @@ TEST_F(Ud, ReceivesThroughAnSrq) {
   ASSERT_NE(srq, nullptr);
   UdQp c;
   ASSERT_NO_FATAL_FAILURE(make(c, srq));
-  ASSERT_EQ(post_srq_recv(4, 0x10000, 256), 0);
+  ASSERT_EQ(post_recv(nullptr, 4, 0x10000, 256), 0);
   fill(0, 100, 4);
   ASSERT_EQ(post_send(a.qp, c.qp->qp_num, {.id = 1, .off = 0, .len = 100}), 0);
   auto r = poll(c.rcq, 1);
