@@ -38,6 +38,10 @@ int svrds_close(int fd);
  * LD_PRELOAD shim calls it from poll() on RDS descriptors for up to
  * SOFTVERBS_RDS_BUSY_POLL_US microseconds (default 0: off). */
 int svrds_busy_poll(void);
+/* The caller stops busy polling (it is about to block): on softverbs, the device's progress
+ * thread, which stepped back from the stack's sockets while the caller spun, takes them
+ * back at once instead of after its hold time. */
+void svrds_busy_poll_stop(void);
 
 #ifdef __cplusplus
 }

@@ -370,9 +370,15 @@ SV_EXPORT int svrds_setsockopt(int fd, int level, int optname, const void* optva
     }
     if (optname == SO_SNDBUF || optname == SO_RCVBUF) {
       if (!as_int(&v)) return fail(EINVAL);
-      // The kernel doubles the value and RDS uses half of it: the value as given.
-      const uint32_t val = static_cast<uint32_t>(std::max(v, 256));
-      (optname == SO_SNDBUF ? s->sndbuf : s->rcvbuf) = val;
+      // sock_setsockopt stores max(2 * val, SOCK_MIN_SNDBUF or SOCK_MIN_RCVBUF) and RDS uses
+      // half of it (rds_sk_sndbuf): the value as given, but never below the kernel's floor.
+      // A tiny buffer would flag every message ACK_REQUIRED and cost each one an ack of its
+      // own (rds-stress sets tasks * depth * (req + ack) * 2 bytes). The cap at
+      // net.core.wmem_max/rmem_max is not applied: these buffers are not kernel memory.
+      const bool snd = optname == SO_SNDBUF;
+      const uint32_t floor = snd ? kMinSndBuf : kMinRcvBuf;
+      const uint32_t val = v < 0 ? INT32_MAX / 2 : std::max(static_cast<uint32_t>(v), floor);
+      (snd ? s->sndbuf : s->rcvbuf) = val;
       sock_update_poll(s);
       return 0;
     }

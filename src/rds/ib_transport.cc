@@ -41,6 +41,9 @@ using PrivBytes = std::array<std::byte, wire::kRdsConnPrivLen>;
 // 6; and 1 for an RDMA Read's local buffers, iWARP's limit). Set by transport_start().
 int g_max_send_sge = 16;
 int g_max_read_sge = 16;
+// softverbs_cq_busy_poll (softverbs/verbs_ext.h), null on another provider: our CQ stays
+// armed for the completion handler, so the device cannot tell a busy poller by itself.
+int (*g_cq_busy_poll)(ibv_cq*, int) = nullptr;
 
 uint64_t now_ms() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -738,6 +741,8 @@ int transport_start() {
           reinterpret_cast<SetHandler>(dlsym(RTLD_DEFAULT, "softverbs_cq_set_comp_handler"));
       set && !(h && std::strcmp(h, "0") == 0))
     set(G.cq, on_cq_ready, nullptr);
+  g_cq_busy_poll =
+      reinterpret_cast<int (*)(ibv_cq*, int)>(dlsym(RTLD_DEFAULT, "softverbs_cq_busy_poll"));
   ibv_req_notify_cq(G.cq, 0);
   if (rdma_create_id(G.cm_ch, &G.listen_id, nullptr, RDMA_PS_TCP)) return -errno;
   sockaddr_in any{};
@@ -755,6 +760,13 @@ int transport_start() {
   std::atexit([] {
     std::lock_guard lk(g().mu);
     flush_acks_locked();
+    // Then close our connections gracefully: a socket the exit closes while the peer's
+    // bytes are still arriving is reset, and the reset discards those acks before they
+    // leave (tcp_close). rdma_disconnect closes it after what it holds (engine/linger.h).
+    for (auto& [k, c] : g().conns) {
+      if (c->state == ConnState::up && c->id) rdma_disconnect(c->id);
+      if (c->rstate == ConnState::up && c->rid) rdma_disconnect(c->rid);
+    }
   });
   std::thread(engine_loop).detach();
   G.started = true;
@@ -835,8 +847,16 @@ int post_data_send(Conn* c, ibv_send_wr* wr) {
 }
 
 void flush_acks_locked() {
+  bool sent = false;
   for (auto& [k, c] : g().conns)
-    if (c->state == ConnState::up && c->ack_needed) conn_send_ack(c);
+    if (c->state == ConnState::up && c->ack_needed) {
+      conn_send_ack(c);
+      sent = true;
+    }
+  // The device may hold a post back to batch it with the next (softverbs' doorbell batching,
+  // while the CQ is between a notification and its re-arm); arming the CQ sends it now, as
+  // a caller about to exit needs (the ack must leave before the connection dies with us).
+  if (sent) ibv_req_notify_cq(g().cq, 0);
 }
 
 uint32_t conn_id_of(Conn* c) {
@@ -856,7 +876,15 @@ extern "C" __attribute__((visibility("default"))) int svrds_busy_poll() {
   sv::rds::Global& G = sv::rds::g();
   std::unique_lock lk(G.mu, std::try_to_lock);
   if (!lk.owns_lock() || !G.started) return 0;
+  // This thread receives for the stack now: the device's progress thread steps back.
+  if (sv::rds::g_cq_busy_poll) sv::rds::g_cq_busy_poll(G.cq, 1);
   const int n = sv::rds::drain_cq_locked();
   if (n) sv::rds::after_completions_locked();
   return n;
+}
+
+extern "C" __attribute__((visibility("default"))) void svrds_busy_poll_stop() {
+  sv::rds::Global& G = sv::rds::g();
+  std::lock_guard lk(G.mu);
+  if (G.started && sv::rds::g_cq_busy_poll) sv::rds::g_cq_busy_poll(G.cq, 0);
 }

@@ -57,6 +57,10 @@ inline constexpr int kSendSlots = 64;  // per connection
 inline constexpr int kRdmaDepth = 16;  // RDMA ops in flight per connection (its ORD)
 inline constexpr uint32_t kDefaultSndBuf = 256 * 1024;
 inline constexpr uint32_t kDefaultRcvBuf = 256 * 1024;
+// The smallest SO_SNDBUF/SO_RCVBUF RDS ends up with: half of the kernel's SOCK_MIN_SNDBUF
+// (2 * TCP_SKB_MIN_TRUESIZE = 4608 on x86-64) and SOCK_MIN_RCVBUF (2304).
+inline constexpr uint32_t kMinSndBuf = 2304;
+inline constexpr uint32_t kMinRcvBuf = 1152;
 inline constexpr int kAckEvery = 8;       // max_unacked_packets
 inline constexpr int kAckDelayUs = 1000;  // a lone ack waits this long for a reply to ride
 inline constexpr int kSignalEvery = 16;   // max_unsignaled_wrs (net/rds ib_send.c)

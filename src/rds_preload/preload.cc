@@ -194,6 +194,7 @@ SHIM int poll(pollfd* fds, nfds_t n, int timeout) {
     if (r != 0) return r;
     if (std::chrono::steady_clock::now() >= until) break;
   }
+  svrds_busy_poll_stop();
   if (timeout < 0) return real(fds, n, timeout);
   const auto spent =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);

@@ -118,8 +118,14 @@ TEST(RdsSend, ErrorPrecedence) {
   EXPECT_EQ(errno, EMSGSIZE);
   int small = 1024;
   ASSERT_EQ(svrds_setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
-  EXPECT_EQ(send_to(fd, port(1), big.data(), 2048), -1);
+  // The kernel's floor: sk_sndbuf = SOCK_MIN_SNDBUF (4608), of which RDS uses half.
+  int got = 0;
+  socklen_t glen = sizeof got;
+  ASSERT_EQ(svrds_getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &got, &glen), 0);
+  EXPECT_EQ(got, 4608);
+  EXPECT_EQ(send_to(fd, port(1), big.data(), 2305), -1);
   EXPECT_EQ(errno, EMSGSIZE) << "payload larger than sndbuf";
+  EXPECT_EQ(send_to(fd, port(1), big.data(), 2304), 2304) << "the floor's worth is accepted";
   // unknown SOL_RDS cmsg
   char ctl[CMSG_SPACE(8)] = {};
   m.msg_name = &d;

@@ -848,7 +848,9 @@ TEST(RdsCancel, CancelDropsQueuedMessagesToOneDestinationOnly) {
   EXPECT_TRUE(eventually([&] {
     return count_info_messages(tx, RDS_INFO_SEND_MESSAGES, me, pb) == 0 &&
            count_info_messages(tx, RDS_INFO_RETRANS_MESSAGES, me, pb) == 0;
-  }));
+  })) << "still queued: send "
+      << count_info_messages(tx, RDS_INFO_SEND_MESSAGES, me, pb) << " retrans "
+      << count_info_messages(tx, RDS_INFO_RETRANS_MESSAGES, me, pb);
   svrds_close(tx);
 }
 
