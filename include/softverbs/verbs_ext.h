@@ -31,6 +31,15 @@ extern "C" {
 int softverbs_cq_set_comp_handler(struct ibv_cq* cq, bool (*handler)(struct ibv_cq* cq, void* arg),
                                   void* arg);
 
+/* Busy polling (Linux NAPI busy poll): on = 1 says the calling thread is spinning on cq and
+ * drives its QPs' receive path with ibv_poll_cq, so the device's progress thread steps back
+ * from their sockets for SOFTVERBS_BUSY_POLL_US (default 200) microseconds after the last such
+ * call; on = 0 hands them back at once (call it before blocking). An empty ibv_poll_cq on an
+ * unarmed CQ says on = 1 by itself, and ibv_req_notify_cq says on = 0: this call is for
+ * consumers whose CQ stays armed while they spin (one with a completion handler).
+ * Returns 0, or EINVAL for an invalid CQ. */
+int softverbs_cq_busy_poll(struct ibv_cq* cq, int on);
+
 #ifdef __cplusplus
 }
 #endif

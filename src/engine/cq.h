@@ -51,6 +51,12 @@ struct Cq {
   // A QP using this CQ has deferred WQEs (doorbell batching): polling or arming this CQ
   // flushes them first, so their completions, or the answers to them, can show up.
   std::atomic<bool> tx_deferred{false};
+  // Busy-poll ownership (engine/busy_poll.h): an application thread spins on this CQ until
+  // busy_until (CLOCK_MONOTONIC ns; 0: nobody). yielded: some QP of it stepped back from
+  // the progress thread, so ending ownership must hand the sockets back.
+  std::atomic<uint64_t> busy_until{0};
+  std::atomic<uint32_t> empty_polls{0};  // application polls that found it empty, in a row
+  std::atomic<bool> yielded{false};
 
   // Extended CQ (ibv_create_cq_ex, verbs/cq_ex.cc): the completion times, per ring slot, when
   // its wc_flags ask for them (ns; CLOCK_MONOTONIC is the device's "HCA clock", CLOCK_REALTIME

@@ -662,6 +662,12 @@ Qp* lookup(uint32_t qpn) {
   return it == r.qps.end() ? nullptr : it->second;
 }
 
+void for_each_qp(void (*fn)(Qp*)) {
+  auto& r = reg();
+  std::lock_guard lk(r.mu);
+  for (auto& [qpn, qp] : r.qps) fn(qp);
+}
+
 static bool local_is_active(Qp* qp) {
   // Compare (our GID, our QPN) with (peer GID, peer QPN); the smaller connects.
   const auto& ah = qp->attr.ah_attr;

@@ -134,6 +134,9 @@ uint32_t alloc_qpn(Qp* qp);
 bool add_qpn(uint32_t qpn, Qp* qp);
 void free_qpn(uint32_t qpn);
 Qp* lookup(uint32_t qpn);
+// Runs fn on every registered QP under the registry lock (so none is freed meanwhile): fn
+// must not block.
+void for_each_qp(void (*fn)(Qp*));
 // Called when a QP moves to RTR with a peer (GID, QPN): connects or waits for the peer.
 void start(Qp* qp);
 // Called when a QP is destroyed: drops parked passive endpoints.

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "engine/app_memory.h"
+#include "engine/cq.h"
 #include "engine/log.h"
 #include "engine/rx_dispatch.h"
 #include "wire/be.h"
@@ -286,7 +287,8 @@ bool rx_run_locked(Qp* qp) {
     c.units_published = c.units_rx;
     std::lock_guard lk(qp->tx_mu);
     c.ack_to_send = c.units_rx;
-    tx_ack_locked(qp, c.ack_requested);
+    // Run by a busy poller (inside its ibv_poll_cq): its next post or poll sends the ack.
+    tx_ack_locked(qp, c.ack_requested && tl_polling == nullptr);
     c.ack_requested = false;
   }
   return true;

@@ -11,6 +11,7 @@
 #include <ctime>
 
 #include "engine/app_memory.h"
+#include "engine/busy_poll.h"
 #include "engine/iw_cm.h"
 #include "engine/linger.h"
 #include "engine/log.h"
@@ -28,7 +29,10 @@ struct QpIo : Progress::Handler {
   Qp* qp;
   explicit QpIo(Qp* q) : qp(q) {}
   void on_event(uint32_t ev) override {
-    if (ev & (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)) {
+    // A busy poller owns the receive path: leave the bytes to it (NAPI busy poll).
+    const bool to_poller =
+        (ev & (EPOLLERR | EPOLLHUP | EPOLLRDHUP)) == 0 && (ev & EPOLLIN) && qp_busy_step_back(qp);
+    if ((ev & (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)) && !to_poller) {
       std::lock_guard lk(qp->rx_mu);
       if (qp->ud || qp->conn.fd >= 0) qp_rx_locked(qp);
     }
@@ -618,9 +622,22 @@ bool may_defer(const Qp* qp) {
          !qp->rcq->armed.load(std::memory_order_relaxed);
 }
 
+// At exit, what batching still holds leaves: the application posted it (rang the
+// doorbell), and an ack held for a reply that never came would leave its peer waiting.
+// try_lock: another thread may hold a QP as the process ends.
+void flush_all_at_exit() {
+  oob::for_each_qp([](Qp* qp) {
+    if (!qp->tx_deferred.load() || !qp->tx_mu.try_lock()) return;
+    tx_flush_locked(qp);
+    qp->tx_mu.unlock();
+  });
+}
+
 // Leaves the batch for the next flush point: a post, a poll or arm of either CQ (a caller
 // may wait for the answer on its receive CQ), or the timer `window` ns from now.
 void tx_defer_locked(Qp* qp, uint64_t window) {
+  static const int at_exit = std::atexit(flush_all_at_exit);
+  (void)at_exit;
   qp->tx_deferred.store(true, std::memory_order_release);
   qp->scq->tx_deferred.store(true, std::memory_order_release);
   qp->rcq->tx_deferred.store(true, std::memory_order_release);
@@ -648,11 +665,14 @@ void tx_post_locked(Qp* qp) {
 }
 
 // A Placement Ack after a receive pass. One the peer asked for (a signaled WR, or its
-// periodic request) leaves at once, whoever ran the pass, as an IB responder acks: held back
-// for the reply the application might post, it let perftest -R's server, waiting for its last
-// handshake Send to complete, miss the client's next connection. The others wait, at most
-// kAckDelay, for a flush point (a post, poll or arm, the timer) so they coalesce and ride with
-// other frames. Everything one pass placed shares one ack.
+// periodic request) leaves at once when the progress thread ran the pass, as an IB responder
+// acks: held back for a reply the application might post, it let perftest -R's server,
+// waiting for its last handshake Send to complete, miss the client's next connection. A pass
+// run by the application's own poll (`now` false) hands it the completion it waits for: its
+// answer, posted next, carries the ack (one sendmsg, not two), and if it posts nothing the
+// next flush point sends it. The others wait, at most kAckDelay, for a flush point (a post,
+// poll or arm, the timer) so they coalesce and ride with other frames. Everything one pass
+// placed shares one ack.
 void tx_ack_locked(Qp* qp, bool now) {
   constexpr uint64_t kAckDelay = 50 * 1000;  // ns
   if (now) {
@@ -846,7 +866,7 @@ void qp_update_interest(Qp* qp) {
   auto apply = [qp] {
     if (qp->conn.fd < 0) return;
     uint32_t ev = 0;
-    if (!qp->rx_stalled) ev |= EPOLLIN;
+    if (!qp->rx_stalled && !qp->rx_yielded) ev |= EPOLLIN;
     if (qp->tx_blocked) ev |= EPOLLOUT;
     if (!qp->conn.registered) {
       Progress::get().add(qp->conn.fd, ev, qp->io.get());

@@ -247,6 +247,11 @@ struct Qp {
   std::atomic<bool> conn_up{false};     // conn.fd is a live, set-up connection
   std::atomic<bool> rx_stalled{false};  // no receive buffer: stop reading (RNR wait)
   std::atomic<bool> tx_blocked{false};  // socket full: EPOLLOUT armed
+  // Busy-poll ownership (busy_poll.h), progress thread only: a poller runs RX, the socket is
+  // out of the progress thread's EPOLLIN until a recheck (timer) or the poller's end.
+  bool rx_yielded = false;
+  bool yield_timer = false;
+  uint32_t yield_backoff = 0;  // rechecks while still polled come this many hold times apart
 
   // connection set-up
   std::mutex cm_mu;

@@ -137,8 +137,7 @@ void complete_recv(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_len
 }
 
 void complete_recv_ud(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_len,
-                      uint32_t src_qp, bool imm, uint32_t imm_be, bool solicited,
-                      uint8_t l3_type) {
+                      uint32_t src_qp, bool imm, uint32_t imm_be, bool solicited, uint8_t l3_type) {
   ibv_wc wc{};
   wc.wr_id = w.wr_id;
   wc.status = st;

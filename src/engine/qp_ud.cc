@@ -239,7 +239,7 @@ void ud_close(Qp* qp) {
 void ud_update_interest(Qp* qp) {
   auto apply = [qp] {
     if (qp->ud_fd < 0 || !qp->ud_registered) return;
-    const uint32_t ev = qp->rx_stalled ? 0u : static_cast<uint32_t>(EPOLLIN);
+    const uint32_t ev = qp->rx_stalled || qp->rx_yielded ? 0u : static_cast<uint32_t>(EPOLLIN);
     if (ev != qp->ud_events) Progress::get().mod(qp->ud_fd, ev, qp->io.get());
     qp->ud_events = ev;
   };

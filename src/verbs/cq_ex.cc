@@ -11,6 +11,7 @@
 
 #include <cerrno>
 
+#include "engine/busy_poll.h"
 #include "verbs/handles.h"
 
 namespace sv::verbs {
@@ -37,7 +38,9 @@ int start_poll(ibv_cq_ex* c, ibv_poll_cq_attr* attr) {
   if (attr && attr->comp_mask) return EINVAL;
   Cq* cq = of(c);
   cq->poll_mu.lock();
-  if (!cq->pop_current()) {
+  if (cq->pop_current()) {
+    cq_busy_poll_found(cq);
+  } else {
     // As ibv_poll_cq: an empty CQ runs its QPs' receive path before saying so.
     drive_empty_cq(cq);
     if (!cq->pop_current()) {

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <new>
 
+#include "engine/busy_poll.h"
 #include "engine/context.h"
 #include "engine/cq.h"
 #include "engine/device.h"
@@ -39,6 +40,9 @@ void flush_deferred_tx(Cq* cq);
 namespace sv::verbs {
 void drive_empty_cq(Cq* cq) {
   if (cq->nqps.load(std::memory_order_acquire) == 0) return;
+  // An application thread spinning on an unarmed CQ owns the receive path for a while and
+  // the progress thread steps back (busy_poll.h).
+  cq_busy_poll_empty(cq);
   flush_deferred_tx(cq);
   // Empty: run the attached QPs' receive path here rather than waiting for the
   // progress thread to wake up (a cross-core wake-up costs ~30 us on this class of VM).
@@ -66,14 +70,22 @@ int op_poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   int got = cq->poll(n, wc);
   // A poll that finds completions leaves a batch to grow (a streaming sender polls between
   // posts); one that finds none may be waiting for what the batch holds: flush it.
-  if (got) return got;
+  if (got) {
+    cq_busy_poll_found(cq);
+    return got;
+  }
   sv::verbs::drive_empty_cq(cq);
   return cq->poll(n, wc);
 }
 
 int op_req_notify_cq(ibv_cq* ibcq, int solicited) {
-  flush_deferred_tx(Cq::from(ibcq));
-  return Cq::from(ibcq)->arm(solicited != 0);
+  Cq* cq = Cq::from(ibcq);
+  flush_deferred_tx(cq);
+  const int r = cq->arm(solicited != 0);
+  // A consumer that arms will wait for an event: the progress thread must receive for it.
+  // After the arm, so that what the progress thread then receives raises the event.
+  if (!Progress::get().on_thread()) cq_busy_poll_end(cq);
+  return r;
 }
 
 int op_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
@@ -532,6 +544,15 @@ SV_EXPORT int softverbs_cq_set_comp_handler(ibv_cq* ibcq, bool (*handler)(ibv_cq
   }
   // A notification deferred under the old handler must not reach the new one's arg.
   if (!handler) Progress::get().run_sync([cq] { Progress::get().forget_cq(cq); });
+  return 0;
+}
+
+SV_EXPORT int softverbs_cq_busy_poll(ibv_cq* ibcq, int on) {
+  if (!handle_ok(HKind::cq, ibcq)) return EINVAL;
+  if (on)
+    cq_busy_poll_mark(Cq::from(ibcq));
+  else
+    cq_busy_poll_end(Cq::from(ibcq));
   return 0;
 }
 

@@ -1,0 +1,122 @@
+#include "engine/busy_poll.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <utility>
+#include <vector>
+
+#include "engine/cq.h"
+#include "engine/iw_cm.h"
+#include "engine/progress.h"
+#include "engine/qp.h"
+
+namespace sv::engine {
+namespace {
+
+uint64_t now_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1000000000ull + static_cast<uint64_t>(t.tv_nsec);
+}
+
+// Until when a poller owns the QP's receive path: either CQ counts, since a poll of either
+// drives the QP's whole receive path (Cq::qps holds the QPs of both roles).
+uint64_t owned_until(const Qp* qp) {
+  return std::max(qp->scq->busy_until.load(), qp->rcq->busy_until.load());
+}
+
+void recheck(Qp* qp);
+
+void schedule_recheck(Qp* qp, uint64_t delay_ns) {
+  qp->yield_timer = true;
+  Progress::get().post_after(std::chrono::microseconds(delay_ns / 1000 + 1), [qp, qpn = qp->qpn()] {
+    if (oob::lookup(qpn) != qp) return;  // destroyed meanwhile
+    qp->yield_timer = false;
+    recheck(qp);
+  });
+}
+
+// Progress thread: take the socket back once nobody polls for it any more.
+void recheck(Qp* qp) {
+  if (!qp->rx_yielded) return;
+  const uint64_t now = now_ns();
+  const uint64_t until = owned_until(qp);
+  if (until > now) {
+    // Still polled: look again later and later (up to 4 hold times), so a long spin costs
+    // the progress thread a few wake-ups, not one per hold time. A poller that stops without
+    // arming waits at most that long for the socket to go back; one that arms, not at all.
+    qp->yield_backoff = std::min<uint32_t>(qp->yield_backoff ? qp->yield_backoff * 2 : 2, 4);
+    if (!qp->yield_timer)
+      schedule_recheck(qp, std::max(until - now, busy_poll_hold_ns() * qp->yield_backoff));
+    return;
+  }
+  qp->rx_yielded = false;
+  qp_update_interest(qp);  // EPOLLIN again: level-triggered, so nothing waiting is missed
+}
+
+}  // namespace
+
+uint64_t busy_poll_hold_ns() {
+  static const uint64_t ns = [] {
+    const char* e = std::getenv("SOFTVERBS_BUSY_POLL_US");
+    return static_cast<uint64_t>(e && *e ? std::strtoul(e, nullptr, 10) : 50) * 1000;
+  }();
+  return ns;
+}
+
+void cq_busy_poll_mark(Cq* cq) {
+  const uint64_t hold = busy_poll_hold_ns();
+  if (hold) cq->busy_until.store(now_ns() + hold, std::memory_order_relaxed);
+}
+
+void cq_busy_poll_empty(Cq* cq) {
+  const uint32_t n = cq->empty_polls.load(std::memory_order_relaxed) + 1;
+  cq->empty_polls.store(n, std::memory_order_relaxed);  // racy count, only a heuristic
+  if ((n >= kSpinPolls || cq->busy_until.load(std::memory_order_relaxed)) &&
+      !cq->armed.load(std::memory_order_relaxed) && !Progress::get().on_thread())
+    cq_busy_poll_mark(cq);
+}
+
+void cq_busy_poll_found_slow(Cq* cq) {
+  cq->empty_polls.store(0, std::memory_order_relaxed);
+  // An owner that finds completions is still polling: keep the hold running.
+  if (cq->busy_until.load(std::memory_order_relaxed) && !Progress::get().on_thread())
+    cq_busy_poll_mark(cq);
+}
+
+void cq_busy_poll_end(Cq* cq) {
+  cq->empty_polls.store(0, std::memory_order_relaxed);
+  if (cq->busy_until.load(std::memory_order_relaxed) != 0) cq->busy_until.store(0);
+  // Paired with qp_busy_step_back's store of `yielded` then load of busy_until (all seq_cst):
+  // either it sees our 0 and keeps the socket, or we see its flag and hand the socket back.
+  if (!cq->yielded.exchange(false)) return;
+  std::vector<std::pair<Qp*, uint32_t>> qps;
+  {
+    std::lock_guard lk(cq->qps_mu);
+    for (Qp* qp : cq->qps) qps.emplace_back(qp, qp->qpn());
+  }
+  Progress::get().post([qps = std::move(qps)] {
+    for (auto [qp, qpn] : qps)
+      if (oob::lookup(qpn) == qp) recheck(qp);
+  });
+}
+
+bool qp_busy_step_back(Qp* qp) {
+  if (qp->rx_yielded) return true;  // an event reported before the interest changed
+  if (!busy_poll_hold_ns()) return false;
+  const uint64_t now = now_ns();
+  if (owned_until(qp) <= now) return false;
+  qp->scq->yielded.store(true);
+  qp->rcq->yielded.store(true);
+  const uint64_t until = owned_until(qp);
+  if (until <= now) return false;  // the poller ended meanwhile
+  qp->rx_yielded = true;
+  qp->yield_backoff = 0;
+  if (!qp->yield_timer) schedule_recheck(qp, until - now);
+  return true;
+}
+
+}  // namespace sv::engine

@@ -1,0 +1,43 @@
+// Busy-poll ownership, as Linux NAPI busy polling: an application thread that spins on a CQ
+// runs the receive path of the CQ's QPs itself (ibv_poll_cq on an empty CQ), so while it
+// does, the progress thread steps back from those sockets instead of racing it for rx_mu
+// and for the CPU. Without this, every frame wakes the progress thread too (EPOLLIN), and on
+// a small machine the wake-up pre-empts the very thread that would have read the frame.
+//
+// A CQ is busy-polled once an application thread has found it empty kSpinPolls times in a
+// row while it was unarmed (a spin: a consumer that drains its CQ stops at the first empty
+// poll, and one that arms is about to block), or after softverbs_cq_busy_poll(cq, 1), for a
+// hold time after the last such poll (SOFTVERBS_BUSY_POLL_US, default 50; 0 turns ownership
+// off). Arming the CQ from an application thread, softverbs_cq_busy_poll(cq, 0), or the hold
+// time passing hands the sockets back. A QP steps back when the progress thread sees
+// EPOLLIN while its send or receive CQ is busy-polled: its EPOLLIN interest is dropped until
+// then. The cost of a wrong guess is bounded: a spinner that leaves the CQ to wait elsewhere
+// (spinning on memory for an RDMA Write) gets its data at most 4 hold times late.
+#pragma once
+#include <cstdint>
+
+#include "engine/cq.h"
+
+namespace sv::engine {
+
+struct Qp;
+
+uint64_t busy_poll_hold_ns();  // 0: ownership off
+inline constexpr uint32_t kSpinPolls = 8;
+// An application thread polls cq and will come back: extend its ownership.
+void cq_busy_poll_mark(Cq* cq);
+// An application thread's ibv_poll_cq found cq empty (mark once it spins) or not.
+void cq_busy_poll_empty(Cq* cq);
+void cq_busy_poll_found_slow(Cq* cq);
+inline void cq_busy_poll_found(Cq* cq) {
+  if (cq->empty_polls.load(std::memory_order_relaxed) ||
+      cq->busy_until.load(std::memory_order_relaxed))
+    cq_busy_poll_found_slow(cq);
+}
+// The application stops polling cq (it armed it or said so): sockets go back at once.
+void cq_busy_poll_end(Cq* cq);
+// Progress thread, EPOLLIN for qp: true if a poller owns it (the QP stepped back; the caller
+// leaves the socket to the poller and updates the QP's interest).
+bool qp_busy_step_back(Qp* qp);
+
+}  // namespace sv::engine

@@ -1,0 +1,147 @@
+// Busy-poll ownership (engine/busy_poll.h): while an application thread spins on a CQ, the
+// device's progress thread leaves the QP's socket to it, and takes it back when the poller
+// arms the CQ, says it stops (softverbs_cq_busy_poll(cq, 0)), or goes quiet for the hold
+// time. The local process receives; the peer process sends.
+//
+// The binary runs twice (tests/CMakeLists.txt): BusyPoll.* with a 30 s hold, so that within
+// a test's deadline only an arm or an explicit stop can hand the socket back, and
+// BusyPollShortHold.* with a 1 s hold, for the timer that does it for a poller that left.
+#include <poll.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include "softverbs/verbs_ext.h"
+
+#include "harness.h"
+
+namespace mp {
+namespace {
+
+PeerConfig with_channel() {
+  PeerConfig c;
+  c.with_channel = true;
+  return c;
+}
+
+// A completion handler (softverbs_cq_set_comp_handler) that counts its calls: it runs on the
+// progress thread only when that thread received the message, so it tells us who did.
+struct Calls {
+  std::atomic<int> n{0};
+  std::atomic<uint64_t> wr_id{~0ull};
+};
+
+bool counting_handler(ibv_cq* cq, void* arg) {
+  auto* c = static_cast<Calls*>(arg);
+  ibv_wc wc{};
+  if (ibv_poll_cq(cq, 1, &wc) == 1) c->wr_id = wc.wr_id;
+  ibv_req_notify_cq(cq, 0);
+  c->n.fetch_add(1);
+  return true;
+}
+
+bool calls_reach(const Calls& c, int n, Ms within) {
+  const auto until = Clock::now() + within;
+  while (c.n.load() < n && Clock::now() < until) std::this_thread::sleep_for(Ms(1));
+  return c.n.load() >= n;
+}
+
+bool readable_within(int fd, Ms within) {
+  pollfd p{fd, POLLIN, 0};
+  int r;
+  do r = ::poll(&p, 1, static_cast<int>(within.count()));
+  while (r < 0 && errno == EINTR);
+  return r == 1 && (p.revents & POLLIN);
+}
+
+// How long a negative check looks: the progress thread, had it not stepped back, would have
+// run the handler within microseconds of the frame's arrival.
+constexpr Ms kQuiet{300};
+
+TEST_F(XProc, BusyPollOwnerReceivesAndTheProgressThreadStepsBackUntilItStops) {
+  ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
+  Calls calls;
+  ASSERT_EQ(softverbs_cq_set_comp_handler(local->rcq, counting_handler, &calls), 0);
+  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
+
+  // Nobody polls: the progress thread receives, and the handler runs.
+  ASSERT_EQ(local->post_recv(1, {sge(0, 4096)}), 0);
+  ASSERT_EQ(remote->post_send(make_send(1, {sge(0, 64)})), 0);
+  ASSERT_TRUE(calls_reach(calls, 1, kWait)) << "the progress thread did not receive";
+  EXPECT_EQ(calls.wr_id.load(), 1u);
+
+  // A thread says it busy-polls: the message waits in the socket for it.
+  ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);
+  ASSERT_EQ(local->post_recv(2, {sge(0, 4096)}), 0);
+  ASSERT_EQ(remote->post_send(make_send(2, {sge(0, 64)})), 0);
+  ASSERT_EQ(remote->poll(CqSel::send, 2).size(), 2u);
+  EXPECT_FALSE(calls_reach(calls, 2, kQuiet)) << "the progress thread received for a poller";
+  auto r = local->poll(CqSel::recv, 1);  // the poller's own ibv_poll_cq receives it
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 2, IBV_WC_SUCCESS, IBV_WC_RECV));
+  EXPECT_EQ(r[0].byte_len, 64u);
+  EXPECT_EQ(calls.n.load(), 1) << "a completion the poller took raised a notification";
+
+  // It stops: the progress thread receives again, at once (the hold is 30 s).
+  ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);
+  ASSERT_EQ(local->post_recv(3, {sge(0, 4096)}), 0);
+  ASSERT_EQ(remote->post_send(make_send(3, {sge(0, 64)})), 0);
+  ASSERT_TRUE(calls_reach(calls, 2, kWait)) << "the socket was not handed back";
+  EXPECT_EQ(calls.wr_id.load(), 3u);
+  EXPECT_EQ(remote->poll(CqSel::send, 1).size(), 1u);
+  ASSERT_EQ(softverbs_cq_set_comp_handler(local->rcq, nullptr, nullptr), 0);
+}
+
+TEST_F(XProc, BusyPollEndsWhenThePollerArmsItsCq) {
+  ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
+  // Empty polls of an unarmed CQ, in a row: a spinning thread, it owns the receive path.
+  for (int i = 0; i < 16; ++i) {
+    ibv_wc wc{};
+    ASSERT_EQ(ibv_poll_cq(local->rcq, 1, &wc), 0);
+  }
+  ASSERT_EQ(local->post_recv(1, {sge(0, 4096)}), 0);
+  ASSERT_EQ(remote->post_send(make_send(1, {sge(0, 64)})), 0);
+  ASSERT_EQ(remote->poll(CqSel::send, 1).size(), 1u);
+  std::this_thread::sleep_for(kQuiet);  // the progress thread sees the frame and steps back
+  // Arming says "I will block": the progress thread must receive and raise the event now,
+  // not when the 30 s hold runs out.
+  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
+  ASSERT_TRUE(readable_within(local->channel->fd, kWait)) << "armed, and no event came";
+  ibv_cq* cq = nullptr;
+  void* ctx = nullptr;
+  ASSERT_EQ(ibv_get_cq_event(local->channel, &cq, &ctx), 0);
+  ibv_ack_cq_events(cq, 1);
+  auto r = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 1, IBV_WC_SUCCESS, IBV_WC_RECV));
+}
+
+TEST_F(XProc, BusyPollRejectsAnInvalidCq) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  int not_a_cq = 0;
+  EXPECT_EQ(softverbs_cq_busy_poll(nullptr, 1), EINVAL);
+  EXPECT_EQ(softverbs_cq_busy_poll(reinterpret_cast<ibv_cq*>(&not_a_cq), 0), EINVAL);
+  EXPECT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);
+  EXPECT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);
+}
+
+TEST_F(XProc, BusyPollShortHoldAPollerThatLeftHandsTheSocketBackAfterTheHold) {
+  ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
+  Calls calls;
+  ASSERT_EQ(softverbs_cq_set_comp_handler(local->rcq, counting_handler, &calls), 0);
+  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
+  // It says it polls, then never polls, arms or stops again.
+  ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);
+  ASSERT_EQ(local->post_recv(1, {sge(0, 4096)}), 0);
+  ASSERT_EQ(remote->post_send(make_send(1, {sge(0, 64)})), 0);
+  ASSERT_TRUE(calls_reach(calls, 1, kWait)) << "the message stayed with a poller that left";
+  EXPECT_EQ(calls.wr_id.load(), 1u);
+  EXPECT_EQ(remote->poll(CqSel::send, 1).size(), 1u);
+  ASSERT_EQ(softverbs_cq_set_comp_handler(local->rcq, nullptr, nullptr), 0);
+}
+
+}  // namespace
+}  // namespace mp
