@@ -99,7 +99,7 @@ void Progress::post(std::function<void()> fn) {
     std::lock_guard lk(mu_);
     queue_.push_back(std::move(fn));
   }
-  if (!on_thread()) wake();  // on the thread, the loop runs the queue before it waits
+  wake();
 }
 
 void Progress::run_sync(std::function<void()> fn) {
@@ -138,7 +138,7 @@ void Progress::post_after(std::chrono::microseconds delay, std::function<void()>
     std::lock_guard lk(mu_);
     timers_.emplace(std::chrono::steady_clock::now() + delay, std::move(fn));
   }
-  if (!on_thread()) wake();  // on the thread, the loop recomputes its timeout before it waits
+  wake();
 }
 
 void Progress::loop() {

@@ -1,11 +1,13 @@
 // Requester: frames SQ WQEs and IRQ responses into MPA FPDUs (RFC 5044 §4) and writes them
 // with one sendmsg per batch. Messages are framed back to back, never interleaved
 // (siw_get_hdr refuses interleaved tagged or untagged messages).
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstring>
 
@@ -496,11 +498,44 @@ void tx_kick(Qp* qp) {
   tx_run_locked(qp);
 }
 
+namespace {
+constexpr int kTermDrainMs = 200;
+
+// Writes what is queued, waiting for the socket at most until `deadline` (the Terminate path
+// only: the connection closes right after, and what is still queued then is lost).
+void drain_until(Qp* qp, std::chrono::steady_clock::time_point deadline) {
+  Conn& c = qp->conn;
+  while (c.iov_pos < c.iov_n) {
+    msghdr mh{};
+    mh.msg_iov = &c.iov[c.iov_pos];
+    mh.msg_iovlen = std::min<size_t>(c.iov_n - c.iov_pos, IOV_MAX);
+    const ssize_t n = transport::sys_sendmsg(c.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      c.tx_sent += static_cast<uint64_t>(n);
+      stats::add(qp->stats, stats::Ctr::sent_bytes, static_cast<uint64_t>(n));
+      consume_iov(c, static_cast<size_t>(n));
+      if (c.iov_pos == c.iov_n) c.iov_n = c.iov_pos = c.arena_used = 0;  // as tx_run_locked
+      continue;
+    }
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return;
+    pollfd p{c.fd, POLLOUT, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) return;
+  }
+}
+}  // namespace
+
 void tx_terminate_locked(Qp* qp, const wire::Terminate& t) {
   Conn& c = qp->conn;
   if (c.fd < 0 || c.iov.empty()) return;
-  // Finish what is queued so the Terminate starts on an FPDU boundary, then send it.
+  // Finish what is queued so the Terminate starts on an FPDU boundary, then send it. The
+  // peer may be slow to read (a full socket is how a Read Response stalls): give it a short,
+  // bounded time, since the connection closes after the Terminate and would drop it.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kTermDrainMs);
   Framer f{c};
+  if (!f.room(1)) drain_until(qp, deadline);
   if (!f.room(1)) return;
   if (c.ack_to_send != c.ack_sent) {
     // What was placed before the failure is acked first: the Terminate then belongs to the
@@ -520,14 +555,7 @@ void tx_terminate_locked(Qp* qp, const wire::Terminate& t) {
   c.tx_gated = true;  // nothing after the Terminate
   stats::add(qp->stats, stats::Ctr::sent_terminates);
   stats::add(qp->stats, stats::Ctr::sent_pkts, f.fpdus);
-  for (int tries = 0; c.iov_pos < c.iov_n && tries < 100; ++tries) {
-    msghdr mh{};
-    mh.msg_iov = &c.iov[c.iov_pos];
-    mh.msg_iovlen = std::min<size_t>(c.iov_n - c.iov_pos, IOV_MAX);
-    ssize_t n = transport::sys_sendmsg(c.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n <= 0) break;
-    consume_iov(c, static_cast<size_t>(n));
-  }
+  drain_until(qp, deadline);
 }
 
 }  // namespace sv::engine
