@@ -80,13 +80,6 @@ void cq_busy_poll_empty(Cq* cq) {
     cq_busy_poll_mark(cq);
 }
 
-void cq_busy_poll_found_slow(Cq* cq) {
-  cq->empty_polls.store(0, std::memory_order_relaxed);
-  // An owner that finds completions is still polling: keep the hold running.
-  if (cq->busy_until.load(std::memory_order_relaxed) && !Progress::get().on_thread())
-    cq_busy_poll_mark(cq);
-}
-
 void cq_busy_poll_end(Cq* cq) {
   cq->empty_polls.store(0, std::memory_order_relaxed);
   if (cq->busy_until.load(std::memory_order_relaxed) != 0) cq->busy_until.store(0);

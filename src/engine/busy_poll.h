@@ -28,11 +28,12 @@ inline constexpr uint32_t kSpinPolls = 8;
 void cq_busy_poll_mark(Cq* cq);
 // An application thread's ibv_poll_cq found cq empty (mark once it spins) or not.
 void cq_busy_poll_empty(Cq* cq);
-void cq_busy_poll_found_slow(Cq* cq);
+// A poll that finds completions does not extend the hold: an application that polls only
+// for completions it knows are there (ib_write_lat, after a post) and then waits elsewhere
+// (on memory, for the peer's Write) is no spinner, and would wait for the recheck.
 inline void cq_busy_poll_found(Cq* cq) {
-  if (cq->empty_polls.load(std::memory_order_relaxed) ||
-      cq->busy_until.load(std::memory_order_relaxed))
-    cq_busy_poll_found_slow(cq);
+  if (cq->empty_polls.load(std::memory_order_relaxed))
+    cq->empty_polls.store(0, std::memory_order_relaxed);
 }
 // The application stops polling cq (it armed it or said so): sockets go back at once.
 void cq_busy_poll_end(Cq* cq);
