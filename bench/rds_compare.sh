@@ -39,6 +39,16 @@ stress() {  # stress <args...>: the active side's "(average)" line
   wait $s 2>/dev/null
 }
 
+# Anchor for the blocking RTT: a blocking TCP round trip (qperf tcp_lat, 112 B), i.e. what
+# one thread wake-up per one-way costs on this machine. RDS pays two (device thread, then
+# the application), a verbs busy-poller none.
+dpkg-query -W -f='${Status}' qperf 2>/dev/null | grep -q "ok installed" ||
+  apt-get install -y -qq --no-install-recommends qperf >/dev/null
+qperf >/dev/null 2>&1 &
+pids+=($!)
+sleep 0.5
+TCP_RTT=$(qperf -t 3 -m 112 $A tcp_lat | awk '/latency/{v=$3; if ($4=="ms") v*=1000; printf "%.2f", 2*v}')
+kill "${pids[-1]}" 2>/dev/null
 SEND_LAT=$(pt ib_send_lat -s 112 -n 20000 | awk '{print $6}')
 SEND_RTT=$(awk -v l="${SEND_LAT:-0}" 'BEGIN{printf "%.2f", 2*l}')
 WBW=$(pt ib_write_bw -s 1048576 -D 3 | awk '{print $4}')
@@ -53,6 +63,8 @@ echo
 printf '%-58s %10s %10s %s\n' "measure" "RDS" "raw verbs" "ratio (goal)"
 printf '%-58s %10s %10s %s\n' "request/ack RTT us (rds-stress -q 64 -a 64 vs 2x send_lat)" \
   "$RDS_RTT" "$SEND_RTT" "$(ratio "$RDS_RTT" "$SEND_RTT") (<=1.2x)"
+printf '%-58s %10s %10s %s\n' "  same, vs a blocking TCP round trip (qperf tcp_lat x2)" \
+  "$RDS_RTT" "$TCP_RTT" "$(ratio "$RDS_RTT" "$TCP_RTT")"
 printf '%-58s %10s %10s %s\n' "  same, busy-polling (SOFTVERBS_RDS_BUSY_POLL_US=200)" \
   "$RDS_RTT_BP" "$SEND_RTT" "$(ratio "$RDS_RTT_BP" "$SEND_RTT") (<=1.2x)"
 printf '%-58s %10s %10s %s\n' "RDMA -D 1M -M 2 -d 1 MB/s per direction vs ib_write_bw" \
