@@ -891,6 +891,17 @@ void qp_take_endpoint(Qp* qp, Endpoint* ep) {
   const MpaOutcome& o = ep->outcome();
   std::lock_guard rx(qp->rx_mu);
   std::lock_guard tx(qp->tx_mu);
+  const ibv_qp_state st = qp->state.load();
+  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE) {
+    // The QP was moved to ERR or RESET while its connection was being set up: the connection
+    // has no QP any more, and the caller's dispose() closes it, so the peer sees it end (as
+    // qp_set_error closes a live one). Attached, its socket stayed registered with this QP's
+    // handler after RESET swapped in a fresh Conn, and events reached the handler once the QP
+    // was freed (a TSan-found use after free).
+    SV_INFO("qp %u: connection set up after the QP left RTR (state %d): closed", qp->qpn(),
+            static_cast<int>(st));
+    return;
+  }
   Conn& c = qp->conn;
   c.fd = ep->release_fd();
   c.crc = o.crc;
