@@ -16,7 +16,6 @@
 //    MR changes, or the local-only MR changes anywhere but in a posted receive's SGEs;
 //  - a receive completes more bytes than it posted, twice, or one that was never posted;
 //  - the parser does not reach a verdict on a stream that has ended (EOF or stall).
-#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -29,6 +28,7 @@
 #include "engine/progress.h"
 #include "engine/qp.h"
 #include "fuzz_check.h"
+#include "fuzz_verbs.h"
 #include "wire/be.h"
 
 using namespace sv::engine;
@@ -72,16 +72,10 @@ struct World {
   Qp* qp = nullptr;
 
   World() {
-    int n = 0;
-    ibv_device** l = ibv_get_device_list(&n);
-    FUZZ_CHECK(l && n > 0);
-    ctx = ibv_open_device(l[0]);
-    ibv_free_device_list(l);
-    FUZZ_CHECK(ctx);
-    fcntl(ctx->async_fd, F_SETFL, fcntl(ctx->async_fd, F_GETFL) | O_NONBLOCK);
-    pd = ibv_alloc_pd(ctx);
-    cq = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
-    FUZZ_CHECK(pd && cq);
+    const FuzzDevice d = open_fuzz_device();
+    ctx = d.ctx;
+    pd = d.pd;
+    cq = d.cq;
     const size_t lens[3] = {4096, 4096, kRecvLen * kMaxRecv};
     const int access[3] = {IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC,

@@ -18,7 +18,6 @@
 //  - a successful receive is not GRH + payload within what was posted, or lacks the GRH flag;
 //  - the QP leaves RTS without an error completion telling why.
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -32,6 +31,7 @@
 #include "engine/progress.h"
 #include "engine/qp.h"
 #include "fuzz_check.h"
+#include "fuzz_verbs.h"
 #include "wire/be.h"
 #include "wire/ud.h"
 
@@ -59,16 +59,10 @@ struct World {
   int tx = -1;  // the sending host's socket
 
   World() {
-    int n = 0;
-    ibv_device** l = ibv_get_device_list(&n);
-    FUZZ_CHECK(l && n > 0);
-    ctx = ibv_open_device(l[0]);
-    ibv_free_device_list(l);
-    FUZZ_CHECK(ctx);
-    fcntl(ctx->async_fd, F_SETFL, fcntl(ctx->async_fd, F_GETFL) | O_NONBLOCK);
-    pd = ibv_alloc_pd(ctx);
-    cq = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
-    FUZZ_CHECK(pd && cq);
+    const FuzzDevice d = open_fuzz_device();
+    ctx = d.ctx;
+    pd = d.pd;
+    cq = d.cq;
     len = static_cast<size_t>(kBigRecv) * kMaxRecv;
     mem.resize(len + 2 * kGuard);
     const int access = IBV_ACCESS_LOCAL_WRITE;

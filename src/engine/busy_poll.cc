@@ -1,10 +1,7 @@
 #include "engine/busy_poll.h"
 
-#include <time.h>
-
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <utility>
 #include <vector>
 
@@ -12,15 +9,12 @@
 #include "engine/iw_cm.h"
 #include "engine/progress.h"
 #include "engine/qp.h"
+#include "util/clock.h"
 
 namespace sv::engine {
 namespace {
 
-uint64_t now_ns() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return static_cast<uint64_t>(t.tv_sec) * 1000000000ull + static_cast<uint64_t>(t.tv_nsec);
-}
+using sv::mono_ns;
 
 // Until when a poller owns the QP's receive path: either CQ counts, since a poll of either
 // drives the QP's whole receive path (Cq::qps holds the QPs of both roles).
@@ -42,7 +36,7 @@ void schedule_recheck(Qp* qp, uint64_t delay_ns) {
 // Progress thread: take the socket back once nobody polls for it any more.
 void recheck(Qp* qp) {
   if (!qp->rx_yielded) return;
-  const uint64_t now = now_ns();
+  const uint64_t now = mono_ns();
   const uint64_t until = owned_until(qp);
   if (until > now) {
     // Still polled: look again later and later (up to 4 hold times), so a long spin costs
@@ -60,16 +54,13 @@ void recheck(Qp* qp) {
 }  // namespace
 
 uint64_t busy_poll_hold_ns() {
-  static const uint64_t ns = [] {
-    const char* e = std::getenv("SOFTVERBS_BUSY_POLL_US");
-    return static_cast<uint64_t>(e && *e ? std::strtoul(e, nullptr, 10) : 50) * 1000;
-  }();
+  static const uint64_t ns = sv::env_us_as_ns("SOFTVERBS_BUSY_POLL_US", 50);
   return ns;
 }
 
 void cq_busy_poll_mark(Cq* cq) {
   const uint64_t hold = busy_poll_hold_ns();
-  if (hold) cq->busy_until.store(now_ns() + hold, std::memory_order_relaxed);
+  if (hold) cq->busy_until.store(mono_ns() + hold, std::memory_order_relaxed);
 }
 
 void cq_busy_poll_empty(Cq* cq) {
@@ -100,7 +91,7 @@ void cq_busy_poll_end(Cq* cq) {
 bool qp_busy_step_back(Qp* qp) {
   if (qp->rx_yielded) return true;  // an event reported before the interest changed
   if (!busy_poll_hold_ns()) return false;
-  const uint64_t now = now_ns();
+  const uint64_t now = mono_ns();
   if (owned_until(qp) <= now) return false;
   qp->scq->yielded.store(true);
   qp->rcq->yielded.store(true);

@@ -15,6 +15,7 @@
 #include "engine/iw_cm.h"
 #include "engine/linger.h"
 #include "engine/log.h"
+#include "util/clock.h"
 
 namespace sv::engine {
 namespace {
@@ -588,10 +589,7 @@ int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing
 namespace {
 // SOFTVERBS_TX_BATCH_US (default 10, 0: off): the doorbell batching window.
 uint64_t tx_batch_ns() {
-  static const uint64_t ns = [] {
-    const char* e = std::getenv("SOFTVERBS_TX_BATCH_US");
-    return static_cast<uint64_t>(e && *e ? std::strtoul(e, nullptr, 10) : 10) * 1000;
-  }();
+  static const uint64_t ns = sv::env_us_as_ns("SOFTVERBS_TX_BATCH_US", 10);
   return ns;
 }
 
@@ -600,11 +598,6 @@ void tx_flush_locked(Qp* qp) {
   if (qp->tx_deferred.exchange(false)) tx_run_locked(qp);
 }
 
-uint64_t now_ns() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return static_cast<uint64_t>(t.tv_sec) * 1000000000ull + static_cast<uint64_t>(t.tv_nsec);
-}
 }  // namespace
 
 // One sendmsg per post caps the message rate (a loopback sendmsg costs microseconds, most
@@ -654,7 +647,7 @@ void tx_defer_locked(Qp* qp, uint64_t window) {
 
 void tx_post_locked(Qp* qp) {
   const uint64_t window = tx_batch_ns();
-  const uint64_t now = window ? now_ns() : 0;
+  const uint64_t now = window ? sv::mono_ns() : 0;
   if (window && now < qp->tx_window_end_ns && may_defer(qp)) {
     tx_defer_locked(qp, window);
     return;

@@ -407,6 +407,22 @@ void consume_iov(Conn& c, size_t n) {
   }
 }
 
+// One sendmsg of what is queued from iov_pos, its bytes accounted (tx_sent, sent_bytes) and
+// consumed. Returns what sendmsg returned.
+ssize_t send_queued(Qp* qp) {
+  Conn& c = qp->conn;
+  msghdr mh{};
+  mh.msg_iov = &c.iov[c.iov_pos];
+  mh.msg_iovlen = std::min<size_t>(c.iov_n - c.iov_pos, IOV_MAX);
+  const ssize_t n = transport::sys_sendmsg(c.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (n > 0) {
+    c.tx_sent += static_cast<uint64_t>(n);
+    stats::add(qp->stats, stats::Ctr::sent_bytes, static_cast<uint64_t>(n));
+    consume_iov(c, static_cast<size_t>(n));
+  }
+  return n;
+}
+
 // Builds the next batch. Returns true if anything was framed.
 bool build_batch(Qp* qp) {
   Conn& c = qp->conn;
@@ -456,11 +472,7 @@ void tx_run_locked(Qp* qp) {
   if (c.fd < 0 || c.iov.empty()) return;
   for (;;) {
     while (c.iov_pos < c.iov_n) {
-      msghdr mh{};
-      mh.msg_iov = &c.iov[c.iov_pos];
-      mh.msg_iovlen = std::min<size_t>(c.iov_n - c.iov_pos, IOV_MAX);
-      ssize_t n = transport::sys_sendmsg(c.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n < 0) {
+      if (send_queued(qp) < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN) {
           if (!qp->tx_blocked) {
@@ -478,9 +490,6 @@ void tx_run_locked(Qp* qp) {
         });
         return;
       }
-      c.tx_sent += static_cast<uint64_t>(n);
-      stats::add(qp->stats, stats::Ctr::sent_bytes, static_cast<uint64_t>(n));
-      consume_iov(c, static_cast<size_t>(n));
     }
     if (qp->tx_blocked) {
       qp->tx_blocked = false;
@@ -506,14 +515,8 @@ constexpr int kTermDrainMs = 200;
 void drain_until(Qp* qp, std::chrono::steady_clock::time_point deadline) {
   Conn& c = qp->conn;
   while (c.iov_pos < c.iov_n) {
-    msghdr mh{};
-    mh.msg_iov = &c.iov[c.iov_pos];
-    mh.msg_iovlen = std::min<size_t>(c.iov_n - c.iov_pos, IOV_MAX);
-    const ssize_t n = transport::sys_sendmsg(c.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n = send_queued(qp);
     if (n > 0) {
-      c.tx_sent += static_cast<uint64_t>(n);
-      stats::add(qp->stats, stats::Ctr::sent_bytes, static_cast<uint64_t>(n));
-      consume_iov(c, static_cast<size_t>(n));
       if (c.iov_pos == c.iov_n) c.iov_n = c.iov_pos = c.arena_used = 0;  // as tx_run_locked
       continue;
     }

@@ -43,6 +43,14 @@ bool counting_handler(ibv_cq* cq, void* arg) {
   return true;
 }
 
+// Takes cq's notifications with counting_handler from now on (it re-arms after each).
+::testing::AssertionResult count_notifications(ibv_cq* cq, Calls& calls) {
+  if (softverbs_cq_set_comp_handler(cq, counting_handler, &calls) != 0)
+    return ::testing::AssertionFailure() << "softverbs_cq_set_comp_handler failed";
+  if (ibv_req_notify_cq(cq, 0) != 0) return ::testing::AssertionFailure() << "arm failed";
+  return ::testing::AssertionSuccess();
+}
+
 bool calls_reach(const Calls& c, int n, Ms within) {
   const auto until = Clock::now() + within;
   while (c.n.load() < n && Clock::now() < until) std::this_thread::sleep_for(Ms(1));
@@ -64,8 +72,7 @@ constexpr Ms kQuiet{300};
 TEST_F(XProc, BusyPollOwnerReceivesAndTheProgressThreadStepsBackUntilItStops) {
   ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
   Calls calls;
-  ASSERT_EQ(softverbs_cq_set_comp_handler(local->rcq, counting_handler, &calls), 0);
-  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
+  ASSERT_TRUE(count_notifications(local->rcq, calls));
 
   // Nobody polls: the progress thread receives, and the handler runs.
   ASSERT_EQ(local->post_recv(1, {sge(0, 4096)}), 0);
@@ -131,8 +138,7 @@ TEST_F(XProc, BusyPollRejectsAnInvalidCq) {
 TEST_F(XProc, BusyPollShortHoldAPollerThatLeftHandsTheSocketBackAfterTheHold) {
   ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
   Calls calls;
-  ASSERT_EQ(softverbs_cq_set_comp_handler(local->rcq, counting_handler, &calls), 0);
-  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
+  ASSERT_TRUE(count_notifications(local->rcq, calls));
   // It says it polls, then never polls, arms or stops again.
   ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);
   ASSERT_EQ(local->post_recv(1, {sge(0, 4096)}), 0);
