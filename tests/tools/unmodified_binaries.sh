@@ -64,6 +64,19 @@ run_pair() {
   sleep 0.1
   "${CLI[@]}" timeout 60 bash -c "$PRE $ccmd" >"$TMP/c.log" 2>&1
   local crc=$?
+  # RACE: the client output of a race in the program itself, not in softverbs; the case is
+  # run once more when it shows. perftest -R closes its TCP handshake listener and only then
+  # opens its rdma_cm listener on the same port, while the client connects right after the
+  # handshake: a refused connect (REJECTED, -ECONNREFUSED, as iWARP reports it) is possible on
+  # any device. Upstream perftest retries; 4.5's retry crashes on the cm id it destroyed.
+  if [ $crc -ne 0 ] && [ -n "${RACE:-}" ] && [ "${RETRIED:-0}" = 0 ] &&
+    grep -Eq "$RACE" "$TMP/c.log"; then
+    kill $spid 2>/dev/null
+    wait $spid 2>/dev/null
+    echo "RETRY $name (client lost the program's own race: $(grep -Eo "$RACE" "$TMP/c.log" | head -1))"
+    RETRIED=1 run_pair "$@"
+    return
+  fi
   if [ "${DAEMON:-0}" = 1 ]; then
     sleep 0.5
     if kill -0 $spid 2>/dev/null; then
@@ -137,11 +150,12 @@ DAEMON=1 run_pair cmtime "cmtime -p 7473 -c 20" "cmtime -s $SRV_ADDR -p 7473 -c 
   "^connect +: +[0-9.]+"
 PT_BW="-D 1 -s 65536"
 PT_LAT="-n 500 -s 8"
+PT_RACE="RDMA_CM_EVENT_REJECTED; error: -111"
 for t in ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw; do
   for r in "" "-R"; do
     args=$PT_BW
     [ $t = ib_atomic_bw ] && args="-D 1"
-    PORT=18515 run_pair "$t${r:+ $r}" "$t $args $r" "$t $args $r $SRV_ADDR" \
+    RACE=${r:+$PT_RACE} PORT=18515 run_pair "$t${r:+ $r}" "$t $args $r" "$t $args $r $SRV_ADDR" \
       "^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+"
   done
 done
@@ -151,7 +165,7 @@ PORT=18515 run_pair "ib_send_lat -c UD" "ib_send_lat -c UD $PT_LAT" \
   "ib_send_lat -c UD $PT_LAT $SRV_ADDR" "^ *8 +500 +[0-9.]+"
 for t in ib_write_lat ib_read_lat ib_send_lat; do
   for r in "" "-R"; do
-    PORT=18515 run_pair "$t${r:+ $r}" "$t $PT_LAT $r" "$t $PT_LAT $r $SRV_ADDR" \
+    RACE=${r:+$PT_RACE} PORT=18515 run_pair "$t${r:+ $r}" "$t $PT_LAT $r" "$t $PT_LAT $r $SRV_ADDR" \
       "^ *[0-9]+ +[0-9]+ +[0-9.]+"
   done
 done
