@@ -25,7 +25,7 @@ constexpr uint32_t kUdpQkey = 0x01234567;  // RDMA_UDP_QKEY
 constexpr int kGrh = 40;
 
 uint16_t test_port(int i) {
-  return cmtest::test_port(36000, i);
+  return cmtest::test_port(28000, i);
 }
 
 // Next event on ch (acked by the caller).

@@ -31,7 +31,7 @@ namespace {
 using cmtest::loopback;
 
 uint16_t test_port(int i) {
-  return cmtest::test_port(30000, i);
+  return cmtest::test_port(24000, i);
 }
 
 int listener(uint16_t port) {
@@ -39,7 +39,9 @@ int listener(uint16_t port) {
   if (l < 0) return -1;
   sockaddr_in a = loopback(port);
   if (rbind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) || rlisten(l, 4)) {
+    const int e = errno;  // the failure's, not rclose's
     rclose(l);
+    errno = e;
     return -1;
   }
   return l;
