@@ -74,6 +74,28 @@ void crc_targets(Conn& c, const iovec* iov, int k, uint32_t n) {
   }
 }
 
+// How much a buffered read may take. Normally all the socket has: many small FPDUs per
+// call. But after a large segment the next one is likely large too, and a full read would
+// stage its payload and copy it (a receiver that catches up with its sender mid-trailer
+// does this on every segment): then take only the rest of this FPDU and the next header,
+// so the payload after it goes direct.
+size_t rx_read_len(const Conn& c) {
+  if (!c.big_seg) return c.rxbuf.size();
+  const size_t trailer = wire::fpdu_pad(c.ulpdu_len) + wire::kMpaCrcLen;
+  switch (c.phase) {
+    case RxPhase::data:
+      return c.data_left + trailer + kNextHdr;
+    case RxPhase::trailer:
+      return trailer - c.trailer_have + kNextHdr;
+    case RxPhase::header:
+      break;
+  }
+  if (c.hdr_have < 4) return kNextHdr - c.hdr_have;
+  const size_t hl = wire::ddp_header_len(std::span<const std::byte, 2>(&c.hdr[2], 2));
+  const size_t need = 2 + std::max<size_t>(hl, 2);
+  return need > c.hdr_have ? need - c.hdr_have : 1;
+}
+
 // Accounts for n payload bytes that were written to the target directly.
 void advance_place(Conn& c, uint32_t n) {
   if (c.place.kind == Placement::Kind::contiguous)
@@ -172,7 +194,7 @@ bool rx_run_locked(Qp* qp) {
           continue;
         }
       } else {
-        n = transport::sys_recv(c.fd, c.rxbuf.data(), c.rxbuf.size(), MSG_DONTWAIT);
+        n = transport::sys_recv(c.fd, c.rxbuf.data(), rx_read_len(c), MSG_DONTWAIT);
         if (n > 0) {
           stats::add(qp->stats, stats::Ctr::rcvd_bytes, static_cast<uint64_t>(n));
           c.rx_end = static_cast<size_t>(n);
@@ -229,6 +251,7 @@ bool rx_run_locked(Qp* qp) {
           break;
         }
         c.data_left = c.seg.payload_len;
+        c.big_seg = c.data_left >= kDirectMin;
         c.phase = RxPhase::data;
         if (c.data_left == 0) {
           c.phase = RxPhase::trailer;

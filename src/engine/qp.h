@@ -143,6 +143,7 @@ struct Conn {
   uint16_t ulpdu_len = 0;
   wire::DdpSegment seg{};
   uint32_t data_left = 0;
+  bool big_seg = false;  // the last segment's payload went (or could go) direct
   Placement place;
   uint32_t crc_state = 0;
   std::array<std::byte, 8> trailer{};
