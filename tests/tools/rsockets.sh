@@ -113,6 +113,12 @@ run_rcopy() {
   pids+=($spid)
   wait_port $port || ok=0
   "${RUN[@]}" timeout 50 rcopy "$TMP/src.bin" "127.0.0.1:$TMP/dst.bin" -p $port >"$c" 2>&1 || ok=0
+  # The server serves until stopped; it is done with this file when it says so (its client
+  # may finish first: it does not wait for the server's close).
+  for _ in $(seq 100); do
+    grep -q "closing...done" "$s" && break
+    sleep 0.1
+  done
   kill $spid 2>/dev/null
   cmp -s "$TMP/src.bin" "$TMP/dst.bin" || ok=0
   grep -q "3000001 bytes" "$c" && grep -q "transferring...3000001 bytes...closing...done" "$s" || ok=0
