@@ -85,7 +85,6 @@ int setup_qp(Conn* c, rdma_cm_id* id) {
   if (!c->rmr || !c->smr) return -ENOMEM;
   c->free_slots.clear();
   for (int i = 0; i < kSendSlots; ++i) c->free_slots.push_back(i);
-  c->slot_owner.clear();
   c->posted.clear();
   c->since_signal = 0;
   const uint32_t cid = g().id_of[c];

@@ -232,7 +232,6 @@ struct Conn {
   ibv_mr* rmr = nullptr;
   ibv_mr* smr = nullptr;
   std::vector<int> free_slots;
-  std::map<uint64_t, Message*> slot_owner;  // wr_id -> message (sends on the data QP)
   // RDMA channel: RDMA_ARGS and atomic ops run on a QP of their own. A bad cookie makes
   // the responder Terminate the stream it arrived on (RFC 5040 §7.1) and the QP go to
   // ERROR; on a separate QP that costs only the op (REMOTE_ERROR), never this connection,

@@ -31,11 +31,8 @@ void queue_zcookie(Sock* s, uint32_t cookie) {
 }
 
 void release_message(Message* m) {
-  for (auto& [k, c] : g().conns) {
-    for (auto it = c->slot_owner.begin(); it != c->slot_owner.end();)
-      it = it->second == m ? c->slot_owner.erase(it) : std::next(it);
-    if (m->op || m->atomic_op) std::erase(c->rdma_q, m);
-  }
+  if (m->op || m->atomic_op)
+    for (auto& [k, c] : g().conns) std::erase(c->rdma_q, m);
   if (m->sock && m->queued_to_sock) {
     m->sock->snd_bytes -= m->h.len;
     sock_update_poll(m->sock);
@@ -116,7 +113,6 @@ void xmit(Conn* c) {
         c->free_slots.push_back(slot);
         return;
       }
-      c->slot_owner[wr.wr_id] = m;
       ++m->frags_posted;
     }
     c->ack_needed = c->ack_now = false;  // piggybacked
@@ -152,7 +148,6 @@ void on_send_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
     const uint64_t w = c->posted.front();
     c->posted.pop_front();
     c->free_slots.push_back(static_cast<int>(wr_idx(w)));
-    c->slot_owner.erase(w);
     if (w == wr_id) break;
   }
 }
@@ -178,7 +173,6 @@ void conn_reset_queues(Conn* c) {
     if (m->frags_posted) m->h.flags |= wire::kRdsFlagRetransmitted;
     m->frags_posted = 0;
   }
-  c->slot_owner.clear();
   c->rx.reset_message();
   c->ack_needed = c->ack_now = false;
   c->ack_due = {};
