@@ -758,7 +758,7 @@ int transport_start() {
   // before exiting, or its senders would retransmit to nobody.
   std::atexit([] {
     std::lock_guard lk(g().mu);
-    flush_acks_locked();
+    flush_acks_at_exit_locked();
     // Then close our connections gracefully: a socket the exit closes while the peer's
     // bytes are still arriving is reset, and the reset discards those acks before they
     // leave (tcp_close). rdma_disconnect closes it after what it holds (engine/linger.h).
@@ -856,6 +856,38 @@ void flush_acks_locked() {
   // while the CQ is between a notification and its re-arm); arming the CQ sends it now, as
   // a caller about to exit needs (the ack must leave before the connection dies with us).
   if (sent) ibv_req_notify_cq(g().cq, 0);
+}
+
+// At exit, a posted ack (or message) may still be in the device's hands: held back for a
+// batch, or queued behind the progress thread's own transmit. The process dies with it, and
+// its senders would retransmit to nobody. So every connection gets a last, signaled ack,
+// and we wait (bounded) for its completion: send completions come in order, so when it is
+// done everything posted before it was handed to the socket too.
+void flush_acks_at_exit_locked() {
+  constexpr auto kExitWait = std::chrono::milliseconds(200);
+  std::vector<std::pair<Conn*, uint64_t>> last;
+  for (auto& [k, c] : g().conns) {
+    if (c->state != ConnState::up || (!c->ack_needed && c->posted.empty())) continue;
+    if (c->free_slots.empty()) drain_cq_locked();
+    c->since_signal = kSignalEvery;  // the next post is signaled
+    const size_t before = c->posted.size();
+    conn_send_ack(c);
+    if (c->posted.size() > before) last.emplace_back(c, c->posted.back());
+  }
+  if (last.empty()) return;
+  ibv_req_notify_cq(g().cq, 0);  // a batched post leaves now
+  const auto deadline = std::chrono::steady_clock::now() + kExitWait;
+  for (;;) {
+    drain_cq_locked();
+    std::erase_if(last, [](const std::pair<Conn*, uint64_t>& e) {
+      return e.first->state != ConnState::up ||
+             std::find(e.first->posted.begin(), e.first->posted.end(), e.second) ==
+                 e.first->posted.end();
+    });
+    if (last.empty() || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  count(last.empty() ? "exit_acks_sent" : "exit_acks_timed_out");
 }
 
 uint32_t conn_id_of(Conn* c) {

@@ -342,7 +342,8 @@ int transport_start();  // lazily: device, PD, CQ, listener, engine thread
 Conn* conn_get(uint64_t peer_gen, in_addr laddr, const sockaddr_in& faddr, uint16_t cm_port);
 void conn_kick(Conn* c);  // xmit what can be sent
 void conn_send_ack(Conn* c);
-void flush_acks_locked();  // send every pending (delayed) ack now
+void flush_acks_locked();          // send every pending (delayed) ack now
+void flush_acks_at_exit_locked();  // and wait (bounded) until they have left
 // Posts a SEND on the data QP, signaled only every kSignalEvery sends or when slots run low.
 int post_data_send(Conn* c, ibv_send_wr* wr);
 uint32_t conn_id_of(Conn* c);
