@@ -5,10 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <thread>
 
 #include "engine/app_memory.h"
 #include "engine/busy_poll.h"
@@ -141,6 +144,8 @@ Transition transition(ibv_qp_state cur, ibv_qp_state next) {
 constexpr int kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                              IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 
+void flush_all_at_exit();  // below, with doorbell batching
+
 }  // namespace
 
 Qp* qp_create(Context* ctx, Pd* pd, const ibv_qp_init_attr* init, int* err) {
@@ -158,6 +163,8 @@ Qp* qp_create(Context* ctx, Pd* pd, const ibv_qp_init_attr* init, int* err) {
       c.max_recv_sge > static_cast<uint32_t>(kMaxSge) ||
       c.max_inline_data > static_cast<uint32_t>(kMaxInline))
     return nullptr;
+  static const int at_exit = std::atexit(flush_all_at_exit);
+  (void)at_exit;
   auto* qp = new Qp();
   qp->ctx = ctx;
   qp->pd = pd;
@@ -618,7 +625,7 @@ bool may_defer(const Qp* qp) {
 // At exit, what batching still holds leaves: the application posted it (rang the
 // doorbell), and an ack held for a reply that never came would leave its peer waiting.
 // try_lock: another thread may hold a QP as the process ends.
-void flush_all_at_exit() {
+void flush_deferred_at_exit() {
   oob::for_each_qp([](Qp* qp) {
     if (!qp->tx_deferred.load() || !qp->tx_mu.try_lock()) return;
     tx_flush_locked(qp);
@@ -626,11 +633,44 @@ void flush_all_at_exit() {
   });
 }
 
+// Then what is posted but not yet in a socket gets a bounded wait. ibv_modify_qp(RTS)
+// returns before the TCP/MPA connection is up (the progress thread sets it up), and a full
+// socket holds frames back; a NIC has the WRs on the wire microseconds after the post, so a
+// program that posts and exits without polling expects them delivered. A QP that leaves
+// RTS (its peer refused, or is gone) stops the wait; a peer that never shows costs
+// kExitSendWait.
+constexpr uint64_t kExitSendWaitNs = 500'000'000;
+std::atomic<bool> g_exit_unsent{false};
+bool unsent_locked(const Qp* qp) {
+  const auto st = qp->state.load();
+  if (st != IBV_QPS_RTS && st != IBV_QPS_SQD) return false;
+  return qp->sq_tx != qp->sq_head + qp->sq_count || qp->conn.tx_sent != qp->conn.tx_queued;
+}
+void wait_unsent_at_exit() {
+  const uint64_t deadline = mono_ns() + kExitSendWaitNs;
+  do {
+    g_exit_unsent.store(false);
+    oob::for_each_qp([](Qp* qp) {
+      if (!qp->tx_mu.try_lock()) {  // in use: the progress thread is sending
+        g_exit_unsent.store(true);
+        return;
+      }
+      if (unsent_locked(qp)) g_exit_unsent.store(true);
+      qp->tx_mu.unlock();
+    });
+    if (!g_exit_unsent.load()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  } while (mono_ns() < deadline);
+}
+
+void flush_all_at_exit() {
+  flush_deferred_at_exit();
+  wait_unsent_at_exit();
+}
+
 // Leaves the batch for the next flush point: a post, a poll or arm of either CQ (a caller
 // may wait for the answer on its receive CQ), or the timer `window` ns from now.
 void tx_defer_locked(Qp* qp, uint64_t window) {
-  static const int at_exit = std::atexit(flush_all_at_exit);
-  (void)at_exit;
   qp->tx_deferred.store(true, std::memory_order_release);
   qp->scq->tx_deferred.store(true, std::memory_order_release);
   qp->rcq->tx_deferred.store(true, std::memory_order_release);
