@@ -471,6 +471,7 @@ enum Op : uint32_t {
   kState,
   kWaitAsync,
   kExit,
+  kConnectPostExit,
 };
 
 struct MsgHdr {
@@ -668,6 +669,20 @@ int serve(int fd) {
         peer.reset();
         send_msg(fd, h.op, 0, nullptr, 0);
         return 0;
+      case kConnectPostExit: {
+        // A program that connects, posts and exits at once: no poll, no teardown.
+        PeerInfo pi;
+        std::vector<SendSpec> specs;
+        if (req.size() > sizeof pi && (req.size() - sizeof pi) % sizeof(SendSpec) == 0) {
+          std::memcpy(&pi, req.data(), sizeof pi);
+          specs.resize((req.size() - sizeof pi) / sizeof(SendSpec));
+          std::memcpy(specs.data(), req.data() + sizeof pi, specs.size() * sizeof(SendSpec));
+        }
+        rc = specs.empty() ? -EPROTO : peer->connect(pi);
+        if (rc == 0) rc = peer->post_send_chain(specs);
+        send_msg(fd, h.op, rc, nullptr, 0);
+        std::exit(rc == 0 ? 0 : 1);
+      }
       default:
         rc = -ENOSYS;
         break;
@@ -824,6 +839,18 @@ bool RemotePeer::call(uint32_t op, const void* req, size_t req_len, std::vector<
     resp->assign(in.begin() + sizeof h, in.begin() + n);
     return true;
   }
+}
+
+int RemotePeer::connect_post_exit(const PeerInfo& remote, const std::vector<SendSpec>& specs) {
+  std::vector<uint8_t> req(sizeof remote + specs.size() * sizeof(SendSpec));
+  std::memcpy(req.data(), &remote, sizeof remote);
+  if (!specs.empty())
+    std::memcpy(req.data() + sizeof remote, specs.data(), specs.size() * sizeof(SendSpec));
+  std::vector<uint8_t> resp;
+  int32_t rc = -1;
+  const bool ok = call(kConnectPostExit, req.data(), req.size(), &resp, &rc);
+  dead_ = true;  // it exits: the destructor only reaps it
+  return ok ? rc : -1;
 }
 
 int RemotePeer::connect(const PeerInfo& remote) {

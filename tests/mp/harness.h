@@ -221,6 +221,8 @@ class RemotePeer {
   // Each call is one request/response; an RPC failure (child died, timeout) is reported
   // with ADD_FAILURE and the call returns an error value.
   int connect(const PeerInfo& remote);
+  // The child connects, posts specs as one chain and calls exit() at once (after replying).
+  int connect_post_exit(const PeerInfo& remote, const std::vector<SendSpec>& specs);
   MrInfo add_mr(uint64_t len, int access);
   int post_send(const SendSpec& s);
   // Posts the specs as one linked list in a single ibv_post_send. *bad_index is the index

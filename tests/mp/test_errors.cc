@@ -590,6 +590,33 @@ TEST_F(XProc, PeerKilledWhileIdleNextReadFailsWithRetryExc) {
   EXPECT_EQ(ev.element.qp, local->qp);
 }
 
+// A program that connects, posts and exits at once, polling nothing: ibv_modify_qp(RTS)
+// returns before the TCP/MPA connection is set up, so at exit the sends are still ours.
+// From a NIC they would be on the wire already; they must arrive here too.
+TEST_F(XProc, SendsPostedJustBeforeExitStillArrive) {
+  std::string err;
+  remote = RemotePeer::spawn(PeerConfig{}, &err);
+  ASSERT_TRUE(remote) << err;
+  local = Peer::create(PeerConfig{}, &err);
+  ASSERT_TRUE(local) << err;
+  li = local->info();
+  ri = remote->info();
+  constexpr uint32_t kN = 16, kLen = 4096;
+  ASSERT_EQ(local->connect(ri), 0);
+  for (uint32_t i = 0; i < kN; ++i)
+    ASSERT_EQ(local->post_recv(100 + i, {sge(uint64_t{i} * kLen, kLen)}), 0);
+  remote->fill(0, 0, uint64_t{kN} * kLen, 77);
+  std::vector<SendSpec> chain;
+  for (uint32_t i = 0; i < kN; ++i)
+    chain.push_back(make_send(i, {sge(uint64_t{i} * kLen, kLen)}, 0));
+  ASSERT_EQ(remote->connect_post_exit(li, chain), 0);
+  auto r = local->poll(CqSel::recv, kN);
+  ASSERT_EQ(r.size(), kN) << "sends posted just before exit() were lost";
+  for (uint32_t i = 0; i < kN; ++i)
+    EXPECT_TRUE(wc_is(r[i], 100 + i, IBV_WC_SUCCESS, IBV_WC_RECV)) << i;
+  EXPECT_EQ(local->check(0, 0, uint64_t{kN} * kLen, 77), -1);
+}
+
 TEST_F(XProc, AsyncFdNonBlockingGivesEagainThenQpFatal) {
   ASSERT_NO_FATAL_FAILURE(Connect());
   const int fd = local->ctx->async_fd;
