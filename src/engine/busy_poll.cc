@@ -1,5 +1,7 @@
 #include "engine/busy_poll.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <utility>
@@ -63,12 +65,34 @@ void cq_busy_poll_mark(Cq* cq) {
   if (hold) cq->busy_until.store(mono_ns() + hold, std::memory_order_relaxed);
 }
 
+uint64_t spin_yield_ns() {
+  static const uint64_t ns = sv::env_us_as_ns("SOFTVERBS_SPIN_YIELD_US", 100);
+  return ns;
+}
+
 void cq_busy_poll_empty(Cq* cq) {
+  if (Progress::get().on_thread()) return;
   const uint32_t n = cq->empty_polls.load(std::memory_order_relaxed) + 1;
   cq->empty_polls.store(n, std::memory_order_relaxed);  // racy count, only a heuristic
   if ((n >= kSpinPolls || cq->busy_until.load(std::memory_order_relaxed)) &&
-      !cq->armed.load(std::memory_order_relaxed) && !Progress::get().on_thread())
+      !cq->armed.load(std::memory_order_relaxed))
     cq_busy_poll_mark(cq);
+  // A spin this long waits for something slow (perftest -R's server spins on its control
+  // CQ for the whole test). On a small machine it takes the CPU that the device threads,
+  // ours and the peer's, need to move the very data it waits for: a NIC needs no CPU, we
+  // do. So from then on each empty poll yields (sched_yield returns at once when nothing
+  // else is runnable here); a short wait, a ping-pong's, never gets there.
+  // The clock is read once per 64 polls of a streak, not on every poll.
+  const uint64_t after = spin_yield_ns();
+  if (!after) return;
+  if (n == 1) {
+    cq->empty_since.store(mono_ns(), std::memory_order_relaxed);
+    cq->yield_from.store(~0u, std::memory_order_relaxed);
+  } else if ((n & 63) == 0 && cq->yield_from.load(std::memory_order_relaxed) == ~0u &&
+             mono_ns() - cq->empty_since.load(std::memory_order_relaxed) >= after) {
+    cq->yield_from.store(n, std::memory_order_relaxed);
+  }
+  if (n >= cq->yield_from.load(std::memory_order_relaxed)) sched_yield();
 }
 
 void cq_busy_poll_end(Cq* cq) {

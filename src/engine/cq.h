@@ -55,7 +55,9 @@ struct Cq {
   // busy_until (CLOCK_MONOTONIC ns; 0: nobody). yielded: some QP of it stepped back from
   // the progress thread, so ending ownership must hand the sockets back.
   std::atomic<uint64_t> busy_until{0};
-  std::atomic<uint32_t> empty_polls{0};  // application polls that found it empty, in a row
+  std::atomic<uint32_t> empty_polls{0};   // application polls that found it empty, in a row
+  std::atomic<uint64_t> empty_since{0};   // when that streak began (ns)
+  std::atomic<uint32_t> yield_from{~0u};  // from this empty poll of the streak on, yield
   std::atomic<bool> yielded{false};
 
   // Extended CQ (ibv_create_cq_ex, verbs/cq_ex.cc): the completion times, per ring slot, when
