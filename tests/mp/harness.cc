@@ -978,7 +978,7 @@ int RemotePeer::wait_async(Ms timeout, bool* for_own_qp) {
 
 // ---- fixtures ------------------------------------------------------------------------------
 
-void XProc::Connect(const PeerConfig& local_cfg, const PeerConfig& remote_cfg) {
+void XProc::Create(const PeerConfig& local_cfg, const PeerConfig& remote_cfg) {
   std::string err;
   remote = RemotePeer::spawn(remote_cfg, &err);
   ASSERT_TRUE(remote) << err;
@@ -987,6 +987,10 @@ void XProc::Connect(const PeerConfig& local_cfg, const PeerConfig& remote_cfg) {
   li = local->info();
   ri = remote->info();
   ASSERT_NE(li.qpn, ri.qpn);
+}
+
+void XProc::Connect(const PeerConfig& local_cfg, const PeerConfig& remote_cfg) {
+  ASSERT_NO_FATAL_FAILURE(Create(local_cfg, remote_cfg));
   ASSERT_EQ(remote->connect(li), 0);
   ASSERT_EQ(local->connect(ri), 0);
   ASSERT_EQ(local->state(), IBV_QPS_RTS);

@@ -279,7 +279,10 @@ extern std::vector<std::string> g_child_env;
 // Cross-process: `local` in this process, `remote` in a child, connected.
 class XProc : public ::testing::Test {
  protected:
-  // Use as ASSERT_NO_FATAL_FAILURE(Connect(...)).
+  // Use as ASSERT_NO_FATAL_FAILURE(Connect(...)). Create makes both peers (QPs in RESET)
+  // and fills li/ri; Connect does that and takes both QPs to RTS.
+  void Create(const PeerConfig& local_cfg = PeerConfig{},
+              const PeerConfig& remote_cfg = PeerConfig{});
   void Connect(const PeerConfig& local_cfg = PeerConfig{},
                const PeerConfig& remote_cfg = PeerConfig{});
   void TearDown() override;

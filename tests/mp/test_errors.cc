@@ -594,13 +594,7 @@ TEST_F(XProc, PeerKilledWhileIdleNextReadFailsWithRetryExc) {
 // returns before the TCP/MPA connection is set up, so at exit the sends are still ours.
 // From a NIC they would be on the wire already; they must arrive here too.
 TEST_F(XProc, SendsPostedJustBeforeExitStillArrive) {
-  std::string err;
-  remote = RemotePeer::spawn(PeerConfig{}, &err);
-  ASSERT_TRUE(remote) << err;
-  local = Peer::create(PeerConfig{}, &err);
-  ASSERT_TRUE(local) << err;
-  li = local->info();
-  ri = remote->info();
+  ASSERT_NO_FATAL_FAILURE(Create());
   constexpr uint32_t kN = 16, kLen = 4096;
   ASSERT_EQ(local->connect(ri), 0);
   for (uint32_t i = 0; i < kN; ++i)
