@@ -146,6 +146,17 @@ void count_rx_segment(stats::Slot* s, const wire::DdpSegment& seg) {
   }
 }
 
+// An RNR stall hides the Placement Acks behind the Send it waits on. IB's ACKs do not queue
+// behind the responder's own requests, so neither may our completions: while it lasts,
+// what we sent completes on transmit (Conn::acks_unseen).
+void set_acks_unseen(Qp* qp, bool unseen) {
+  Conn& c = qp->conn;
+  if (!c.wait_acks) return;
+  std::lock_guard lk(qp->tx_mu);
+  c.acks_unseen = unseen;
+  if (unseen) complete_sq_locked(qp);
+}
+
 }  // namespace
 
 bool rx_run_locked(Qp* qp) {
@@ -160,6 +171,7 @@ bool rx_run_locked(Qp* qp) {
       RxAction a = rx_on_header(qp);
       if (a == RxAction::stall) break;
       qp->rx_stalled = false;
+      set_acks_unseen(qp, false);
       if (a == RxAction::dead) return false;
       c.data_left = c.seg.payload_len;
       c.phase = RxPhase::data;
@@ -247,6 +259,7 @@ bool rx_run_locked(Qp* qp) {
         if (a == RxAction::dead) return false;
         if (a == RxAction::stall) {
           qp->rx_stalled = true;
+          set_acks_unseen(qp, true);
           stats::add(qp->stats, stats::Ctr::rnr_waits);
           break;
         }
@@ -307,11 +320,14 @@ bool rx_run_locked(Qp* qp) {
   if (qp->rx_stalled != was_stalled) qp_update_interest(qp);
   if (c.send_acks && c.units_rx != c.units_published) {
     // One Placement Ack for everything this pass placed (coalesced, IB's "ack coalescing").
+    // Run by a busy poller (inside its ibv_poll_cq) for one message, it is likely a request
+    // the poller answers: its answer (or its next poll) carries the ack. A pass that placed
+    // a stream has no one answer to wait for, and the requester's window waits on the ack.
+    const bool one = c.units_rx - c.units_published == 1;
     c.units_published = c.units_rx;
     std::lock_guard lk(qp->tx_mu);
     c.ack_to_send = c.units_rx;
-    // Run by a busy poller (inside its ibv_poll_cq): its next post or poll sends the ack.
-    tx_ack_locked(qp, c.ack_requested && tl_polling == nullptr);
+    tx_ack_locked(qp, c.ack_requested && (tl_polling == nullptr || !one), c.ack_requested);
     c.ack_requested = false;
   }
   return true;

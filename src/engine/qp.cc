@@ -702,17 +702,35 @@ void tx_post_locked(Qp* qp) {
 // acks: held back for a reply the application might post, it let perftest -R's server,
 // waiting for its last handshake Send to complete, miss the client's next connection. A pass
 // run by the application's own poll (`now` false) hands it the completion it waits for: its
-// answer, posted next, carries the ack (one sendmsg, not two), and if it posts nothing the
-// next flush point sends it. The others wait, at most kAckDelay, for a flush point (a post,
-// poll or arm, the timer) so they coalesce and ride with other frames. Everything one pass
-// placed shares one ack.
-void tx_ack_locked(Qp* qp, bool now) {
-  constexpr uint64_t kAckDelay = 50 * 1000;  // ns
+// answer, posted next, carries the ack (one sendmsg, not two); if its next call is a poll
+// instead (a streaming receiver reaping more), that poll sends it, since a requester with a
+// full send queue waits for it. An ack nobody asked for is lazy: it rides with whatever leaves
+// next, or with the timer kLazyAckDelay later, never alone at a flush point. The requester
+// asks often enough that no WQE waits for that timer (mark_ack_request), so a stream of small
+// messages costs the responder one ack per request, not one sendmsg per receive pass.
+// Everything one pass placed shares one ack.
+void tx_ack_locked(Qp* qp, bool now, bool requested) {
+  constexpr uint64_t kAckDelay = 50 * 1000;       // ns
+  constexpr uint64_t kLazyAckDelay = 200 * 1000;  // ns
   if (now) {
     tx_run_locked(qp);
     return;
   }
-  tx_defer_locked(qp, kAckDelay);
+  if (requested) {
+    tx_defer_locked(qp, kAckDelay);
+    qp->scq->ack_deferred.store(true, std::memory_order_release);
+    qp->rcq->ack_deferred.store(true, std::memory_order_release);
+    return;
+  }
+  if (qp->lazy_ack_timer) return;
+  qp->lazy_ack_timer = true;
+  Progress::get().post_after(std::chrono::microseconds(kLazyAckDelay / 1000),
+                             [qp, qpn = qp->qpn()] {
+                               if (oob::lookup(qpn) != qp) return;  // destroyed meanwhile
+                               std::lock_guard lk(qp->tx_mu);
+                               qp->lazy_ack_timer = false;
+                               if (qp->conn.ack_to_send != qp->conn.ack_sent) tx_run_locked(qp);
+                             });
 }
 
 void qp_tx_flush(Qp* qp) {

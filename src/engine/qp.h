@@ -185,6 +185,10 @@ struct Conn {
   uint32_t ack_to_send = 0, ack_sent = 0;
   uint32_t units_tx = 0, peer_acked = 0;
   uint32_t unrequested = 0;  // messages framed since the last one that asked for an ack
+  // tx_mu: our RX waits for a receive for the peer's Send (RNR), so its acks, queued behind
+  // that Send on the stream, cannot be read. Until it moves on, our Sends and Writes complete
+  // on transmit (RFC 5040), else a peer that placed them would wait on us and we on it.
+  bool acks_unseen = false;
 
   bool peer_gone = false;   // OOB peer closed while nothing was outstanding
   bool registered = false;  // in the progress thread's epoll set
@@ -231,6 +235,7 @@ struct Qp {
   // ibv_poll_cq or ibv_req_notify_cq of its send CQ, or the progress thread's timer).
   uint64_t tx_window_end_ns = 0;
   bool tx_flush_timer = false;           // the safety flush is scheduled
+  bool lazy_ack_timer = false;           // an unrequested Placement Ack's timer is pending
   std::atomic<bool> tx_deferred{false};  // WQEs wait for a flush
   uint32_t orq_used = 0;                 // outstanding Read/Atomic requests (<= ORD)
   std::vector<IrqEntry> irq;             // ring, size IRD
@@ -332,8 +337,9 @@ void qp_conn_lost(Qp* qp, ibv_wc_status status);
 // Frames and writes as much as the socket takes. Caller holds tx_mu.
 void tx_run_locked(Qp* qp);
 void tx_post_locked(Qp* qp);  // after a post: transmit now or batch (doorbell batching)
-// A Placement Ack is due: now (the peer asked) or within a short delay (coalesced).
-void tx_ack_locked(Qp* qp, bool now);
+// A Placement Ack is due: now (the peer asked and the progress thread placed it), at the
+// poller's next flush point (the peer asked), or lazily (it did not; coalesced).
+void tx_ack_locked(Qp* qp, bool now, bool requested);
 void tx_kick(Qp* qp);  // takes tx_mu
 // Sends what doorbell batching deferred (takes tx_mu; nothing to do is one atomic load).
 void qp_tx_flush(Qp* qp);

@@ -457,6 +457,40 @@ TEST_F(IbCompletion, BadReceiveBufferIsRemOpErrOnTheSend) {
   EXPECT_TRUE(wc_is(s[0], 4, IBV_WC_REM_OP_ERR));
 }
 
+// The peer placed our SEND, but its ack queues on the stream behind the peer's own SEND,
+// for which we have no receive yet (IB's ACKs never queue behind requests). Our SEND must
+// still complete before we post that receive, or each side would wait for the other.
+TEST_F(IbCompletion, AckBehindAnUnplaceableSendDoesNotHoldOurCompletion) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  ASSERT_EQ(remote->post_send(make_send(2, {sge(0, 64)})), 0);
+  EXPECT_TRUE(remote->poll(CqSel::send, 1, Ms(100)).empty()) << "completed with no receive";
+  ASSERT_EQ(remote->post_recv(9, {sge(4096, 64)}), 0);
+  local->fill(0, 0, 64, 48);
+  ASSERT_EQ(local->post_send(make_send(1, {sge(0, 64)})), 0);
+  auto r = remote->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 9, IBV_WC_SUCCESS, IBV_WC_RECV));
+  EXPECT_EQ(remote->check(0, 4096, 64, 48), -1);
+  auto s = local->poll(CqSel::send, 1);
+  ASSERT_EQ(s.size(), 1u) << "our SEND waits for an ack stuck behind the peer's SEND";
+  EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND));
+  // Once we take the peer's SEND, its completion and the stream move on.
+  ASSERT_EQ(local->post_recv(8, {sge(8192, 64)}), 0);
+  auto lr = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(lr.size(), 1u);
+  EXPECT_TRUE(wc_is(lr[0], 8, IBV_WC_SUCCESS, IBV_WC_RECV));
+  auto rs = remote->poll(CqSel::send, 1);
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_TRUE(wc_is(rs[0], 2, IBV_WC_SUCCESS, IBV_WC_SEND));
+  // And acks work again: a WRITE completes once placed.
+  local->fill(0, 0, 4096, 49);
+  ASSERT_EQ(local->post_send(make_rdma(IBV_WR_RDMA_WRITE, 3, {sge(0, 4096)}, ri.addr, ri.rkey)), 0);
+  auto w = local->poll(CqSel::send, 1);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_TRUE(wc_is(w[0], 3, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE));
+  EXPECT_EQ(remote->check(0, 0, 4096, 49), -1);
+}
+
 // Each side asks for acks for its own Sends: here only the peer process does, so its SEND
 // waits for a receive while ours completes on transmit (RFC 5040).
 TEST_F(XProc, IbCompletionIsAskedForPerDirection) {
