@@ -51,9 +51,6 @@ struct Cq {
   // A QP using this CQ has deferred WQEs (doorbell batching): polling or arming this CQ
   // flushes them first, so their completions, or the answers to them, can show up.
   std::atomic<bool> tx_deferred{false};
-  // A Placement Ack the peer asked for waits for this CQ's poller's answer (engine
-  // tx_ack_locked): the poller's next poll sends it if no post took it along first.
-  std::atomic<bool> ack_deferred{false};
   // Busy-poll ownership (engine/busy_poll.h): an application thread spins on this CQ until
   // busy_until (CLOCK_MONOTONIC ns; 0: nobody). yielded: some QP of it stepped back from
   // the progress thread, so ending ownership must hand the sockets back.

@@ -701,14 +701,13 @@ void tx_post_locked(Qp* qp) {
 // periodic request) leaves at once when the progress thread ran the pass, as an IB responder
 // acks: held back for a reply the application might post, it let perftest -R's server,
 // waiting for its last handshake Send to complete, miss the client's next connection. A pass
-// run by the application's own poll (`now` false) hands it the completion it waits for: its
-// answer, posted next, carries the ack (one sendmsg, not two); if its next call is a poll
-// instead (a streaming receiver reaping more), that poll sends it, since a requester with a
-// full send queue waits for it. An ack nobody asked for is lazy: it rides with whatever leaves
-// next, or with the timer kLazyAckDelay later, never alone at a flush point. The requester
-// asks often enough that no WQE waits for that timer (mark_ack_request), so a stream of small
-// messages costs the responder one ack per request, not one sendmsg per receive pass.
-// Everything one pass placed shares one ack.
+// that a poller (`now` false) ran for one message hands it the request it waits for: its
+// answer, posted next, carries the ack (one sendmsg, not two), else its next empty poll or
+// the timer sends it; a pass that placed several left at once (iw_rx.cc), since a streaming
+// requester's window waits on it. An ack nobody asked for is lazy: it rides with whatever
+// leaves next, or with the timer kLazyAckDelay later, never alone at a flush point; a WQE
+// that needs it asked (mark_ack_request), so a stream of small messages costs the responder
+// one ack per request, not one sendmsg per receive pass. One pass's messages share one ack.
 void tx_ack_locked(Qp* qp, bool now, bool requested) {
   constexpr uint64_t kAckDelay = 50 * 1000;       // ns
   constexpr uint64_t kLazyAckDelay = 200 * 1000;  // ns
@@ -718,8 +717,6 @@ void tx_ack_locked(Qp* qp, bool now, bool requested) {
   }
   if (requested) {
     tx_defer_locked(qp, kAckDelay);
-    qp->scq->ack_deferred.store(true, std::memory_order_release);
-    qp->rcq->ack_deferred.store(true, std::memory_order_release);
     return;
   }
   if (qp->lazy_ack_timer) return;

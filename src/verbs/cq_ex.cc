@@ -37,7 +37,6 @@ void make_current(ibv_cq_ex* c) {
 int start_poll(ibv_cq_ex* c, ibv_poll_cq_attr* attr) {
   if (attr && attr->comp_mask) return EINVAL;
   Cq* cq = of(c);
-  poll_prologue(cq);
   cq->poll_mu.lock();
   if (cq->pop_current()) {
     cq_busy_poll_found(cq);

@@ -12,9 +12,6 @@ engine::Cq* cq_new(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel
                    int comp_vector);
 // A poll found the CQ empty: flush deferred posts and run the QPs' receive path here.
 void drive_empty_cq(engine::Cq* cq);
-// Start of every application poll: sends the Placement Acks an earlier poll's receive pass
-// deferred for an answer that was not posted.
-void poll_prologue(engine::Cq* cq);
 // verbs_context ops behind the header's inline ibv_create_cq_ex and ibv_query_rt_values_ex.
 ibv_cq_ex* create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
 int query_rt_values(ibv_context* ctx, ibv_values_ex* values);

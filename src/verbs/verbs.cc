@@ -51,12 +51,6 @@ void drive_empty_cq(Cq* cq) {
   for (Qp* qp : cq->qps) qp_progress(qp);
   tl_polling = nullptr;
 }
-
-void poll_prologue(Cq* cq) {
-  if (!cq->ack_deferred.load(std::memory_order_relaxed)) return;
-  cq->ack_deferred.store(false, std::memory_order_relaxed);
-  flush_deferred_tx(cq);
-}
 }  // namespace sv::verbs
 
 namespace {
@@ -73,7 +67,6 @@ void flush_deferred_tx(Cq* cq) {
 int op_poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   Cq* cq = Cq::from(ibcq);
   if (n <= 0) return 0;
-  sv::verbs::poll_prologue(cq);
   int got = cq->poll(n, wc);
   // A poll that finds completions leaves a batch to grow (a streaming sender polls between
   // posts); one that finds none may be waiting for what the batch holds: flush it.
