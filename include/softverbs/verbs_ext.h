@@ -40,6 +40,22 @@ int softverbs_cq_set_comp_handler(struct ibv_cq* cq, bool (*handler)(struct ibv_
  * Returns 0, or EINVAL for an invalid CQ. */
 int softverbs_cq_busy_poll(struct ibv_cq* cq, int on);
 
+/* InfiniBand's completion rule for one RC QP: on = 1 asks softverbs peers, when the QP's
+ * connection is set up (call it before rdma_connect, rdma_accept or the move to RTR), to
+ * acknowledge what they place, so the QP's Sends and Writes complete once the peer has
+ * placed them and a remote error completes the WR that caused it; on = 0 keeps RFC 5040's
+ * rule (complete once TCP has them), whatever SOFTVERBS_IB_COMPLETION says; on = -1 follows
+ * SOFTVERBS_IB_COMPLETION again (the default). A plain iWARP peer (siw) has no such acks:
+ * toward it the rule stays RFC 5040's. Returns 0, or EINVAL for an invalid QP or value. */
+int softverbs_qp_set_ib_completion(struct ibv_qp* qp, int on);
+
+/* The rule a connected RC QP's Sends and Writes follow: 1 when they complete once the peer
+ * has placed them (both sides softverbs, and this QP asked), so a Write's success means its
+ * bytes are in the peer's memory; 0 when they complete once TCP has them (RFC 5040's rule:
+ * not asked, a plain iWARP peer such as siw, or not connected yet). -1 with errno EINVAL
+ * for an invalid QP. */
+int softverbs_qp_ib_completion(struct ibv_qp* qp);
+
 #ifdef __cplusplus
 }
 #endif

@@ -215,12 +215,13 @@ static bool extensions_enabled() {
   return !(e && e[0] == '0');
 }
 
-// SOFTVERBS_IB_COMPLETION=1: between softverbs peers, Sends and Writes complete once the
-// responder has placed them (IB's rule), and remote errors land on the WQE that caused them.
-// Read at each connection, so a process may change it between them.
-static bool ib_completion_wanted() {
+// IB's completion rule: between softverbs peers, Sends and Writes complete once the
+// responder has placed them, and remote errors land on the WQE that caused them.
+bool ib_completion_wanted(const Qp* qp) {
+  if (!extensions_enabled()) return false;
+  if (qp && qp->ib_completion_pref >= 0) return qp->ib_completion_pref == 1;
   const char* e = std::getenv("SOFTVERBS_IB_COMPLETION");
-  return extensions_enabled() && e && e[0] == '1';
+  return e && e[0] == '1';
 }
 
 static std::vector<std::byte> encode_frame(const MpaFrame& f) {
@@ -255,7 +256,7 @@ void Endpoint::on_event(uint32_t events) {
     f.enhanced = true;
     f.crc = offer_.crc;
     f.res = extensions_enabled() ? wire::kMpaResSvRequest : 0;
-    if (ib_completion_wanted()) f.res |= wire::kMpaResAckRequest;
+    if (offer_.ib_completion) f.res |= wire::kMpaResAckRequest;
     f.v2.ird = offer_.ird;
     f.v2.ord = offer_.ord;
     f.v2.p2p = offer_.p2p;
@@ -292,7 +293,7 @@ void Endpoint::on_event(uint32_t events) {
     out_.crc = offer_.crc || rep.crc;  // RFC 5044 §7.1: CRC if either side asks
     out_.peer_sv = extensions_enabled() && (rep.res & wire::kMpaResSvReply);
     out_.send_acks = out_.peer_sv && (rep.res & wire::kMpaResAckReply);
-    out_.wait_acks = out_.peer_sv && ib_completion_wanted();
+    out_.wait_acks = out_.peer_sv && offer_.ib_completion;
     out_.peer_ird = rep.v2.ird;
     out_.peer_ord = rep.v2.ord;
     out_.p2p = offer_.p2p && rep.v2.p2p && rep.v2.rtr_write;
@@ -325,7 +326,6 @@ void Endpoint::on_event(uint32_t events) {
     out_.rev = req_.rev;
     out_.peer_sv = extensions_enabled() && (req_.res & wire::kMpaResSvRequest);
     out_.send_acks = out_.peer_sv && (req_.res & wire::kMpaResAckRequest);
-    out_.wait_acks = out_.peer_sv && ib_completion_wanted();
     out_.peer_ird = req_.v2.ird;
     out_.peer_ord = req_.v2.ord;
     out_.peer_pdata.assign(req_.ulp_pdata.begin(), req_.ulp_pdata.end());
@@ -351,6 +351,7 @@ void Endpoint::accept(MpaOffer reply) {
     f.enhanced = req_.enhanced;
     f.crc = req_.crc || reply.crc;
     f.res = out_.peer_sv ? wire::kMpaResSvReply : 0;
+    out_.wait_acks = out_.peer_sv && reply.ib_completion;  // the accepting QP's choice
     if (out_.wait_acks) f.res |= wire::kMpaResAckReply;
     if (req_.rev == 2 && req_.enhanced) {
       // RFC 6581 §5: our ORD must not exceed the initiator's IRD.
@@ -477,6 +478,7 @@ void accept_parked(Qp* qp, Endpoint* ep) {
   o.crc = crc_wanted();
   o.ird = static_cast<uint16_t>(std::max<uint8_t>(qp->attr.max_dest_rd_atomic, 1));
   o.ord = static_cast<uint16_t>(kMaxRdAtom);
+  o.ib_completion = ib_completion_wanted(qp);
   ep->user = qp;
   ep->accept(std::move(o));
 }
@@ -610,6 +612,7 @@ void connect_active(uint32_t qpn, int attempt) {
   o.ird = static_cast<uint16_t>(std::max<uint8_t>(qp->attr.max_dest_rd_atomic, 1));
   o.ord = static_cast<uint16_t>(kMaxRdAtom);
   o.p2p = true;
+  o.ib_completion = ib_completion_wanted(qp);
   o.pdata = OobHeader{qp->attr.dest_qp_num, qpn}.encode();
   Endpoint::connect(to, nullptr, std::move(o), [qpn, attempt](Endpoint* ep, int err) {
     on_active_done(qpn, attempt, ep, err);

@@ -27,7 +27,8 @@ struct MpaOffer {
   bool crc = false;
   uint16_t ird = 0;
   uint16_t ord = 0;
-  bool p2p = false;  // initiator: ask for peer-to-peer mode with a zero-length Write RTR
+  bool p2p = false;            // initiator: ask for peer-to-peer mode with a zero-length Write RTR
+  bool ib_completion = false;  // ask a softverbs peer for Placement Acks (IB's completion rule)
   std::vector<std::byte> pdata;  // ULP private data (after the RFC 6581 word)
 };
 
@@ -125,6 +126,11 @@ class Endpoint : public Progress::Handler {
   uint64_t serial_ = 0;    // names it in the live table its timeout looks it up in
   bool watching_ = false;  // in epoll for hang-up while waiting for a decision
 };
+
+// Whether a connection of qp (null: one whose QP is not known yet) asks softverbs peers for
+// IB's completion rule: the QP's own choice (softverbs_qp_set_ib_completion), else
+// SOFTVERBS_IB_COMPLETION=1. Read when each connection is set up.
+bool ib_completion_wanted(const Qp* qp);
 
 // Out-of-band registry: the process' QP listener and QPN -> QP map.
 namespace oob {

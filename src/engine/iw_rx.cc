@@ -327,7 +327,10 @@ bool rx_run_locked(Qp* qp) {
     c.units_published = c.units_rx;
     std::lock_guard lk(qp->tx_mu);
     c.ack_to_send = c.units_rx;
-    tx_ack_locked(qp, c.ack_requested && (tl_polling == nullptr || !one), c.ack_requested);
+    tx_ack_locked(qp, c.ack_requested && tl_polling == nullptr, c.ack_requested);
+    // Not from inside the poller's receive pass: its poll sends it once the pass is over.
+    if (c.ack_requested && tl_polling != nullptr && !one)
+      tl_polling->ack_flush.store(true, std::memory_order_relaxed);
     c.ack_requested = false;
   }
   return true;

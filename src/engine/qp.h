@@ -221,6 +221,8 @@ struct Qp {
   ibv_qp_attr attr{};
   std::atomic<ibv_qp_state> state{IBV_QPS_RESET};
   bool rnr_retry_set = false;  // IBV_QP_RNR_RETRY was given (a QP left in RTR never sets it)
+  // softverbs_qp_set_ib_completion: -1 follows SOFTVERBS_IB_COMPLETION, 0/1 overrides it.
+  std::atomic<int> ib_completion_pref{-1};
 
   // SQ ring (tx_mu)
   std::mutex tx_mu;

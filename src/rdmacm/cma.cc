@@ -966,6 +966,7 @@ SV_EXPORT int rdma_connect(rdma_cm_id* i, rdma_conn_param* param) {
   o.ird = param ? param->responder_resources : 1;
   o.ord = param ? param->initiator_depth : 1;
   o.p2p = true;  // RFC 6581: ask for a Write RTR so either side may send first
+  o.ib_completion = ib_completion_wanted(i->qp ? Qp::from(i->qp) : nullptr);
   if (param && param->private_data && param->private_data_len) {
     const auto* p = static_cast<const std::byte*>(param->private_data);
     size_t len = std::min<size_t>(param->private_data_len,
@@ -1050,6 +1051,7 @@ SV_EXPORT int rdma_accept(rdma_cm_id* i, rdma_conn_param* param) {
   o.crc = crc_wanted();
   o.ird = param ? param->responder_resources : std::max<uint8_t>(id->resp_res, 1);
   o.ord = param ? param->initiator_depth : std::max<uint8_t>(id->init_depth, 1);
+  o.ib_completion = ib_completion_wanted(i->qp ? Qp::from(i->qp) : nullptr);
   if (param && param->private_data && param->private_data_len) {
     const auto* p = static_cast<const std::byte*>(param->private_data);
     size_t len = std::min<size_t>(param->private_data_len,

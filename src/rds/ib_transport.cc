@@ -44,6 +44,11 @@ int g_max_read_sge = 16;
 // softverbs_cq_busy_poll (softverbs/verbs_ext.h), null on another provider: our CQ stays
 // armed for the completion handler, so the device cannot tell a busy poller by itself.
 int (*g_cq_busy_poll)(ibv_cq*, int) = nullptr;
+// softverbs_qp_set_ib_completion / softverbs_qp_ib_completion, null on another provider: the
+// RDMA channel asks for IB's completion rule, and where the peer is softverbs its Writes
+// complete once placed, so they need no confirming Read (rdma.cc).
+int (*g_qp_set_ib_completion)(ibv_qp*, int) = nullptr;
+int (*g_qp_ib_completion)(ibv_qp*) = nullptr;
 
 uint64_t now_ms() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -108,11 +113,17 @@ int setup_rdma_qp(rdma_cm_id* id) {
   a.send_cq = G.cq;
   a.recv_cq = G.cq;
   a.qp_type = IBV_QPT_RC;
-  a.cap.max_send_wr = 2 * kRdmaDepth + 8;  // a Write is followed by its confirming Read
+  // A Write may be followed by its confirming Read (rdma.cc).
+  a.cap.max_send_wr = 2 * kRdmaDepth + 8;
   a.cap.max_recv_wr = 1;
   a.cap.max_send_sge = static_cast<uint32_t>(g_max_send_sge);
   a.cap.max_recv_sge = 1;
-  return rdma_create_qp(id, G.pd, &a) ? -errno : 0;
+  if (rdma_create_qp(id, G.pd, &a)) return -errno;
+  // Only one-sided ops run here, so no Send of the peer's can hold its acks back (RNR).
+  // SOFTVERBS_RDS_CONFIRM_READ=1 keeps the confirming Read (the rule of any iWARP peer).
+  const char* e = std::getenv("SOFTVERBS_RDS_CONFIRM_READ");
+  if (g_qp_set_ib_completion && !(e && e[0] == '1')) g_qp_set_ib_completion(id->qp, 1);
+  return 0;
 }
 
 PrivBytes make_priv(Conn* c, uint16_t kind = kChanData) {
@@ -339,6 +350,7 @@ void handle_rdma_cm(Conn* c, rdma_cm_event* ev) {
     }
     case RDMA_CM_EVENT_ESTABLISHED:
       c->rstate = ConnState::up;
+      c->rplaced = g_qp_ib_completion && g_qp_ib_completion(id->qp) == 1;
       c->rbackoff_ms = 0;
       count("rdma_chan_up");
       rdma_post_pending(c);
@@ -742,6 +754,10 @@ int transport_start() {
     set(G.cq, on_cq_ready, nullptr);
   g_cq_busy_poll =
       reinterpret_cast<int (*)(ibv_cq*, int)>(dlsym(RTLD_DEFAULT, "softverbs_cq_busy_poll"));
+  g_qp_set_ib_completion = reinterpret_cast<int (*)(ibv_qp*, int)>(
+      dlsym(RTLD_DEFAULT, "softverbs_qp_set_ib_completion"));
+  g_qp_ib_completion =
+      reinterpret_cast<int (*)(ibv_qp*)>(dlsym(RTLD_DEFAULT, "softverbs_qp_ib_completion"));
   ibv_req_notify_cq(G.cq, 0);
   if (rdma_create_id(G.cm_ch, &G.listen_id, nullptr, RDMA_PS_TCP)) return -errno;
   sockaddr_in any{};

@@ -242,6 +242,9 @@ struct Conn {
   int rbackoff_ms = 0;
   uint64_t rconnects = 0;
   bool rculprit = false;  // this QP failed on an op's own error: the ops behind it never ran
+  // Its Writes complete once the peer placed them (softverbs peers: IB's completion rule),
+  // so a Write's own completion is the op's status and no confirming Read follows it.
+  bool rplaced = false;
   bool rtearing_down = false;
   int rinflight = 0;
   std::deque<Message*> rdma_q;              // messages whose op is still to be posted

@@ -46,10 +46,13 @@ void drive_empty_cq(Cq* cq) {
   flush_deferred_tx(cq);
   // Empty: run the attached QPs' receive path here rather than waiting for the
   // progress thread to wake up (a cross-core wake-up costs ~30 us on this class of VM).
-  std::lock_guard lk(cq->qps_mu);
-  tl_polling = cq;
-  for (Qp* qp : cq->qps) qp_progress(qp);
-  tl_polling = nullptr;
+  {
+    std::lock_guard lk(cq->qps_mu);
+    tl_polling = cq;
+    for (Qp* qp : cq->qps) qp_progress(qp);
+    tl_polling = nullptr;
+  }
+  if (cq->ack_flush.exchange(false, std::memory_order_relaxed)) flush_deferred_tx(cq);
 }
 }  // namespace sv::verbs
 
@@ -554,6 +557,22 @@ SV_EXPORT int softverbs_cq_busy_poll(ibv_cq* ibcq, int on) {
   else
     cq_busy_poll_end(Cq::from(ibcq));
   return 0;
+}
+
+SV_EXPORT int softverbs_qp_set_ib_completion(ibv_qp* ibqp, int on) {
+  if (!handle_ok(HKind::qp, ibqp) || on < -1 || on > 1) return EINVAL;
+  Qp::from(ibqp)->ib_completion_pref.store(on);
+  return 0;
+}
+
+SV_EXPORT int softverbs_qp_ib_completion(ibv_qp* ibqp) {
+  if (!handle_ok(HKind::qp, ibqp)) {
+    errno = EINVAL;
+    return -1;
+  }
+  Qp* qp = Qp::from(ibqp);
+  std::lock_guard lk(qp->tx_mu);
+  return qp->conn.wait_acks ? 1 : 0;
 }
 
 SV_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {

@@ -292,12 +292,16 @@ class XProc : public ::testing::Test {
   PeerInfo li, ri;
 };
 
-// XProc with both processes asking for IB's completion rule (SOFTVERBS_IB_COMPLETION=1).
-class IbCompletion : public XProc {
+// XProc with both processes asking, explicitly, for IB's completion rule (the default between
+// softverbs peers), or for RFC 5040's (SOFTVERBS_IB_COMPLETION=0: complete on transmit, as
+// toward a plain iWARP peer).
+template <char Rule>
+class CompletionRule : public XProc {
  protected:
   void SetUp() override {
-    setenv("SOFTVERBS_IB_COMPLETION", "1", 1);
-    g_child_env = {"SOFTVERBS_IB_COMPLETION=1"};
+    const char v[2] = {Rule, 0};
+    setenv("SOFTVERBS_IB_COMPLETION", v, 1);
+    g_child_env = {std::string("SOFTVERBS_IB_COMPLETION=") + Rule};
   }
   void TearDown() override {
     unsetenv("SOFTVERBS_IB_COMPLETION");
@@ -305,6 +309,8 @@ class IbCompletion : public XProc {
     XProc::TearDown();
   }
 };
+using IbCompletion = CompletionRule<'1'>;
+using Rfc5040Completion = CompletionRule<'0'>;
 
 // Two QPs in this process, connected over loopback TCP.
 class InProc : public ::testing::Test {

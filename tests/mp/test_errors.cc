@@ -1,13 +1,15 @@
 // Error matrix: completion statuses, QP error state, flushing and async events.
 //
-// iWARP note: RDMAP has no ACKs, so a SEND or RDMA WRITE completes successfully once handed
-// to TCP (siw does the same). When a remote error is caused by such a WR, its own completion
-// may therefore be a success, and the error is reported on the next WR that was still
-// waiting for the peer (a READ or ATOMIC). Tests that provoke a remote error put a READ
-// behind the culprit and assert: a successful prefix no longer than the WRs that may have
-// completed on transmit, then exactly one completion with the expected error, then
-// IBV_WC_WR_FLUSH_ERR for everything after it. With SOFTVERBS_IB_COMPLETION=1 softverbs
-// peers follow IB's rule instead (the IbCompletion cases below): no such prefix.
+// iWARP note: RDMAP has no ACKs, so toward a plain iWARP peer (or with
+// SOFTVERBS_IB_COMPLETION=0) a SEND or RDMA WRITE completes successfully once handed to TCP
+// (siw does the same). When a remote error is caused by such a WR, its own completion may
+// therefore be a success, and the error is reported on the next WR that was still waiting
+// for the peer (a READ or ATOMIC). Tests that provoke a remote error put a READ behind the
+// culprit and assert: a successful prefix no longer than the WRs that may have completed on
+// transmit, then exactly one completion with the expected error, then IBV_WC_WR_FLUSH_ERR
+// for everything after it, which holds under either rule. Between softverbs peers IB's rule
+// is the default (the IbCompletion cases below assert it: no such prefix); the
+// Rfc5040Completion cases assert RFC 5040's.
 //
 // Async events: softverbs raises IBV_EVENT_QP_FATAL for a QP that a fatal error moved to
 // ERR, on the requester and (for errors it detects itself) on the responder, except that an
@@ -27,6 +29,7 @@
 #include <thread>
 
 #include "harness.h"
+#include "softverbs/verbs_ext.h"
 
 namespace mp {
 namespace {
@@ -352,10 +355,11 @@ TEST_F(XProc, SendWaitsForLateReceiveWithInfiniteRnrRetry) {
 }
 
 // Finite rnr_retry: the receiver has no receive posted and gives up after (rnr_retry + 1)
-// RNR timeouts (rnr_retry 1, timer code 1 = 10 us here). iWARP has no RNR NAK, so the
-// SEND itself completed when TCP took it; the requester learns of the failure through the
-// Terminate (DDP untagged "no buffer"), reported on its oldest outstanding WR, a READ.
-TEST_F(XProc, FiniteRnrRetryEndsWithRnrRetryExcErr) {
+// RNR timeouts (rnr_retry 1, timer code 1 = 10 us here). iWARP has no RNR NAK, so under
+// RFC 5040's rule the SEND itself completed when TCP took it; the requester learns of the
+// failure through the Terminate (DDP untagged "no buffer"), reported on its oldest
+// outstanding WR, a READ. (IB's rule: IbCompletion.RnrRetryExcErrLandsOnTheSend.)
+TEST_F(Rfc5040Completion, FiniteRnrRetryEndsWithRnrRetryExcErr) {
   PeerConfig rc;
   rc.rnr_retry = 1;
   rc.min_rnr_timer = 1;
@@ -387,7 +391,7 @@ TEST_F(XProc, ResetDropsTheQpsCompletionsFromItsCqs) {
   EXPECT_TRUE(local->poll(CqSel::recv, 1, Ms(100)).empty()) << "a flush of the old QP survived";
 }
 
-// ---- SOFTVERBS_IB_COMPLETION=1: IB's completion rule between softverbs peers -------------
+// ---- IB's completion rule between softverbs peers (the default) -------------------------
 // Both processes ask for Placement Acks: a SEND completes once a receive took it, a WRITE's
 // completion means its bytes are in the target's memory, and a remote error completes the WR
 // that caused it, with nothing before it reported as a success. (Fixture: harness.h.)
@@ -404,6 +408,48 @@ TEST_F(IbCompletion, SendCompletesOnlyOnceTheResponderPlacedIt) {
   auto r = remote->poll(CqSel::recv, 1);
   ASSERT_EQ(r.size(), 1u);
   EXPECT_TRUE(wc_is(r[0], 9, IBV_WC_SUCCESS, IBV_WC_RECV));
+  EXPECT_EQ(softverbs_qp_ib_completion(local->qp), 1);
+}
+
+// A QP's own choice (softverbs_qp_set_ib_completion, made before it connects) overrides
+// SOFTVERBS_IB_COMPLETION, which is unset here: this QP asks for IB's rule.
+TEST_F(XProc, PerQpChoiceOfIbCompletionOverridesTheEnvironment) {
+  ASSERT_NO_FATAL_FAILURE(Create());
+  EXPECT_EQ(softverbs_qp_set_ib_completion(local->qp, 2), EINVAL);
+  EXPECT_EQ(softverbs_qp_set_ib_completion(nullptr, 1), EINVAL);
+  ASSERT_EQ(softverbs_qp_set_ib_completion(local->qp, 1), 0);
+  ASSERT_EQ(remote->connect(li), 0);
+  ASSERT_EQ(local->connect(ri), 0);
+  ASSERT_EQ(local->post_send(make_send(1, {sge(0, 64)})), 0);
+  EXPECT_TRUE(local->poll(CqSel::send, 1, Ms(200)).empty()) << "completed with no receive posted";
+  ASSERT_EQ(remote->post_recv(9, {sge(0, 64)}), 0);
+  auto s = local->poll(CqSel::send, 1);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND));
+  EXPECT_EQ(softverbs_qp_ib_completion(local->qp), 1);
+  errno = 0;
+  EXPECT_EQ(softverbs_qp_ib_completion(nullptr), -1);
+  EXPECT_EQ(errno, EINVAL);
+  int not_a_qp = 0;
+  errno = 0;
+  EXPECT_EQ(softverbs_qp_ib_completion(reinterpret_cast<ibv_qp*>(&not_a_qp)), -1);
+  EXPECT_EQ(errno, EINVAL);
+}
+
+// And the other way: SOFTVERBS_IB_COMPLETION=1, but this QP keeps RFC 5040's rule.
+TEST_F(IbCompletion, PerQpChoiceOfRfc5040OverridesTheEnvironment) {
+  ASSERT_NO_FATAL_FAILURE(Create());
+  ASSERT_EQ(softverbs_qp_set_ib_completion(local->qp, 0), 0);
+  ASSERT_EQ(remote->connect(li), 0);
+  ASSERT_EQ(local->connect(ri), 0);
+  ASSERT_EQ(local->post_send(make_send(1, {sge(0, 64)})), 0);
+  auto s = local->poll(CqSel::send, 1);
+  ASSERT_EQ(s.size(), 1u) << "waited for a placement it did not ask for";
+  EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND));
+  EXPECT_EQ(softverbs_qp_ib_completion(local->qp), 0);
+  ASSERT_EQ(remote->post_recv(9, {sge(0, 64)}), 0);
+  auto r = remote->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
 }
 
 TEST_F(IbCompletion, WriteCompletionMeansTheBytesArePlaced) {
@@ -495,28 +541,6 @@ TEST_F(IbCompletion, AckBehindAnUnplaceableSendDoesNotHoldOurCompletion) {
 // waits for a receive while ours completes on transmit (RFC 5040).
 TEST_F(XProc, IbCompletionIsAskedForPerDirection) {
   g_child_env = {"SOFTVERBS_IB_COMPLETION=1"};
-  Connect();
-  g_child_env.clear();
-  ASSERT_FALSE(HasFatalFailure());
-  // The peer can take our SEND: its ack to us must not queue behind a SEND it cannot place
-  // (Placement Acks share the stream; see the README on SOFTVERBS_IB_COMPLETION).
-  ASSERT_EQ(remote->post_recv(8, {sge(0, 64)}), 0);
-  ASSERT_EQ(local->post_send(make_send(1, {sge(0, 64)})), 0);
-  ASSERT_EQ(remote->post_send(make_send(2, {sge(0, 64)})), 0);
-  auto s = local->poll(CqSel::send, 1);
-  ASSERT_EQ(s.size(), 1u);
-  EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND)) << "we did not ask: on transmit";
-  EXPECT_TRUE(remote->poll(CqSel::send, 1, Ms(200)).empty()) << "the peer's completed unreceived";
-  ASSERT_EQ(local->post_recv(9, {sge(0, 64)}), 0);
-  auto rs = remote->poll(CqSel::send, 1);
-  ASSERT_EQ(rs.size(), 1u);
-  EXPECT_TRUE(wc_is(rs[0], 2, IBV_WC_SUCCESS, IBV_WC_SEND));
-}
-
-// Toward a plain iWARP peer (as siw is) RFC 5040 holds whatever we ask: no ACKs, a SEND
-// completes once TCP has it, received or not.
-TEST_F(IbCompletion, TowardAPlainIwarpPeerASendCompletesOnTransmit) {
-  g_child_env = {"SOFTVERBS_RFC7306=0"};
   Connect();
   g_child_env.clear();
   ASSERT_FALSE(HasFatalFailure());
