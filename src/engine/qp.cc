@@ -871,7 +871,8 @@ void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal, ibv_event_type event
   // then QP locks on its own paths, and we may be inside RX (rx_mu) here.
   if (auto fn = qp->on_disconnect.load()) {
     void* id = qp->cm_id;
-    Progress::get().post([fn, id] { fn(id); });
+    const uint64_t serial = qp->cm_serial;
+    Progress::get().post([fn, id, serial] { fn(id, serial); });
   }
 }
 

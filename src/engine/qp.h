@@ -268,9 +268,10 @@ struct Qp {
   bool error_reported = false;
   bool ack_timer_armed = false;  // tx_mu: a transport-timeout check is pending
   void* cm_id = nullptr;         // rdma_cm_id when cm_managed
+  uint64_t cm_serial = 0;        // and that id's serial: a later id may reuse its address
   // rdma_cm is told when the connection ends (peer closed or QP error). Cleared by
   // rdma_destroy_qp while the progress thread may be reading it.
-  using DisconnectFn = void (*)(void* cm_id);
+  using DisconnectFn = void (*)(void* cm_id, uint64_t cm_serial);
   std::atomic<DisconnectFn> on_disconnect{nullptr};
   std::unique_ptr<Progress::Handler> io;  // epoll handler for conn.fd
   uint32_t events_reported = 0;           // async events posted for it (qpx.qp_base.mutex)

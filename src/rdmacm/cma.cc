@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -59,8 +60,13 @@ struct Listener : Progress::Handler {
   void on_event(uint32_t) override;
 };
 
+std::atomic<uint64_t> g_cm_serial{0};
+
 struct CmId {
   rdma_cm_id id;  // first: handed out
+  // Names this id in callbacks posted for later: a destroyed id's address may be reused by
+  // a new one (rsockets' rclose then raccept), which must not get the old id's events.
+  const uint64_t serial = ++g_cm_serial;
   std::mutex mu;
   bool sync = false;  // created with a NULL channel (rdma_create_ep style)
   Channel* own_channel = nullptr;
@@ -223,11 +229,11 @@ void qp_connect(CmId* id, Endpoint* ep) {
   qp_take_endpoint(qp, ep);
 }
 
-void on_qp_disconnect(void* p) {
+void on_qp_disconnect(void* p, uint64_t serial) {
   auto* id = static_cast<CmId*>(p);
   bool fire = false;
   std::lock_guard reg(g_live.get().mu);
-  if (!alive(id)) return;
+  if (!alive(id) || id->serial != serial) return;  // gone, maybe replaced at its address
   {
     std::lock_guard lk(id->mu);
     if (id->connected && !id->disconnected) {
@@ -873,6 +879,7 @@ SV_EXPORT int rdma_create_qp_ex(rdma_cm_id* i, ibv_qp_init_attr_ex* attr) {
   Qp* q = Qp::from(qp);
   q->cm_managed = true;
   q->cm_id = id;
+  q->cm_serial = id->serial;
   q->on_disconnect = on_qp_disconnect;
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
@@ -1098,7 +1105,7 @@ SV_EXPORT int rdma_disconnect(rdma_cm_id* i) {
   if (id->id.qp)
     qp_set_error(Qp::from(id->id.qp), IBV_WC_WR_FLUSH_ERR, false);
   else
-    on_qp_disconnect(id);
+    on_qp_disconnect(id, id->serial);
   return 0;
 }
 
