@@ -319,18 +319,13 @@ bool rx_run_locked(Qp* qp) {
   }
   if (qp->rx_stalled != was_stalled) qp_update_interest(qp);
   if (c.send_acks && c.units_rx != c.units_published) {
-    // One Placement Ack for everything this pass placed (coalesced, IB's "ack coalescing").
-    // Run by a busy poller (inside its ibv_poll_cq) for one message, it is likely a request
-    // the poller answers: its answer (or its next poll) carries the ack. A pass that placed
-    // a stream has no one answer to wait for, and the requester's window waits on the ack.
-    const bool one = c.units_rx - c.units_published == 1;
+    // One Placement Ack for everything this pass placed (coalesced, IB's "ack coalescing");
+    // when it leaves is tx_ack_locked's choice.
+    const bool stream = c.units_rx - c.units_published > 1;
     c.units_published = c.units_rx;
     std::lock_guard lk(qp->tx_mu);
     c.ack_to_send = c.units_rx;
-    tx_ack_locked(qp, c.ack_requested && tl_polling == nullptr, c.ack_requested);
-    // Not from inside the poller's receive pass: its poll sends it once the pass is over.
-    if (c.ack_requested && tl_polling != nullptr && !one)
-      tl_polling->ack_flush.store(true, std::memory_order_relaxed);
+    tx_ack_locked(qp, c.ack_requested, stream);
     c.ack_requested = false;
   }
   return true;

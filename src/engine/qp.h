@@ -340,9 +340,9 @@ void qp_conn_lost(Qp* qp, ibv_wc_status status);
 // Frames and writes as much as the socket takes. Caller holds tx_mu.
 void tx_run_locked(Qp* qp);
 void tx_post_locked(Qp* qp);  // after a post: transmit now or batch (doorbell batching)
-// A Placement Ack is due: now (the peer asked and the progress thread placed it), at the
-// poller's next flush point (the peer asked), or lazily (it did not; coalesced).
-void tx_ack_locked(Qp* qp, bool now, bool requested);
+// A Placement Ack is due for a receive pass that placed one message or a stream: now or at
+// the poller's next flush point if the peer asked (requested), else lazily (coalesced).
+void tx_ack_locked(Qp* qp, bool requested, bool stream);
 void tx_kick(Qp* qp);  // takes tx_mu
 // Sends what doorbell batching deferred (takes tx_mu; nothing to do is one atomic load).
 void qp_tx_flush(Qp* qp);

@@ -396,19 +396,25 @@ TEST_F(XProc, ResetDropsTheQpsCompletionsFromItsCqs) {
 // completion means its bytes are in the target's memory, and a remote error completes the WR
 // that caused it, with nothing before it reported as a success. (Fixture: harness.h.)
 
+// IB's rule on local's QP: its SEND (wr_id 1) completes only once the peer posted a
+// receive (wr_id 9) and placed it, and the QP says which rule it got.
+void expect_send_completes_once_placed(Peer& local, RemotePeer& remote) {
+  ASSERT_EQ(local.post_send(make_send(1, {sge(0, 64)})), 0);
+  EXPECT_TRUE(local.poll(CqSel::send, 1, Ms(200)).empty()) << "completed with no receive posted";
+  ASSERT_EQ(remote.post_recv(9, {sge(0, 64)}), 0);
+  auto s = local.poll(CqSel::send, 1);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND));
+  EXPECT_EQ(softverbs_qp_ib_completion(local.qp), 1);
+}
+
 TEST_F(IbCompletion, SendCompletesOnlyOnceTheResponderPlacedIt) {
   ASSERT_NO_FATAL_FAILURE(Connect());
   local->fill(0, 0, 64, 46);
-  ASSERT_EQ(local->post_send(make_send(1, {sge(0, 64)})), 0);
-  EXPECT_TRUE(local->poll(CqSel::send, 1, Ms(200)).empty()) << "completed with no receive posted";
-  ASSERT_EQ(remote->post_recv(9, {sge(0, 64)}), 0);
-  auto s = local->poll(CqSel::send, 1);
-  ASSERT_EQ(s.size(), 1u);
-  EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND));
+  ASSERT_NO_FATAL_FAILURE(expect_send_completes_once_placed(*local, *remote));
   auto r = remote->poll(CqSel::recv, 1);
   ASSERT_EQ(r.size(), 1u);
   EXPECT_TRUE(wc_is(r[0], 9, IBV_WC_SUCCESS, IBV_WC_RECV));
-  EXPECT_EQ(softverbs_qp_ib_completion(local->qp), 1);
 }
 
 // A QP's own choice (softverbs_qp_set_ib_completion, made before it connects) overrides
@@ -420,13 +426,7 @@ TEST_F(XProc, PerQpChoiceOfIbCompletionOverridesTheEnvironment) {
   ASSERT_EQ(softverbs_qp_set_ib_completion(local->qp, 1), 0);
   ASSERT_EQ(remote->connect(li), 0);
   ASSERT_EQ(local->connect(ri), 0);
-  ASSERT_EQ(local->post_send(make_send(1, {sge(0, 64)})), 0);
-  EXPECT_TRUE(local->poll(CqSel::send, 1, Ms(200)).empty()) << "completed with no receive posted";
-  ASSERT_EQ(remote->post_recv(9, {sge(0, 64)}), 0);
-  auto s = local->poll(CqSel::send, 1);
-  ASSERT_EQ(s.size(), 1u);
-  EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND));
-  EXPECT_EQ(softverbs_qp_ib_completion(local->qp), 1);
+  ASSERT_NO_FATAL_FAILURE(expect_send_completes_once_placed(*local, *remote));
   errno = 0;
   EXPECT_EQ(softverbs_qp_ib_completion(nullptr), -1);
   EXPECT_EQ(errno, EINVAL);
