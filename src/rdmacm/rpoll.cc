@@ -26,7 +26,7 @@ bool fd_readable_now(int fd) {
   return ::poll(&p, 1, 0) > 0;
 }
 
-short revents_locked(Rs* s, short events) {
+short revents_locked(Rs* s, short events, bool armed) {
   short r = 0;
   switch (s->state) {
     case State::init:
@@ -43,7 +43,7 @@ short revents_locked(Rs* s, short events) {
         return static_cast<short>((POLLIN | POLLOUT | POLLERR) & (events | POLLERR));
       [[fallthrough]];
     default:
-      pump_locked(s);
+      pump_locked(s, armed);
       if (!s->rmsg.empty() || !s->readable) r |= POLLIN;
       if (s->state == State::connected && s->writable && can_send_locked(s)) r |= POLLOUT;
       // As TCP after a peer's FIN: data still queued is POLLIN only; POLLHUP once it is read.
@@ -72,7 +72,7 @@ int check(pollfd* fds, nfds_t nfds, bool arm) {
     }
     std::lock_guard lk(s->mu);
     if (arm) arm_locked(s);
-    fds[i].revents = revents_locked(s, fds[i].events);
+    fds[i].revents = revents_locked(s, fds[i].events, arm);
     if (fds[i].revents) ++ready;
   }
   if (!plain.empty() && ::poll(plain.data(), plain.size(), 0) > 0) {

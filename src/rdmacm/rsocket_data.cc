@@ -317,8 +317,8 @@ void save_conn_data(Rs* s, const rs::ConnData& peer) {
   s->remote_iomap_count = rs::iomap_scale_to_value(peer.target_iomap_size);
 }
 
-void pump_locked(Rs* s) {
-  if (s->cc) {
+void pump_locked(Rs* s, bool armed) {
+  if (s->cc && !armed) {
     ibv_cq* ev_cq = nullptr;
     void* ctx = nullptr;
     unsigned n = 0;

@@ -125,7 +125,12 @@ bool create_ep(Rs* s);  // CQ, QP, buffers, receives posted (before connect/acce
 void destroy_ep(Rs* s);
 void save_conn_data(Rs* s, const rs::ConnData& peer);
 rs::ConnData local_conn_data(const Rs* s);
-void pump_locked(Rs* s);  // rdma_cm events, then the CQ; wakes other waiters on progress
+// rdma_cm events, then the CQ; wakes other waiters on progress. `armed`: the caller armed the
+// CQ and sleeps next unless this makes it ready. The completion events stay queued then: an
+// event raised after the arm is the sleep's only wake-up for completions that follow it (the
+// arm is spent), so taking it here could leave them in the CQ while the caller sleeps
+// (rdma-core's rs_process_cq reads events only once it has armed and found nothing).
+void pump_locked(Rs* s, bool armed = false);
 // rs_can_send, for a send with `left` bytes still to go.
 bool can_send_locked(const Rs* s, size_t left = SIZE_MAX);
 bool post_ctrl_locked(Rs* s, rs::Ctrl c);
@@ -156,7 +161,7 @@ int wait_locked(Rs* s, std::unique_lock<std::mutex>& lk, Pred ready, bool nonblo
       return -1;
     }
     arm_locked(s);
-    pump_locked(s);
+    pump_locked(s, true);
     if (ready()) return 0;
     if (sleep_once(s, lk, -1) < 0) return -1;
   }

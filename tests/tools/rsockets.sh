@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # rsockets over softverbs with unmodified Debian 12 programs, server and client on loopback:
 #   rstream    all eight latency/bandwidth phases, non-blocking (default), rpoll (-T a) and
-#              blocking MSG_WAITALL (-T b); both sides must print every phase
+#              blocking MSG_WAITALL (-T b); both sides must print every phase; -T b and
+#              -T a again under IB's completion rule
 #   riostream  riomap/riowrite, every phase, with data verification (-T v) and with rpoll
 #   rcopy      a 3 MB file copied and compared byte for byte
 #   iperf3     two parallel streams under librspreload.so (Debian's LD_PRELOAD library, which
@@ -64,7 +65,7 @@ result() {  # result NAME OK LOG...
 
 # A prefix that loads the sanitizer runtime into the programs if asked (a command prefix, not
 # a function: a backgrounded function would be a subshell, and $! not the program's timeout).
-RUN=()
+RUN=(env)
 [ -n "$SAN" ] && RUN=(env LD_PRELOAD="$SAN")
 
 wait_port() {
@@ -150,6 +151,14 @@ run_iperf3() {
 run_stream_tool "rstream (non-blocking)" rstream 7471
 run_stream_tool "rstream -T a (rpoll)" rstream 7472 -T a
 run_stream_tool "rstream -T b (blocking)" rstream 7473 -T b
+# IB's completion rule (SOFTVERBS_IB_COMPLETION=1): Sends and Writes complete on the peer's
+# Placement Ack, from the progress thread, while the program may be between arming its CQ and
+# sleeping. rsockets' blocking calls and rpoll used to take the event raised there and sleep
+# with completions in the CQ (2 runs in 3 hung in -T b).
+RUN+=(SOFTVERBS_IB_COMPLETION=1)
+run_stream_tool "rstream -T b (blocking), IB completion rule" rstream 7476 -T b
+run_stream_tool "rstream -T a (rpoll), IB completion rule" rstream 7477 -T a
+unset 'RUN[-1]'
 run_stream_tool "riostream -T v (verify)" riostream 7474 -T v
 run_stream_tool "riostream -T a (rpoll)" riostream 7475 -T a
 run_rcopy
