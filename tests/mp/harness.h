@@ -292,9 +292,9 @@ class XProc : public ::testing::Test {
   PeerInfo li, ri;
 };
 
-// XProc with both processes asking, explicitly, for IB's completion rule (the default between
-// softverbs peers), or for RFC 5040's (SOFTVERBS_IB_COMPLETION=0: complete on transmit, as
-// toward a plain iWARP peer).
+// XProc with both processes asking, explicitly, for IB's completion rule
+// (SOFTVERBS_IB_COMPLETION=1, opt-in), or for RFC 5040's (=0, the default: complete on
+// transmit, as toward a plain iWARP peer).
 template <char Rule>
 class CompletionRule : public XProc {
  protected:

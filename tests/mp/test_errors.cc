@@ -7,9 +7,10 @@
 // for the peer (a READ or ATOMIC). Tests that provoke a remote error put a READ behind the
 // culprit and assert: a successful prefix no longer than the WRs that may have completed on
 // transmit, then exactly one completion with the expected error, then IBV_WC_WR_FLUSH_ERR
-// for everything after it, which holds under either rule. Between softverbs peers IB's rule
-// is the default (the IbCompletion cases below assert it: no such prefix); the
-// Rfc5040Completion cases assert RFC 5040's.
+// for everything after it, which holds under either rule. Softverbs peers that ask for it
+// (SOFTVERBS_IB_COMPLETION=1 or softverbs_qp_set_ib_completion) follow IB's rule instead (the
+// IbCompletion cases below assert it: no such prefix); the Rfc5040Completion cases pin
+// RFC 5040's rule, the default.
 //
 // Async events: softverbs raises IBV_EVENT_QP_FATAL for a QP that a fatal error moved to
 // ERR, on the requester and (for errors it detects itself) on the responder, except that an
@@ -391,7 +392,7 @@ TEST_F(XProc, ResetDropsTheQpsCompletionsFromItsCqs) {
   EXPECT_TRUE(local->poll(CqSel::recv, 1, Ms(100)).empty()) << "a flush of the old QP survived";
 }
 
-// ---- IB's completion rule between softverbs peers (the default) -------------------------
+// ---- IB's completion rule between softverbs peers (opt-in) -------------------------------
 // Both processes ask for Placement Acks: a SEND completes once a receive took it, a WRITE's
 // completion means its bytes are in the target's memory, and a remote error completes the WR
 // that caused it, with nothing before it reported as a success. (Fixture: harness.h.)
@@ -541,6 +542,28 @@ TEST_F(IbCompletion, AckBehindAnUnplaceableSendDoesNotHoldOurCompletion) {
 // waits for a receive while ours completes on transmit (RFC 5040).
 TEST_F(XProc, IbCompletionIsAskedForPerDirection) {
   g_child_env = {"SOFTVERBS_IB_COMPLETION=1"};
+  Connect();
+  g_child_env.clear();
+  ASSERT_FALSE(HasFatalFailure());
+  // The peer can take our SEND: its ack to us must not queue behind a SEND it cannot place
+  // (Placement Acks share the stream; see the README on SOFTVERBS_IB_COMPLETION).
+  ASSERT_EQ(remote->post_recv(8, {sge(0, 64)}), 0);
+  ASSERT_EQ(local->post_send(make_send(1, {sge(0, 64)})), 0);
+  ASSERT_EQ(remote->post_send(make_send(2, {sge(0, 64)})), 0);
+  auto s = local->poll(CqSel::send, 1);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND)) << "we did not ask: on transmit";
+  EXPECT_TRUE(remote->poll(CqSel::send, 1, Ms(200)).empty()) << "the peer's completed unreceived";
+  ASSERT_EQ(local->post_recv(9, {sge(0, 64)}), 0);
+  auto rs = remote->poll(CqSel::send, 1);
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_TRUE(wc_is(rs[0], 2, IBV_WC_SUCCESS, IBV_WC_SEND));
+}
+
+// Toward a plain iWARP peer (as siw is) RFC 5040 holds whatever we ask: no ACKs, a SEND
+// completes once TCP has it, received or not.
+TEST_F(IbCompletion, TowardAPlainIwarpPeerASendCompletesOnTransmit) {
+  g_child_env = {"SOFTVERBS_RFC7306=0"};
   Connect();
   g_child_env.clear();
   ASSERT_FALSE(HasFatalFailure());
