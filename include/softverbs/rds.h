@@ -42,6 +42,17 @@ int svrds_busy_poll(void);
  * thread, which stepped back from the stack's sockets while the caller spun, takes them
  * back at once instead of after its hold time. */
 void svrds_busy_poll_stop(void);
+/* The caller is about to block until an RDS descriptor is ready: it gets a descriptor to
+ * wait on as well (poll/epoll, POLLIN), which is readable when bytes for the stack have
+ * arrived; the caller then calls svrds_busy_poll() to take them in on its own thread, so one
+ * thread wake-up brings a message instead of two (the device's, then the caller's). Returns
+ * -1 when there is none (the stack is not up, another verbs provider, or
+ * SOFTVERBS_RDS_WAIT_RX=0): the caller just blocks. The LD_PRELOAD shim's poll() does this
+ * whenever it blocks on an RDS descriptor. */
+int svrds_block_prepare(void);
+/* The caller woke (whatever woke it) after a svrds_block_prepare that returned a descriptor;
+ * every such call needs this one. */
+void svrds_block_done(void);
 
 #ifdef __cplusplus
 }

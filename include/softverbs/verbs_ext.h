@@ -35,10 +35,27 @@ int softverbs_cq_set_comp_handler(struct ibv_cq* cq, bool (*handler)(struct ibv_
  * drives its QPs' receive path with ibv_poll_cq, so the device's progress thread steps back
  * from their sockets for SOFTVERBS_BUSY_POLL_US (default 200) microseconds after the last such
  * call; on = 0 hands them back at once (call it before blocking). An empty ibv_poll_cq on an
- * unarmed CQ says on = 1 by itself, and ibv_req_notify_cq says on = 0: this call is for
+ * unarmed CQ says on = 1 by itself, and ibv_req_notify_cq from that thread says on = 0: this call is for
  * consumers whose CQ stays armed while they spin (one with a completion handler).
  * Returns 0, or EINVAL for an invalid CQ. */
 int softverbs_cq_busy_poll(struct ibv_cq* cq, int on);
+
+/* Blocking with the receive path (NAPI busy poll under a blocking epoll_wait): a descriptor
+ * that is readable when bytes have arrived for one of cq's QPs that only the receive path an
+ * ibv_poll_cq of cq runs can take in. A thread that would otherwise block until the progress
+ * thread delivered a completion to it (through the completion channel, or a handler that
+ * wakes it) calls softverbs_cq_block(cq, 1), blocks on this descriptor too, calls
+ * softverbs_cq_block(cq, 0) once woken, whatever woke it, and polls cq: the bytes wake it, not
+ * the progress thread and then it. The descriptor belongs to the CQ (do not close it) and is
+ * meant for poll/epoll only. Returns it, or -1 with errno EINVAL for an invalid CQ (or the
+ * errno of epoll_create1). */
+int softverbs_cq_wait_fd(struct ibv_cq* cq);
+
+/* on = 1: the calling thread is about to block on softverbs_cq_wait_fd(cq); until it calls
+ * on = 0 (every on = 1 needs one), the progress thread leaves cq's QPs' bytes to it, however
+ * long it sleeps. on = 0 then starts a busy poller's hold (softverbs_cq_busy_poll(cq, 1)).
+ * Returns 0, or EINVAL for an invalid CQ or value. */
+int softverbs_cq_block(struct ibv_cq* cq, int on);
 
 /* InfiniBand's completion rule for one RC QP: on = 1 asks softverbs peers, when the QP's
  * connection is set up (call it before rdma_connect, rdma_accept or the move to RTR), to

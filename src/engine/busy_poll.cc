@@ -1,6 +1,10 @@
 #include "engine/busy_poll.h"
 
 #include <sched.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <chrono>
@@ -24,6 +28,11 @@ uint64_t owned_until(const Qp* qp) {
   return std::max(qp->scq->busy_until.load(), qp->rcq->busy_until.load());
 }
 
+// A blocker waits on the sockets of its CQ's wait set: RC QPs only (qp_wait_sync).
+bool blocked_on(const Qp* qp) {
+  return !qp->ud && (qp->scq->blockers.load() > 0 || qp->rcq->blockers.load() > 0);
+}
+
 void recheck(Qp* qp);
 
 void schedule_recheck(Qp* qp, uint64_t delay_ns) {
@@ -38,6 +47,15 @@ void schedule_recheck(Qp* qp, uint64_t delay_ns) {
 // Progress thread: take the socket back once nobody polls for it any more.
 void recheck(Qp* qp) {
   if (!qp->rx_yielded) return;
+  if (blocked_on(qp)) {
+    // A thread sleeps on the wait set: no timer while it does (an idle sleeper costs no
+    // wake-ups); the last blocker to wake posts the recheck. Parked first, then looked
+    // again (both seq_cst, as cq_block_end does the reverse): either it sees the flag or we
+    // see that it has gone.
+    qp->scq->recheck_parked.store(true);
+    qp->rcq->recheck_parked.store(true);
+    if (blocked_on(qp)) return;
+  }
   const uint64_t now = mono_ns();
   const uint64_t until = owned_until(qp);
   if (until > now) {
@@ -60,9 +78,36 @@ uint64_t busy_poll_hold_ns() {
   return ns;
 }
 
+namespace {
+// A token per thread: the address of a thread-local.
+uintptr_t thread_token() {
+  thread_local char t;
+  return reinterpret_cast<uintptr_t>(&t);
+}
+
+void set_owner(Cq* cq) {
+  const uintptr_t me = thread_token();
+  if (cq->busy_owner.load(std::memory_order_relaxed) != me)
+    cq->busy_owner.store(me, std::memory_order_relaxed);
+}
+}  // namespace
+
 void cq_busy_poll_mark(Cq* cq) {
   const uint64_t hold = busy_poll_hold_ns();
-  if (hold) cq->busy_until.store(mono_ns() + hold, std::memory_order_relaxed);
+  if (!hold) return;
+  set_owner(cq);
+  cq->busy_until.store(mono_ns() + hold, std::memory_order_relaxed);
+}
+
+bool cq_owned_elsewhere(const Cq* cq) {
+  if (cq->busy_owner.load(std::memory_order_relaxed) == thread_token()) return false;
+  if (cq->blockers.load(std::memory_order_relaxed) > 0) return true;
+  const uint64_t until = cq->busy_until.load(std::memory_order_relaxed);
+  return until && until > mono_ns();
+}
+
+void cq_busy_poll_armed(Cq* cq) {
+  if (cq->busy_owner.load(std::memory_order_relaxed) == thread_token()) cq_busy_poll_end(cq);
 }
 
 uint64_t spin_yield_ns() {
@@ -74,8 +119,11 @@ void cq_busy_poll_empty(Cq* cq) {
   if (Progress::get().on_thread()) return;
   const uint32_t n = cq->empty_polls.load(std::memory_order_relaxed) + 1;
   cq->empty_polls.store(n, std::memory_order_relaxed);  // racy count, only a heuristic
-  if ((n >= kSpinPolls || cq->busy_until.load(std::memory_order_relaxed)) &&
-      !cq->armed.load(std::memory_order_relaxed))
+  // Once a spinner, each empty poll extends its hold; another thread's empty polls of the CQ
+  // (a consumer's event thread draining it) make it no owner.
+  if (!cq->armed.load(std::memory_order_relaxed) &&
+      (n >= kSpinPolls || (cq->busy_until.load(std::memory_order_relaxed) &&
+                           cq->busy_owner.load(std::memory_order_relaxed) == thread_token())))
     cq_busy_poll_mark(cq);
   // A spin this long waits for something slow (perftest -R's server spins on its control
   // CQ for the whole test). On a small machine it takes the CPU that the device threads,
@@ -116,15 +164,86 @@ bool qp_busy_step_back(Qp* qp) {
   if (qp->rx_yielded) return true;  // an event reported before the interest changed
   if (!busy_poll_hold_ns()) return false;
   const uint64_t now = mono_ns();
-  if (owned_until(qp) <= now) return false;
+  if (owned_until(qp) <= now && !blocked_on(qp)) return false;
   qp->scq->yielded.store(true);
   qp->rcq->yielded.store(true);
   const uint64_t until = owned_until(qp);
-  if (until <= now) return false;  // the poller ended meanwhile
+  if (until <= now && !blocked_on(qp)) return false;  // the poller ended meanwhile
   qp->rx_yielded = true;
   qp->yield_backoff = 0;
-  if (!qp->yield_timer) schedule_recheck(qp, until - now);
+  if (!qp->yield_timer) schedule_recheck(qp, until > now ? until - now : busy_poll_hold_ns());
   return true;
+}
+
+void cq_block_begin(Cq* cq) {
+  if (!busy_poll_hold_ns()) return;
+  set_owner(cq);
+  cq->blockers.fetch_add(1);
+}
+
+void cq_block_end(Cq* cq) {
+  if (!busy_poll_hold_ns()) return;
+  cq_busy_poll_mark(cq);  // it takes in what woke it, then ownership decays as a spinner's
+  if (cq->blockers.fetch_sub(1) != 1 || !cq->recheck_parked.exchange(false)) return;
+  std::vector<std::pair<Qp*, uint32_t>> qps;
+  {
+    std::lock_guard lk(cq->qps_mu);
+    for (Qp* qp : cq->qps) qps.emplace_back(qp, qp->qpn());
+  }
+  Progress::get().post([qps = std::move(qps)] {
+    for (auto [qp, qpn] : qps)
+      if (oob::lookup(qpn) == qp) recheck(qp);
+  });
+}
+
+namespace {
+// The QP's CQs, each once: bit 0 is the send CQ's wait set, bit 1 the receive CQ's.
+template <class Fn>
+void for_each_wait_set(Qp* qp, Fn fn) {
+  fn(qp->scq, uint8_t{1});
+  if (qp->rcq != qp->scq) fn(qp->rcq, uint8_t{2});
+}
+
+void wait_set(Qp* qp, bool want) {
+  for_each_wait_set(qp, [&](Cq* cq, uint8_t bit) {
+    const int epfd = cq ? cq->wait_epfd.load() : -1;
+    if (epfd < 0 || want == ((qp->wait_sets & bit) != 0)) return;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u32 = qp->qpn();
+    if (epoll_ctl(epfd, want ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, qp->conn.fd, &ev) == 0 || !want)
+      qp->wait_sets = static_cast<uint8_t>(want ? qp->wait_sets | bit : qp->wait_sets & ~bit);
+  });
+}
+}  // namespace
+
+void qp_wait_sync(Qp* qp) {
+  if (qp->ud) return;  // UD receives on its own socket, driven by the progress thread
+  wait_set(qp, qp->conn.fd >= 0 && qp->conn_up.load() && !qp->rx_stalled.load() &&
+                   qp->state.load() != IBV_QPS_ERR);
+}
+
+void qp_wait_drop(Qp* qp) {
+  if (qp->wait_sets && qp->conn.fd >= 0) wait_set(qp, false);
+  qp->wait_sets = 0;
+}
+
+int cq_wait_fd(Cq* cq) {
+  if (const int fd = cq->wait_epfd.load(); fd >= 0) return fd;
+  int err = 0;
+  Progress::get().run_sync([cq, &err] {
+    if (cq->wait_epfd.load() >= 0) return;
+    const int fd = epoll_create1(EPOLL_CLOEXEC);
+    if (fd < 0) {
+      err = errno;
+      return;
+    }
+    cq->wait_epfd.store(fd);
+    std::lock_guard lk(cq->qps_mu);
+    for (Qp* qp : cq->qps) qp_wait_sync(qp);
+  });
+  if (err) errno = err;
+  return cq->wait_epfd.load();
 }
 
 }  // namespace sv::engine

@@ -8,7 +8,7 @@
 // row while it was unarmed (a spin: a consumer that drains its CQ stops at the first empty
 // poll, and one that arms is about to block), or after softverbs_cq_busy_poll(cq, 1), for a
 // hold time after the last such poll (SOFTVERBS_BUSY_POLL_US, default 50; 0 turns ownership
-// off). Arming the CQ from an application thread, softverbs_cq_busy_poll(cq, 0), or the hold
+// off). Arming the CQ from the polling thread, softverbs_cq_busy_poll(cq, 0), or the hold
 // time passing hands the sockets back. A QP steps back when the progress thread sees
 // EPOLLIN while its send or receive CQ is busy-polled: its EPOLLIN interest is dropped until
 // then. The cost of a wrong guess is bounded: a spinner that leaves the CQ to wait elsewhere
@@ -26,6 +26,9 @@ uint64_t busy_poll_hold_ns();  // 0: ownership off
 inline constexpr uint32_t kSpinPolls = 8;
 // An application thread polls cq and will come back: extend its ownership.
 void cq_busy_poll_mark(Cq* cq);
+// Another thread owns cq's receive path now: an empty poll leaves it to that thread (its
+// completions land in the CQ all the same) rather than racing it for the bytes.
+bool cq_owned_elsewhere(const Cq* cq);
 // An application thread's ibv_poll_cq found cq empty (mark once it spins) or not.
 void cq_busy_poll_empty(Cq* cq);
 // A poll that finds completions does not extend the hold: an application that polls only
@@ -35,10 +38,32 @@ inline void cq_busy_poll_found(Cq* cq) {
   if (cq->empty_polls.load(std::memory_order_relaxed))
     cq->empty_polls.store(0, std::memory_order_relaxed);
 }
-// The application stops polling cq (it armed it or said so): sockets go back at once.
+// The application stops polling cq (it said so): sockets go back at once.
 void cq_busy_poll_end(Cq* cq);
+// An application thread armed cq: if it is the thread that polls it, it is about to block on
+// the channel, and the sockets go back at once (an arm from any other thread leaves them).
+void cq_busy_poll_armed(Cq* cq);
 // Progress thread, EPOLLIN for qp: true if a poller owns it (the QP stepped back; the caller
 // leaves the socket to the poller and updates the QP's interest).
 bool qp_busy_step_back(Qp* qp);
+
+// Blocking ownership. A thread that blocks until a CQ has work for it (RDS's poll()) waits on
+// the CQ's wait set beside its own descriptors: the bytes that make the work then wake it,
+// not the progress thread, which would have to wake it in turn. One wake-up per message
+// instead of two, as a blocking epoll_wait with NAPI busy polling runs the device's receive
+// on the sleeper's thread. From cq_block_begin to cq_block_end the thread owns the receive
+// path however long it sleeps, and the progress thread sets no timer for it; woken, it runs
+// the receive path with ibv_poll_cq, and ownership decays as a spinner's does.
+// The CQ's wait set (created on first use, progress thread); -1 and errno on failure.
+int cq_wait_fd(Cq* cq);
+// The calling thread is about to block on the CQ's wait set; it woke (for whatever reason).
+void cq_block_begin(Cq* cq);
+void cq_block_end(Cq* cq);
+// Progress thread: puts qp's socket in its CQs' wait sets while it can receive (connected,
+// a receive buffer posted, not in error), takes it out otherwise. A readable socket the
+// receive path cannot consume must not be in a set: its sleeper would spin.
+void qp_wait_sync(Qp* qp);
+// Progress thread: takes qp's socket out of the wait sets (before it is closed or shut down).
+void qp_wait_drop(Qp* qp);
 
 }  // namespace sv::engine

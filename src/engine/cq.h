@@ -62,6 +62,19 @@ struct Cq {
   std::atomic<uint64_t> empty_since{0};   // when that streak began (ns)
   std::atomic<uint32_t> yield_from{~0u};  // from this empty poll of the streak on, yield
   std::atomic<bool> yielded{false};
+  // The thread that last marked ownership (busy_poll.cc's thread token): an arm from another
+  // thread (a consumer's event thread re-arming as usual) says nothing about the poller.
+  std::atomic<uintptr_t> busy_owner{0};
+  // Threads blocked on the wait set right now (softverbs_cq_block): while there are any, the
+  // receive path is theirs however long they sleep. A recheck that found them parks
+  // (recheck_parked) and the last one to wake hands it back to the progress thread.
+  std::atomic<int> blockers{0};
+  std::atomic<bool> recheck_parked{false};
+  // Blocking ownership (busy_poll.h): an epoll set of the attached QPs' sockets while they can
+  // receive, so a thread can block until this CQ's receive path has bytes to run and run it
+  // itself (softverbs_cq_wait_fd). -1 until asked for; its members change on the progress
+  // thread only.
+  std::atomic<int> wait_epfd{-1};
 
   // Extended CQ (ibv_create_cq_ex, verbs/cq_ex.cc): the completion times, per ring slot, when
   // its wc_flags ask for them (ns; CLOCK_MONOTONIC is the device's "HCA clock", CLOCK_REALTIME

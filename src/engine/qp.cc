@@ -246,6 +246,7 @@ static void close_conn(Qp* qp) {
     }
     qp->conn_up = false;
     if (qp->conn.fd >= 0) {
+      qp_wait_drop(qp);
       if (qp->conn.registered) Progress::get().del(qp->conn.fd);
       qp->conn.registered = false;
       linger_close(qp->conn.fd);  // FIN after our queued data; no RST for late bytes
@@ -865,6 +866,7 @@ void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal, ibv_event_type event
   Progress::get().post([qp, qpn = qp->qpn()] {
     if (oob::lookup(qpn) != qp) return;  // destroyed meanwhile
     if (qp->conn.fd >= 0) {
+      qp_wait_drop(qp);
       if (qp->conn.registered) Progress::get().del(qp->conn.fd);
       qp->conn.registered = false;
       shutdown(qp->conn.fd, SHUT_RDWR);
@@ -899,6 +901,7 @@ void qp_conn_lost(Qp* qp, ibv_wc_status status) {
         std::lock_guard tx(qp->tx_mu);
         if (qp->conn.fd < 0) return;
         qp->conn_up = false;
+        qp_wait_drop(qp);
         if (qp->conn.registered) Progress::get().del(qp->conn.fd);
         qp->conn.registered = false;
         close(qp->conn.fd);
@@ -927,6 +930,7 @@ void qp_update_interest(Qp* qp) {
       Progress::get().mod(qp->conn.fd, ev, qp->io.get());
     }
     qp->conn.events = ev;
+    qp_wait_sync(qp);
   };
   if (Progress::get().on_thread()) {
     apply();

@@ -260,6 +260,9 @@ struct Qp {
   bool rx_yielded = false;
   bool yield_timer = false;
   uint32_t yield_backoff = 0;  // rechecks while still polled come this many hold times apart
+  // Blocking ownership (busy_poll.h): the socket is in the wait set of the scq (bit 0) and
+  // the rcq (bit 1). Progress thread only.
+  uint8_t wait_sets = 0;
 
   // connection set-up
   std::mutex cm_mu;

@@ -44,6 +44,8 @@ int g_max_read_sge = 16;
 // softverbs_cq_busy_poll (softverbs/verbs_ext.h), null on another provider: our CQ stays
 // armed for the completion handler, so the device cannot tell a busy poller by itself.
 int (*g_cq_busy_poll)(ibv_cq*, int) = nullptr;
+// softverbs_cq_block (verbs_ext.h), likewise.
+int (*g_cq_block)(ibv_cq*, int) = nullptr;
 // softverbs_qp_set_ib_completion / softverbs_qp_ib_completion, null on another provider: the
 // RDMA channel asks for IB's completion rule, and where the peer is softverbs its Writes
 // complete once placed, so they need no confirming Read (rdma.cc).
@@ -759,6 +761,12 @@ int transport_start() {
   g_qp_ib_completion =
       reinterpret_cast<int (*)(ibv_qp*)>(dlsym(RTLD_DEFAULT, "softverbs_qp_ib_completion"));
   ibv_req_notify_cq(G.cq, 0);
+  const char* w = std::getenv("SOFTVERBS_RDS_WAIT_RX");
+  g_cq_block = reinterpret_cast<int (*)(ibv_cq*, int)>(dlsym(RTLD_DEFAULT, "softverbs_cq_block"));
+  if (auto* wait_fd =
+          reinterpret_cast<int (*)(ibv_cq*)>(dlsym(RTLD_DEFAULT, "softverbs_cq_wait_fd"));
+      wait_fd && g_cq_block && !(w && std::strcmp(w, "0") == 0))
+    G.cq_wait_fd.store(wait_fd(G.cq), std::memory_order_release);
   if (rdma_create_id(G.cm_ch, &G.listen_id, nullptr, RDMA_PS_TCP)) return -errno;
   sockaddr_in any{};
   any.sin_family = AF_INET;
@@ -926,8 +934,31 @@ extern "C" __attribute__((visibility("default"))) int svrds_busy_poll() {
   // This thread receives for the stack now: the device's progress thread steps back.
   if (sv::rds::g_cq_busy_poll) sv::rds::g_cq_busy_poll(G.cq, 1);
   const int n = sv::rds::drain_cq_locked();
-  if (n) sv::rds::after_completions_locked();
+  if (n) {
+    sv::rds::count("busy_poll_completions",
+                   static_cast<uint64_t>(n));  // taken on a caller's thread
+    sv::rds::after_completions_locked();
+  }
   return n;
+}
+
+// Blocking with the receive path (softverbs_cq_wait_fd): a thread about to block until an RDS
+// socket is ready also waits on the returned descriptor, and when it turns readable runs the
+// receive path itself (svrds_busy_poll): the bytes wake the thread that wants them, not the
+// device's progress thread, which would have to wake it in turn. -1: wait without it. The
+// CQ never changes once the stack is up, and the descriptor is published after it. Every
+// svrds_block_prepare that returned a descriptor is followed by svrds_block_done once the
+// caller woke: while it sleeps, the receive path is its alone.
+extern "C" __attribute__((visibility("default"))) int svrds_block_prepare() {
+  sv::rds::Global& G = sv::rds::g();
+  const int fd = G.cq_wait_fd.load(std::memory_order_acquire);
+  if (fd >= 0) sv::rds::g_cq_block(G.cq, 1);
+  return fd;
+}
+
+extern "C" __attribute__((visibility("default"))) void svrds_block_done() {
+  sv::rds::Global& G = sv::rds::g();
+  if (G.cq_wait_fd.load(std::memory_order_acquire) >= 0) sv::rds::g_cq_block(G.cq, 0);
 }
 
 extern "C" __attribute__((visibility("default"))) void svrds_busy_poll_stop() {

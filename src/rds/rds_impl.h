@@ -281,6 +281,9 @@ struct Global {
   // that makes an ack due before then wakes it (ib_transport.cc).
   std::chrono::steady_clock::time_point engine_wakes_at{};
   std::atomic<uint64_t> cq_declined{0};  // completion handler found mu taken (counter)
+  // softverbs_cq_wait_fd of cq, set once the stack is up (-1: none, another provider, or
+  // SOFTVERBS_RDS_WAIT_RX=0): a thread blocking in poll() waits on it too (svrds_block_prepare).
+  std::atomic<int> cq_wait_fd{-1};
   bool started = false;
   // Our congestion map: one bit per port, little-endian bit order (net/rds cong.c).
   std::vector<uint8_t> lcong = std::vector<uint8_t>(kCongMapBytes, 0);

@@ -8,9 +8,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <iterator>
+#include <vector>
 
 #define SHIM extern "C" __attribute__((visibility("default")))
 
@@ -177,26 +180,66 @@ long busy_poll_us() {
 }
 }  // namespace
 
-// With a busy-poll budget, a poll() that includes an RDS descriptor first spins: it does
-// the stack's completion work on this thread (svrds_busy_poll) and re-checks readiness,
-// then, if nothing is ready within the budget, blocks for the rest of the timeout.
+namespace {
+// Milliseconds left until deadline, rounded up (poll's unit); -1 when there is none.
+int ms_left(std::chrono::steady_clock::time_point deadline, bool forever) {
+  if (forever) return -1;
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      deadline - std::chrono::steady_clock::now())
+                      .count();
+  return ns <= 0 ? 0 : static_cast<int>((ns + 999'999) / 1'000'000);
+}
+}  // namespace
+
+// A poll() that includes an RDS descriptor:
+//  - with a busy-poll budget (SOFTVERBS_RDS_BUSY_POLL_US), first spins: it does the stack's
+//    completion work on this thread (svrds_busy_poll) and re-checks readiness;
+//  - then blocks on the stack's wait descriptor too (svrds_block_prepare), so that the bytes
+//    of the next message wake this thread, which takes them in itself and looks again, rather
+//    than waking the device's progress thread, which would then wake this one.
+// What it returns concerns the caller's descriptors only.
 SHIM int poll(pollfd* fds, nfds_t n, int timeout) {
   auto* real = g_real_poll;
-  const long budget = busy_poll_us();
+  if (timeout == 0) return real(fds, n, timeout);
   bool rds = false;
-  for (nfds_t i = 0; budget > 0 && i < n && !rds; ++i) rds = svrds_is_rds(fds[i].fd);
-  if (!rds || timeout == 0) return real(fds, n, timeout);
+  for (nfds_t i = 0; i < n && !rds; ++i) rds = svrds_is_rds(fds[i].fd);
+  if (!rds) return real(fds, n, timeout);
   const auto t0 = std::chrono::steady_clock::now();
-  const auto until = t0 + std::chrono::microseconds(budget);
-  for (;;) {
-    svrds_busy_poll();
-    const int r = real(fds, n, 0);
-    if (r != 0) return r;
-    if (std::chrono::steady_clock::now() >= until) break;
+  const bool forever = timeout < 0;
+  const auto deadline = t0 + std::chrono::milliseconds(forever ? 0 : timeout);
+  if (const long budget = busy_poll_us(); budget > 0) {
+    const auto until = t0 + std::chrono::microseconds(budget);
+    for (;;) {
+      svrds_busy_poll();
+      const int r = real(fds, n, 0);
+      if (r != 0) return r;
+      if (std::chrono::steady_clock::now() >= until) break;
+    }
   }
-  svrds_busy_poll_stop();
-  if (timeout < 0) return real(fds, n, timeout);
-  const auto spent =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
-  return real(fds, n, timeout > spent.count() ? timeout - static_cast<int>(spent.count()) : 0);
+  pollfd small[17];
+  std::vector<pollfd> big;
+  pollfd* w = small;
+  if (n + 1 > std::size(small)) {
+    big.resize(n + 1);
+    w = big.data();
+  }
+  for (;;) {
+    const int wfd = svrds_block_prepare();
+    if (wfd < 0) {
+      svrds_busy_poll_stop();  // a spin's sockets go back to the progress thread now
+      return real(fds, n, ms_left(deadline, forever));
+    }
+    std::copy(fds, fds + n, w);
+    w[n] = pollfd{wfd, POLLIN, 0};
+    const int r = real(w, n + 1, ms_left(deadline, forever));
+    svrds_block_done();
+    if (r <= 0) return r;
+    if (!w[n].revents) {
+      for (nfds_t i = 0; i < n; ++i) fds[i].revents = w[i].revents;
+      return r;
+    }
+    svrds_busy_poll();  // the stack's bytes came in: take them in here
+    if (const int ready = real(fds, n, 0); ready != 0) return ready;
+    if (!forever && std::chrono::steady_clock::now() >= deadline) return 0;
+  }
 }

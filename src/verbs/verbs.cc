@@ -42,8 +42,9 @@ void drive_empty_cq(Cq* cq) {
   if (cq->nqps.load(std::memory_order_acquire) == 0) return;
   // An application thread spinning on an unarmed CQ owns the receive path for a while and
   // the progress thread steps back (busy_poll.h).
-  cq_busy_poll_empty(cq);
   flush_deferred_tx(cq);
+  if (cq_owned_elsewhere(cq)) return;
+  cq_busy_poll_empty(cq);
   // Empty: run the attached QPs' receive path here rather than waiting for the
   // progress thread to wake up (a cross-core wake-up costs ~30 us on this class of VM).
   {
@@ -85,9 +86,9 @@ int op_req_notify_cq(ibv_cq* ibcq, int solicited) {
   Cq* cq = Cq::from(ibcq);
   flush_deferred_tx(cq);
   const int r = cq->arm(solicited != 0);
-  // A consumer that arms will wait for an event: the progress thread must receive for it.
+  // A poller that arms will wait for an event: the progress thread must receive for it.
   // After the arm, so that what the progress thread then receives raises the event.
-  if (!Progress::get().on_thread()) cq_busy_poll_end(cq);
+  if (!Progress::get().on_thread()) cq_busy_poll_armed(cq);
   return r;
 }
 
@@ -559,6 +560,23 @@ SV_EXPORT int softverbs_cq_busy_poll(ibv_cq* ibcq, int on) {
   return 0;
 }
 
+SV_EXPORT int softverbs_cq_block(ibv_cq* ibcq, int on) {
+  if (!handle_ok(HKind::cq, ibcq) || on < 0 || on > 1) return EINVAL;
+  if (on)
+    cq_block_begin(Cq::from(ibcq));
+  else
+    cq_block_end(Cq::from(ibcq));
+  return 0;
+}
+
+SV_EXPORT int softverbs_cq_wait_fd(ibv_cq* ibcq) {
+  if (!handle_ok(HKind::cq, ibcq)) {
+    errno = EINVAL;
+    return -1;
+  }
+  return cq_wait_fd(Cq::from(ibcq));
+}
+
 SV_EXPORT int softverbs_qp_set_ib_completion(ibv_qp* ibqp, int on) {
   if (!handle_ok(HKind::qp, ibqp) || on < -1 || on > 1) return EINVAL;
   Qp::from(ibqp)->ib_completion_pref.store(on);
@@ -583,6 +601,7 @@ SV_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {
   // A notification the progress thread deferred must not outlive the CQ.
   if (cq->comp_handler) Progress::get().run_sync([cq] { Progress::get().forget_cq(cq); });
   if (ibcq->channel) --ibcq->channel->refcnt;
+  if (const int fd = cq->wait_epfd.load(); fd >= 0) close(fd);  // no QP is attached any more
   pthread_mutex_destroy(&ibcq->mutex);
   pthread_cond_destroy(&ibcq->cond);
   delete cq;

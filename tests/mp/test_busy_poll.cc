@@ -7,11 +7,13 @@
 // a test's deadline only an arm or an explicit stop can hand the socket back, and
 // BusyPollShortHold.* with a 1 s hold, for the timer that does it for a poller that left.
 #include <poll.h>
+#include <signal.h>
 
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "softverbs/verbs_ext.h"
@@ -146,6 +148,147 @@ TEST_F(XProc, BusyPollShortHoldAPollerThatLeftHandsTheSocketBackAfterTheHold) {
   ASSERT_TRUE(calls_reach(calls, 1, kWait)) << "the message stayed with a poller that left";
   EXPECT_EQ(calls.wr_id.load(), 1u);
   EXPECT_EQ(remote->poll(CqSel::send, 1).size(), 1u);
+  ASSERT_EQ(softverbs_cq_set_comp_handler(local->rcq, nullptr, nullptr), 0);
+}
+
+// Blocking ownership (softverbs_cq_wait_fd, busy_poll.h): a thread about to block says so
+// with softverbs_cq_block(cq, 1) and sleeps on the CQ's wait set; the message's bytes wake it,
+// the progress thread stays out of it, and its own poll takes the message in.
+TEST_F(XProc, WaitFdWakesTheBlockerWhoseOwnPollReceives) {
+  ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
+  Calls calls;
+  ASSERT_TRUE(count_notifications(local->rcq, calls));
+  const int wfd = softverbs_cq_wait_fd(local->rcq);
+  ASSERT_GE(wfd, 0) << strerror(errno);
+  EXPECT_EQ(softverbs_cq_wait_fd(local->rcq), wfd) << "one wait set per CQ";
+  // Bytes of the connection's set-up may still be on their way to the progress thread; once
+  // they are in, nothing is left to wake a blocker.
+  std::this_thread::sleep_for(Ms(50));
+  EXPECT_FALSE(readable_within(wfd, Ms(0))) << "readable with nothing sent";
+
+  ASSERT_EQ(softverbs_cq_block(local->rcq, 1), 0);
+  ASSERT_EQ(local->post_recv(1, {sge(0, 4096)}), 0);
+  ASSERT_EQ(remote->post_send(make_send(1, {sge(0, 64)})), 0);
+  ASSERT_TRUE(readable_within(wfd, kWait)) << "the message did not wake the blocker";
+  EXPECT_FALSE(calls_reach(calls, 1, kQuiet)) << "the progress thread received for a blocker";
+  ASSERT_EQ(softverbs_cq_block(local->rcq, 0), 0);
+  auto r = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 1, IBV_WC_SUCCESS, IBV_WC_RECV));
+  EXPECT_EQ(r[0].byte_len, 64u);
+  EXPECT_FALSE(readable_within(wfd, Ms(0))) << "still readable once its poll took the bytes";
+  EXPECT_EQ(calls.n.load(), 0) << "a completion the blocker took raised a notification";
+
+  // It stops: the progress thread receives again, and the handler runs.
+  ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);
+  ASSERT_EQ(local->post_recv(2, {sge(0, 4096)}), 0);
+  ASSERT_EQ(remote->post_send(make_send(2, {sge(0, 64)})), 0);
+  ASSERT_TRUE(calls_reach(calls, 1, kWait)) << "the socket was not handed back";
+  EXPECT_EQ(calls.wr_id.load(), 2u);
+  EXPECT_EQ(remote->poll(CqSel::send, 2).size(), 2u);
+  ASSERT_EQ(softverbs_cq_set_comp_handler(local->rcq, nullptr, nullptr), 0);
+}
+
+// A socket whose bytes the receive path cannot take in (a Send with no receive posted: the
+// QP waits for one) must leave the wait set, or its blocker would wake and spin; it comes
+// back once a receive is posted.
+TEST_F(XProc, WaitFdLeavesOutAQpWaitingForAReceive) {
+  ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
+  const int wfd = softverbs_cq_wait_fd(local->rcq);
+  ASSERT_GE(wfd, 0);
+  ASSERT_EQ(softverbs_cq_block(local->rcq, 1), 0);
+  ASSERT_EQ(remote->post_send(make_send(1, {sge(0, 64)})), 0);
+  ASSERT_TRUE(readable_within(wfd, kWait));
+  ASSERT_EQ(softverbs_cq_block(local->rcq, 0), 0);
+  EXPECT_TRUE(local->poll(CqSel::recv, 1, Ms(50)).empty()) << "received with no receive posted";
+  const auto until = Clock::now() + kWait;
+  bool readable = true;
+  while (Clock::now() < until && (readable = readable_within(wfd, Ms(0))))
+    std::this_thread::sleep_for(Ms(1));
+  EXPECT_FALSE(readable) << "a QP that cannot receive stayed in the wait set";
+  ASSERT_EQ(local->post_recv(1, {sge(0, 4096)}), 0);
+  auto r = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 1, IBV_WC_SUCCESS, IBV_WC_RECV));
+  ASSERT_EQ(local->post_recv(2, {sge(0, 4096)}), 0);
+  ASSERT_EQ(softverbs_cq_block(local->rcq, 1), 0);
+  ASSERT_EQ(remote->post_send(make_send(2, {sge(0, 64)})), 0);
+  EXPECT_TRUE(readable_within(wfd, kWait)) << "the QP did not come back to the wait set";
+  ASSERT_EQ(softverbs_cq_block(local->rcq, 0), 0);
+  r = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 2, IBV_WC_SUCCESS, IBV_WC_RECV));
+  EXPECT_EQ(remote->poll(CqSel::send, 2).size(), 2u);
+  ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);  // the 30 s hold would outlive the test
+}
+
+// The peer dies: its socket reads EOF for ever, so once the blocker's poll has seen the
+// connection end, the socket must be out of the wait set (no wake-up storm).
+TEST_F(XProc, WaitFdDropsAConnectionThatEnded) {
+  ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
+  const int wfd = softverbs_cq_wait_fd(local->rcq);
+  ASSERT_GE(wfd, 0);
+  ASSERT_EQ(local->post_recv(1, {sge(0, 4096)}), 0);
+  ASSERT_EQ(softverbs_cq_block(local->rcq, 1), 0);
+  ASSERT_EQ(kill(remote->pid(), SIGKILL), 0);
+  remote->mark_dead();
+  // Whoever sees the end (the blocker's poll, or the progress thread, whose error handling
+  // does not wait for an owner) closes the socket; the receive stays posted, as on an IB RC
+  // QP with nothing outstanding (qp_conn_lost).
+  const auto until = Clock::now() + kWait;
+  bool readable = true;
+  while (Clock::now() < until && (readable = readable_within(wfd, Ms(0)))) {
+    ibv_wc wc{};
+    ibv_poll_cq(local->rcq, 1, &wc);
+    std::this_thread::sleep_for(Ms(1));
+  }
+  EXPECT_FALSE(readable) << "an ended connection stayed in the wait set";
+  ASSERT_EQ(softverbs_cq_block(local->rcq, 0), 0);
+}
+
+TEST_F(XProc, WaitFdRejectsAnInvalidCqAndBusyPollAnInvalidMode) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  int not_a_cq = 0;
+  errno = 0;
+  EXPECT_EQ(softverbs_cq_wait_fd(nullptr), -1);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(softverbs_cq_wait_fd(reinterpret_cast<ibv_cq*>(&not_a_cq)), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(softverbs_cq_block(nullptr, 1), EINVAL);
+  EXPECT_EQ(softverbs_cq_block(reinterpret_cast<ibv_cq*>(&not_a_cq), 0), EINVAL);
+  EXPECT_EQ(softverbs_cq_block(local->rcq, 2), EINVAL);
+  EXPECT_EQ(softverbs_cq_block(local->rcq, -1), EINVAL);
+  EXPECT_EQ(softverbs_cq_block(local->rcq, 1), 0);
+  EXPECT_EQ(softverbs_cq_block(local->rcq, 0), 0);
+}
+
+// With a 1 s hold: a blocker that sleeps longer than the hold keeps the receive path (the
+// progress thread sets no timer for it), and when it wakes and leaves, the progress thread
+// takes the socket back within the hold, although nobody polls.
+TEST_F(XProc, BusyPollShortHoldABlockerKeepsItsSocketsPastTheHoldAndGivesThemBackOnWaking) {
+  ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
+  Calls calls;
+  ASSERT_TRUE(count_notifications(local->rcq, calls));
+  const int wfd = softverbs_cq_wait_fd(local->rcq);
+  ASSERT_GE(wfd, 0);
+  ASSERT_EQ(softverbs_cq_block(local->rcq, 1), 0);
+  ASSERT_EQ(local->post_recv(1, {sge(0, 4096)}), 0);
+  ASSERT_EQ(local->post_recv(2, {sge(0, 4096)}), 0);
+  ASSERT_EQ(remote->post_send(make_send(1, {sge(0, 64)})), 0);
+  ASSERT_TRUE(readable_within(wfd, kWait));
+  std::this_thread::sleep_for(Ms(1500));  // past the hold and a recheck: still its
+  EXPECT_EQ(calls.n.load(), 0) << "the progress thread received for a blocker";
+  ASSERT_EQ(remote->post_send(make_send(2, {sge(0, 64)})), 0);
+  EXPECT_FALSE(calls_reach(calls, 1, kQuiet)) << "the progress thread received for a blocker";
+  // It wakes and goes away without polling: the parked recheck gives the socket back.
+  ASSERT_EQ(softverbs_cq_block(local->rcq, 0), 0);
+  ASSERT_TRUE(calls_reach(calls, 1, Ms(3000))) << "the socket stayed with a blocker that left";
+  EXPECT_EQ(calls.wr_id.load(), 1u);
+  std::vector<ibv_wc> more;
+  if (calls.n.load() < 2) more = local->poll(CqSel::recv, 1);  // the handler polls one a call
+  EXPECT_TRUE(calls.n.load() >= 2 || more.size() == 1u) << "the second message was lost";
+  EXPECT_EQ(remote->poll(CqSel::send, 2).size(), 2u);
   ASSERT_EQ(softverbs_cq_set_comp_handler(local->rcq, nullptr, nullptr), 0);
 }
 
