@@ -55,6 +55,9 @@ WBW=$(pt ib_write_bw -s 1048576 -D 3 | awk '{print $4}')
 WBW_BI=$(pt ib_write_bw -b -s 1048576 -D 3 | awk '{printf "%.0f", $4/2}')
 RDS_RTT=$(stress -q 64 -a 64 -d 1 -t 1 | awk '{print $8}')
 RDS_RTT_BP=$(SOFTVERBS_RDS_BUSY_POLL_US=200 stress -q 64 -a 64 -d 1 -t 1 | awk '{print $8}')
+# The same blocking round trip without the blocked poll() taking its messages in itself
+# (SOFTVERBS_RDS_WAIT_RX=0): the progress thread receives and wakes the application.
+RDS_RTT_2W=$(SOFTVERBS_RDS_WAIT_RX=0 stress -q 64 -a 64 -d 1 -t 1 | awk '{print $8}')
 RDS_D1=$(stress -q 1024 -a 256 -D 1048576 -M 2 -d 1 -t 1 | awk '{printf "%.0f", $5*1.024/1000}')
 RDS_D4=$(stress -q 1024 -a 256 -D 1048576 -M 2 -d 4 -t 1 | awk '{printf "%.0f", $5*1.024/1000}')
 
@@ -65,6 +68,8 @@ printf '%-58s %10s %10s %s\n' "request/ack RTT us (rds-stress -q 64 -a 64 vs 2x 
   "$RDS_RTT" "$SEND_RTT" "$(ratio "$RDS_RTT" "$SEND_RTT") (<=1.2x)"
 printf '%-58s %10s %10s %s\n' "  same, vs a blocking TCP round trip (qperf tcp_lat x2)" \
   "$RDS_RTT" "$TCP_RTT" "$(ratio "$RDS_RTT" "$TCP_RTT")"
+printf '%-58s %10s %10s %s\n' "  same, vs SOFTVERBS_RDS_WAIT_RX=0 (2 wake-ups/one-way)" \
+  "$RDS_RTT" "$RDS_RTT_2W" "$(ratio "$RDS_RTT" "$RDS_RTT_2W")"
 printf '%-58s %10s %10s %s\n' "  same, busy-polling (SOFTVERBS_RDS_BUSY_POLL_US=200)" \
   "$RDS_RTT_BP" "$SEND_RTT" "$(ratio "$RDS_RTT_BP" "$SEND_RTT") (<=1.2x)"
 printf '%-58s %10s %10s %s\n' "RDMA -D 1M -M 2 -d 1 MB/s per direction vs ib_write_bw" \
