@@ -35,26 +35,43 @@ bool blocked_on(const Qp* qp) {
 
 void recheck(Qp* qp);
 
+// A recheck `delay_ns` from now, unless one is due sooner. A later one still pending then
+// runs too, harmlessly: only the soonest matters.
 void schedule_recheck(Qp* qp, uint64_t delay_ns) {
-  qp->yield_timer = true;
-  Progress::get().post_after(std::chrono::microseconds(delay_ns / 1000 + 1), [qp, qpn = qp->qpn()] {
-    if (oob::lookup(qpn) != qp) return;  // destroyed meanwhile
-    qp->yield_timer = false;
-    recheck(qp);
-  });
+  const uint64_t at = mono_ns() + delay_ns;
+  if (qp->yield_timer_at && qp->yield_timer_at <= at) return;
+  qp->yield_timer_at = at;
+  Progress::get().post_after(std::chrono::microseconds(delay_ns / 1000 + 1),
+                             [qp, qpn = qp->qpn(), at] {
+                               if (oob::lookup(qpn) != qp) return;  // destroyed meanwhile
+                               if (qp->yield_timer_at == at) qp->yield_timer_at = 0;
+                               recheck(qp);
+                             });
+}
+
+uint64_t block_gen(const Qp* qp) {
+  return qp->scq->block_gen.load() + qp->rcq->block_gen.load();
 }
 
 // Progress thread: take the socket back once nobody polls for it any more.
 void recheck(Qp* qp) {
   if (!qp->rx_yielded) return;
   if (blocked_on(qp)) {
-    // A thread sleeps on the wait set: no timer while it does (an idle sleeper costs no
-    // wake-ups); the last blocker to wake posts the recheck. Parked first, then looked
-    // again (both seq_cst, as cq_block_end does the reverse): either it sees the flag or we
-    // see that it has gone.
+    // A thread sleeps on the wait set, and the bytes it waits for wake it, not us. Parked
+    // first, then looked again (seq_cst, as cq_block_end does the reverse): either we see
+    // that it has gone, or its cq_block_end sees the flag. The next look is kBlockRecheckNs
+    // away, and doubles while the same sleep lasts (an idle sleeper costs the progress
+    // thread almost no wake-ups); a sleep that long posts a recheck when it ends.
     qp->scq->recheck_parked.store(true);
     qp->rcq->recheck_parked.store(true);
-    if (blocked_on(qp)) return;
+    if (blocked_on(qp)) {
+      const uint64_t gen = block_gen(qp);
+      const bool same = gen == qp->park_gen;
+      qp->park_gen = gen;
+      qp->park_backoff = same ? std::min<uint32_t>(qp->park_backoff * 2, 1024) : 1;
+      schedule_recheck(qp, kBlockRecheckNs * qp->park_backoff);
+      return;
+    }
   }
   const uint64_t now = mono_ns();
   const uint64_t until = owned_until(qp);
@@ -63,8 +80,7 @@ void recheck(Qp* qp) {
     // the progress thread a few wake-ups, not one per hold time. A poller that stops without
     // arming waits at most that long for the socket to go back; one that arms, not at all.
     qp->yield_backoff = std::min<uint32_t>(qp->yield_backoff ? qp->yield_backoff * 2 : 2, 4);
-    if (!qp->yield_timer)
-      schedule_recheck(qp, std::max(until - now, busy_poll_hold_ns() * qp->yield_backoff));
+    schedule_recheck(qp, std::max(until - now, busy_poll_hold_ns() * qp->yield_backoff));
     return;
   }
   qp->rx_yielded = false;
@@ -171,20 +187,29 @@ bool qp_busy_step_back(Qp* qp) {
   if (until <= now && !blocked_on(qp)) return false;  // the poller ended meanwhile
   qp->rx_yielded = true;
   qp->yield_backoff = 0;
-  if (!qp->yield_timer) schedule_recheck(qp, until > now ? until - now : busy_poll_hold_ns());
+  schedule_recheck(qp, until > now ? until - now : busy_poll_hold_ns());
   return true;
 }
 
 void cq_block_begin(Cq* cq) {
   if (!busy_poll_hold_ns()) return;
   set_owner(cq);
-  cq->blockers.fetch_add(1);
+  if (cq->blockers.fetch_add(1) == 0) {
+    cq->block_since.store(mono_ns(), std::memory_order_relaxed);
+    cq->block_gen.fetch_add(1);
+  }
 }
 
 void cq_block_end(Cq* cq) {
   if (!busy_poll_hold_ns()) return;
   cq_busy_poll_mark(cq);  // it takes in what woke it, then ownership decays as a spinner's
+  const uint64_t since = cq->block_since.load(std::memory_order_relaxed);
   if (cq->blockers.fetch_sub(1) != 1 || !cq->recheck_parked.exchange(false)) return;
+  // A short sleep leaves the recheck to the timer already set, at most kBlockRecheckNs out
+  // (set in this sleep, or by an earlier short one; a long one posted when it ended). A
+  // long sleep may have pushed the timer further: look now. One post per long sleep, while a
+  // ping-pong's sleeps cost none.
+  if (mono_ns() - since < kBlockRecheckNs) return;
   std::vector<std::pair<Qp*, uint32_t>> qps;
   {
     std::lock_guard lk(cq->qps_mu);

@@ -54,6 +54,10 @@ bool qp_busy_step_back(Qp* qp);
 // on the sleeper's thread. From cq_block_begin to cq_block_end the thread owns the receive
 // path however long it sleeps, and the progress thread sets no timer for it; woken, it runs
 // the receive path with ibv_poll_cq, and ownership decays as a spinner's does.
+// While a thread sleeps on the wait set, the progress thread looks whether the socket can go
+// back this often (doubling while the same sleep lasts); so a thread that wakes and then
+// stops polling without arming has its sockets taken back within this much (plus the hold).
+inline constexpr uint64_t kBlockRecheckNs = 1'000'000;
 // The CQ's wait set (created on first use, progress thread); -1 and errno on failure.
 int cq_wait_fd(Cq* cq);
 // The calling thread is about to block on the CQ's wait set; it woke (for whatever reason).

@@ -258,8 +258,10 @@ struct Qp {
   // Busy-poll ownership (busy_poll.h), progress thread only: a poller runs RX, the socket is
   // out of the progress thread's EPOLLIN until a recheck (timer) or the poller's end.
   bool rx_yielded = false;
-  bool yield_timer = false;
-  uint32_t yield_backoff = 0;  // rechecks while still polled come this many hold times apart
+  uint64_t yield_timer_at = 0;  // the soonest recheck pending (mono ns; 0: none)
+  uint32_t yield_backoff = 0;   // rechecks while still polled come this many hold times apart
+  uint64_t park_gen = 0;        // the blocker's sleep (Cq::block_gen) the last park saw
+  uint32_t park_backoff = 1;    // rechecks during it come this many kBlockRecheckNs apart
   // Blocking ownership (busy_poll.h): the socket is in the wait set of the scq (bit 0) and
   // the rcq (bit 1). Progress thread only.
   uint8_t wait_sets = 0;
