@@ -57,6 +57,17 @@ int softverbs_cq_wait_fd(struct ibv_cq* cq);
  * Returns 0, or EINVAL for an invalid CQ or value. */
 int softverbs_cq_block(struct ibv_cq* cq, int on);
 
+/* Posting without waking anyone: from on = 1 to on = 0, completions that the calling thread
+ * makes on cq (a post that completes at once: a Send that TCP took, under RFC 5040's rule, or
+ * a flush on a QP in error) raise no notification, though the CQ stays armed; on = 0 returns
+ * how many there were, and the caller polls cq for them itself. For a consumer that posts
+ * under its own lock and can take the completions right after, where an event would wake
+ * another of its threads only to wait for that lock (a kernel ULP posting from its CQ
+ * handler). One CQ per thread at a time. on = 1 returns 0, or -1 with errno EINVAL (invalid
+ * CQ or value) or EBUSY (another CQ is quiet on this thread); on = 0 returns the count, or -1
+ * with errno EINVAL if cq was not quiet on this thread. */
+int softverbs_cq_quiet(struct ibv_cq* cq, int on);
+
 /* InfiniBand's completion rule for one RC QP: on = 1 asks softverbs peers, when the QP's
  * connection is set up (call it before rdma_connect, rdma_accept or the move to RTR), to
  * acknowledge what they place, so the QP's Sends and Writes complete once the peer has

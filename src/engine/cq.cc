@@ -10,6 +10,8 @@
 namespace sv::engine {
 
 thread_local Cq* tl_polling = nullptr;
+thread_local Cq* tl_quiet = nullptr;
+thread_local int tl_quiet_made = 0;
 
 namespace {
 uint64_t clock_ns(clockid_t id) {
@@ -33,10 +35,13 @@ bool Cq::push(const ibv_wc& wc, bool solicited) {
     if (!ts.empty()) ts[slot] = clock_ns(CLOCK_MONOTONIC);
     if (!wall.empty()) wall[slot] = clock_ns(CLOCK_REALTIME);
     ++count;
+    // A thread that asked for quiet (softverbs_cq_quiet) polls for what it made itself.
+    const bool quiet = tl_quiet == this;
+    if (quiet) ++tl_quiet_made;
     // With a completion handler, a completion made by the consumer's own ibv_poll_cq of this
     // CQ (it drove the receive path) is returned by that poll: the CQ stays armed for the
     // next one instead of handing the consumer an event about what it is already holding.
-    if (armed && (!solicited_only || solicited || wc.status != IBV_WC_SUCCESS) &&
+    if (armed && (!solicited_only || solicited || wc.status != IBV_WC_SUCCESS) && !quiet &&
         !(comp_handler && tl_polling == this)) {
       armed = false;
       notify = true;

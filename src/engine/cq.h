@@ -23,6 +23,10 @@ struct CompChannel {
 struct Cq;
 // The CQ whose ibv_poll_cq this thread is running the receive path for (verbs.cc), if any.
 extern thread_local Cq* tl_polling;
+// The CQ whose notifications this thread holds back (softverbs_cq_quiet), and how many
+// completions it made on it meanwhile.
+extern thread_local Cq* tl_quiet;
+extern thread_local int tl_quiet_made;
 
 struct Cq {
   ibv_cq_ex cqx;  // first: ibv_cq_ex begins with the ibv_cq members

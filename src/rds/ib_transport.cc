@@ -46,6 +46,8 @@ int g_max_read_sge = 16;
 int (*g_cq_busy_poll)(ibv_cq*, int) = nullptr;
 // softverbs_cq_block (verbs_ext.h), likewise.
 int (*g_cq_block)(ibv_cq*, int) = nullptr;
+// softverbs_cq_quiet (verbs_ext.h), likewise.
+int (*g_cq_quiet)(ibv_cq*, int) = nullptr;
 // softverbs_qp_set_ib_completion / softverbs_qp_ib_completion, null on another provider: the
 // RDMA channel asks for IB's completion rule, and where the peer is softverbs its Writes
 // complete once placed, so they need no confirming Read (rdma.cc).
@@ -626,6 +628,7 @@ void engine_loop() {
     pollfd p[3] = {{G.cq_ch->fd, POLLIN, 0}, {G.cm_ch->fd, POLLIN, 0}, {G.wake_fd, POLLIN, 0}};
     ::poll(p, 3, timeout);
     std::lock_guard lk(G.mu);
+    QuietPosts quiet;        // what its own posts complete, it takes in before sleeping
     G.engine_wakes_at = {};  // awake: it recomputes its timeout before sleeping again
     if (p[2].revents) {
       uint64_t v;
@@ -635,7 +638,10 @@ void engine_loop() {
     if (p[0].revents) {
       ibv_cq* cq;
       void* ctx;
-      if (ibv_get_cq_event(G.cq_ch, &cq, &ctx) == 0) ibv_ack_cq_events(cq, 1);
+      if (ibv_get_cq_event(G.cq_ch, &cq, &ctx) == 0) {
+        ibv_ack_cq_events(cq, 1);
+        count("engine_cq_events");
+      }
       ibv_req_notify_cq(G.cq, 0);
     }
     drain_cq_locked();
@@ -763,6 +769,7 @@ int transport_start() {
   ibv_req_notify_cq(G.cq, 0);
   const char* w = std::getenv("SOFTVERBS_RDS_WAIT_RX");
   g_cq_block = reinterpret_cast<int (*)(ibv_cq*, int)>(dlsym(RTLD_DEFAULT, "softverbs_cq_block"));
+  g_cq_quiet = reinterpret_cast<int (*)(ibv_cq*, int)>(dlsym(RTLD_DEFAULT, "softverbs_cq_quiet"));
   if (auto* wait_fd =
           reinterpret_cast<int (*)(ibv_cq*)>(dlsym(RTLD_DEFAULT, "softverbs_cq_wait_fd"));
       wait_fd && g_cq_block && !(w && std::strcmp(w, "0") == 0))
@@ -914,6 +921,20 @@ void flush_acks_at_exit_locked() {
   count(last.empty() ? "exit_acks_sent" : "exit_acks_timed_out");
 }
 
+QuietPosts::QuietPosts() {
+  if (g_cq_quiet && g().cq) on_ = g_cq_quiet(g().cq, 1) == 0;
+}
+
+QuietPosts::~QuietPosts() {
+  if (!on_) return;
+  // Taking them in may post more (sends that waited for slots): quiet again, until none.
+  for (int n; (n = g_cq_quiet(g().cq, 0)) > 0;) {
+    g_cq_quiet(g().cq, 1);
+    drain_cq_locked();
+    after_completions_locked();
+  }
+}
+
 uint32_t conn_id_of(Conn* c) {
   return g().id_of[c];
 }
@@ -931,6 +952,7 @@ extern "C" __attribute__((visibility("default"))) int svrds_busy_poll() {
   sv::rds::Global& G = sv::rds::g();
   std::unique_lock lk(G.mu, std::try_to_lock);
   if (!lk.owns_lock() || !G.started) return 0;
+  sv::rds::QuietPosts quiet;  // acks and sends the completions let go
   // This thread receives for the stack now: the device's progress thread steps back.
   if (sv::rds::g_cq_busy_poll) sv::rds::g_cq_busy_poll(G.cq, 1);
   const int n = sv::rds::drain_cq_locked();

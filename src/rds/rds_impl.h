@@ -309,6 +309,21 @@ inline int fail(int e) {
 }
 void count(const char* name, uint64_t n = 1);
 
+// A sendmsg's posts (held under the stack lock) made quiet with softverbs_cq_quiet: what
+// completes at once (a Send TCP took) raises no CQ event, which would wake the engine thread
+// only for it to wait for the lock we hold; the destructor takes those completions in
+// instead, the lock still held. Does nothing on another verbs provider.
+class QuietPosts {
+ public:
+  QuietPosts();
+  ~QuietPosts();
+  QuietPosts(const QuietPosts&) = delete;
+  QuietPosts& operator=(const QuietPosts&) = delete;
+
+ private:
+  bool on_ = false;
+};
+
 // af_rds.cc
 Sock* sock_of(int fd);
 // errno for a descriptor sock_of does not know: EBADFD if it is an RDS socket inherited

@@ -195,6 +195,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
                                                                         int flags) {
   Global& G = g();
   std::unique_lock lk(G.mu);
+  QuietPosts quiet;  // before lk is let go: its destructor takes in what our posts completed
   Sock* s = sock_of(fd);
   if (!s) return fail(no_sock(fd));
   // 1. flags

@@ -560,6 +560,24 @@ SV_EXPORT int softverbs_cq_busy_poll(ibv_cq* ibcq, int on) {
   return 0;
 }
 
+SV_EXPORT int softverbs_cq_quiet(ibv_cq* ibcq, int on) {
+  if (!handle_ok(HKind::cq, ibcq) || on < 0 || on > 1 || (!on && tl_quiet != Cq::from(ibcq))) {
+    errno = EINVAL;
+    return -1;
+  }
+  if (!on) {
+    tl_quiet = nullptr;
+    return tl_quiet_made;
+  }
+  if (tl_quiet) {  // one CQ at a time
+    errno = EBUSY;
+    return -1;
+  }
+  tl_quiet = Cq::from(ibcq);
+  tl_quiet_made = 0;
+  return 0;
+}
+
 SV_EXPORT int softverbs_cq_block(ibv_cq* ibcq, int on) {
   if (!handle_ok(HKind::cq, ibcq) || on < 0 || on > 1) return EINVAL;
   if (on)

@@ -437,5 +437,64 @@ TEST(ExtendedCq, RefusesWhatItCannotDoWithTheErrnoRdmaCoreGives) {
   EXPECT_EQ(ibv_close_device(ctx), 0);
 }
 
+// softverbs_cq_quiet (verbs_ext.h): completions the calling thread makes at once while it
+// holds the CQ quiet raise no event, the CQ stays armed, and the count it gets back says how
+// many to poll for. A receive posted to a QP in error is flushed at once, on this thread.
+TEST_F(XProc, QuietCqHoldsBackTheEventsOfWhatThisThreadCompletes) {
+  ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(ibv_modify_qp(local->qp, &a, IBV_QP_STATE), 0);
+  const int fd = local->channel->fd;
+
+  // Not quiet: the flush raises the event.
+  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
+  ASSERT_EQ(local->post_recv(1, {sge(0, 4096)}), 0);
+  ASSERT_EQ(take_cq_event(local->channel), local->rcq) << "the flush raised no event";
+  auto r = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 1, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV)) << wc_str(r[0]);
+
+  // Quiet: no event; the count says there is one to poll for, and the CQ is still armed.
+  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
+  ASSERT_EQ(softverbs_cq_quiet(local->rcq, 1), 0);
+  ASSERT_EQ(local->post_recv(2, {sge(0, 4096)}), 0);
+  ASSERT_EQ(local->post_recv(3, {sge(0, 4096)}), 0);
+  EXPECT_EQ(softverbs_cq_quiet(local->rcq, 0), 2);
+  EXPECT_FALSE(readable_soon(fd)) << "a quiet thread's completions raised an event";
+  r = local->poll(CqSel::recv, 2);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_TRUE(wc_is(r[0], 2, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV)) << wc_str(r[0]);
+  EXPECT_TRUE(wc_is(r[1], 3, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV)) << wc_str(r[1]);
+  ASSERT_EQ(local->post_recv(4, {sge(0, 4096)}), 0);
+  EXPECT_EQ(take_cq_event(local->channel), local->rcq) << "the quiet spell disarmed the CQ";
+  EXPECT_EQ(local->poll(CqSel::recv, 1).size(), 1u);
+}
+
+TEST_F(XProc, QuietCqRejectsBadArgumentsAndASecondCq) {
+  ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
+  int not_a_cq = 0;
+  errno = 0;
+  EXPECT_EQ(softverbs_cq_quiet(nullptr, 1), -1);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(softverbs_cq_quiet(reinterpret_cast<ibv_cq*>(&not_a_cq), 1), -1);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(softverbs_cq_quiet(local->rcq, 2), -1);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(softverbs_cq_quiet(local->rcq, 0), -1) << "ended a quiet spell never begun";
+  EXPECT_EQ(errno, EINVAL);
+  ASSERT_EQ(softverbs_cq_quiet(local->rcq, 1), 0);
+  errno = 0;
+  EXPECT_EQ(softverbs_cq_quiet(local->scq, 1), -1);
+  EXPECT_EQ(errno, EBUSY);
+  errno = 0;
+  EXPECT_EQ(softverbs_cq_quiet(local->scq, 0), -1) << "ended another CQ's quiet spell";
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(softverbs_cq_quiet(local->rcq, 0), 0);
+}
+
 }  // namespace
 }  // namespace mp

@@ -365,6 +365,42 @@ TEST(RdsData, CompletionsTakenOnTheDeviceThreadUnlessTurnedOff) {
   EXPECT_EQ(WEXITSTATUS(status), 0) << "10: bind, 11: send/recv, 12: wrong data";
 }
 
+// The stack's own posts (sendmsg, recvmsg, its engine thread) are quiet (softverbs_cq_quiet):
+// what completes at once is taken in under the same lock, with no CQ event. So with the
+// completion handler on, the engine thread gets a CQ event only for a notification the
+// handler declined (the stack lock was taken); without quiet posts every 16th Send (a
+// signaled one) woke it too.
+TEST(RdsData, TheEngineThreadGetsCqEventsOnlyForDeclinedNotifications) {
+  const char* e = std::getenv("SOFTVERBS_RDS_CQ_HANDLER");
+  if (e && std::strcmp(e, "0") == 0) return;  // every notification is its: nothing to check
+  char dir[] = "/tmp/sv-rds-quiet-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setenv("SOFTVERBS_RDS_DIR", dir, 1);
+    int a = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0), b = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
+    sockaddr_in aa = addr(port(56)), ba = addr(port(57));
+    if (svrds_bind(a, reinterpret_cast<sockaddr*>(&aa), sizeof aa) ||
+        svrds_bind(b, reinterpret_cast<sockaddr*>(&ba), sizeof ba))
+      _exit(10);
+    std::vector<char> buf(64);
+    for (uint32_t i = 0; i < 200; ++i)
+      if (send_to(a, port(57), &i, sizeof i) != 4 || recv_one(b, buf) != 4) _exit(11);
+    const uint64_t events = counter(a, "engine_cq_events");
+    const uint64_t declined = counter(a, "cq_handler_declined");
+    if (counter(a, "send_queued") < 200) _exit(12);
+    _exit(events <= declined ? 0 : 20);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  std::string cmd = std::string("rm -rf ") + dir;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "10: bind, 11: send/recv, 12: counters, 20: CQ events no declined notification explains";
+}
+
 TEST(RdsData, SendBufferFullIsEagainAndPollOutReturns) {
   int a = bound_socket(port(12));
   int b = bound_socket(port(13));
