@@ -49,6 +49,19 @@ void schedule_recheck(Qp* qp, uint64_t delay_ns) {
                              });
 }
 
+// A recheck of every QP of cq, soon, on the progress thread (its poller stopped).
+void post_recheck(Cq* cq) {
+  std::vector<std::pair<Qp*, uint32_t>> qps;
+  {
+    std::lock_guard lk(cq->qps_mu);
+    for (Qp* qp : cq->qps) qps.emplace_back(qp, qp->qpn());
+  }
+  Progress::get().post([qps = std::move(qps)] {
+    for (auto [qp, qpn] : qps)
+      if (oob::lookup(qpn) == qp) recheck(qp);
+  });
+}
+
 uint64_t block_gen(const Qp* qp) {
   return qp->scq->block_gen.load() + qp->rcq->block_gen.load();
 }
@@ -165,15 +178,7 @@ void cq_busy_poll_end(Cq* cq) {
   // Paired with qp_busy_step_back's store of `yielded` then load of busy_until (all seq_cst):
   // either it sees our 0 and keeps the socket, or we see its flag and hand the socket back.
   if (!cq->yielded.exchange(false)) return;
-  std::vector<std::pair<Qp*, uint32_t>> qps;
-  {
-    std::lock_guard lk(cq->qps_mu);
-    for (Qp* qp : cq->qps) qps.emplace_back(qp, qp->qpn());
-  }
-  Progress::get().post([qps = std::move(qps)] {
-    for (auto [qp, qpn] : qps)
-      if (oob::lookup(qpn) == qp) recheck(qp);
-  });
+  post_recheck(cq);
 }
 
 bool qp_busy_step_back(Qp* qp) {
@@ -210,15 +215,7 @@ void cq_block_end(Cq* cq) {
   // long sleep may have pushed the timer further: look now. One post per long sleep, while a
   // ping-pong's sleeps cost none.
   if (mono_ns() - since < kBlockRecheckNs) return;
-  std::vector<std::pair<Qp*, uint32_t>> qps;
-  {
-    std::lock_guard lk(cq->qps_mu);
-    for (Qp* qp : cq->qps) qps.emplace_back(qp, qp->qpn());
-  }
-  Progress::get().post([qps = std::move(qps)] {
-    for (auto [qp, qpn] : qps)
-      if (oob::lookup(qpn) == qp) recheck(qp);
-  });
+  post_recheck(cq);
 }
 
 namespace {
