@@ -12,7 +12,8 @@
 // time passing hands the sockets back. A QP steps back when the progress thread sees
 // EPOLLIN while its send or receive CQ is busy-polled: its EPOLLIN interest is dropped until
 // then. The cost of a wrong guess is bounded: a spinner that leaves the CQ to wait elsewhere
-// (spinning on memory for an RDMA Write) gets its data at most 4 hold times late.
+// (spinning on memory for an RDMA Write) gets its data at most kMaxRecheckNs (or 4 hold
+// times, if longer) late.
 #pragma once
 #include <cstdint>
 
@@ -58,6 +59,9 @@ bool qp_busy_step_back(Qp* qp);
 // back this often (doubling while the same sleep lasts); so a thread that wakes and then
 // stops polling without arming has its sockets taken back within this much (plus the hold).
 inline constexpr uint64_t kBlockRecheckNs = 1'000'000;
+// While a spinner keeps polling, the progress thread's look at whether it stopped backs off
+// to this (or 4 hold times, if longer).
+inline constexpr uint64_t kMaxRecheckNs = 2'000'000;
 // The CQ's wait set (created on first use, progress thread); -1 and errno on failure.
 int cq_wait_fd(Cq* cq);
 // The calling thread is about to block on the CQ's wait set; it woke (for whatever reason).

@@ -58,15 +58,16 @@ Progress::Progress() {
   ev.events = EPOLLIN;
   ev.data.ptr = nullptr;
   epoll_ctl(epfd_, EPOLL_CTL_ADD, evfd_, &ev);
-  std::promise<std::thread::id> started;
+  std::promise<void> started;
   auto f = started.get_future();
   thread_ = std::thread([this, &started] {
     // Its timers are microseconds apart: the default 50 us of timer slack would swamp them.
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-    started.set_value(std::this_thread::get_id());
+    tid_ = std::this_thread::get_id();  // before anything here can ask on_thread()
+    started.set_value();
     loop();
   });
-  tid_ = f.get();
+  f.get();
   thread_.detach();
 }
 
@@ -99,7 +100,9 @@ void Progress::post(std::function<void()> fn) {
     std::lock_guard lk(mu_);
     queue_.push_back(std::move(fn));
   }
-  wake();
+  // From the progress thread itself, loop() runs the queue before it sleeps again: waking
+  // it would cost an eventfd write, an epoll return and a read for nothing.
+  if (!on_thread()) wake();
 }
 
 void Progress::run_sync(std::function<void()> fn) {
@@ -138,7 +141,7 @@ void Progress::post_after(std::chrono::microseconds delay, std::function<void()>
     std::lock_guard lk(mu_);
     timers_.emplace(std::chrono::steady_clock::now() + delay, std::move(fn));
   }
-  wake();
+  if (!on_thread()) wake();  // the loop computes its next timeout after this returns
 }
 
 void Progress::loop() {
