@@ -41,6 +41,11 @@ using PrivBytes = std::array<std::byte, wire::kRdsConnPrivLen>;
 // 6; and 1 for an RDMA Read's local buffers, iWARP's limit). Set by transport_start().
 int g_max_send_sge = 16;
 int g_max_read_sge = 16;
+// SOFTVERBS_RDS_TEST_LATE_ESTABLISHED=1 (tests only): the passive side ignores ESTABLISHED.
+const bool g_test_late_established = [] {
+  const char* e = std::getenv("SOFTVERBS_RDS_TEST_LATE_ESTABLISHED");
+  return e && e[0] == '1';
+}();
 // softverbs_cq_busy_poll (softverbs/verbs_ext.h), null on another provider: our CQ stays
 // armed for the completion handler, so the device cannot tell a busy poller by itself.
 int (*g_cq_busy_poll)(ibv_cq*, int) = nullptr;
@@ -224,6 +229,18 @@ void conn_up(Conn* c, const wire::RdsConnPriv& peer) {
 }
 
 void handle_wc(const ibv_wc& wc);
+
+// A receive on the QP we accepted proves the connection up, whether or not its ESTABLISHED
+// event has been read yet (IB's COMM_EST, on which net/rds ib_cm.c calls rdma_notify). The
+// engine thread reads that event; a process that takes its messages in on its own thread
+// (a blocked poll(), a busy poller) and exits at once would otherwise never ack them: acks
+// go only on a connection that is up, and its senders would keep them queued for nobody.
+void comm_established(Conn* c) {
+  wire::RdsConnPriv p;
+  p.ack_seq = 0;  // as ESTABLISHED on this side: nothing acked, the request carried it
+  count("conn_up_by_receive");
+  conn_up(c, p);
+}
 
 // Handles every completion already in the shared CQ; returns how many.
 int drain_cq_locked() {
@@ -495,7 +512,10 @@ void handle_cm(rdma_cm_event* ev) {
       break;
     }
     case RDMA_CM_EVENT_ESTABLISHED:
-      if (c && c->id == id) {
+      // Test hook: the passive side's ESTABLISHED still on its way when the peer's messages
+      // are in (comm_established's case, made certain).
+      if (c && !c->active && g_test_late_established) break;
+      if (c && c->id == id && c->state != ConnState::up) {
         // The passive side learns nothing here (it read the request); the active side reads
         // the accept's private data, which must be ours if there is any.
         wire::RdsConnPriv p;
@@ -536,6 +556,7 @@ void handle_wc(const ibv_wc& wc) {
       if (c->state == ConnState::up) conn_down(c, "recv error");
       return;
     }
+    if (c->state == ConnState::connecting && !c->active) comm_established(c);
     if (!on_frag(c, &c->rbuf[static_cast<size_t>(idx) * kBufSize], wc.byte_len)) {
       // A protocol error (net/rds drops the connection: "disconnecting and reconnecting").
       count("recv_protocol_error");

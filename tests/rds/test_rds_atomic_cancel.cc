@@ -854,6 +854,35 @@ TEST(RdsCancel, CancelDropsQueuedMessagesToOneDestinationOnly) {
   svrds_close(tx);
 }
 
+// The accepting process reads its connection's ESTABLISHED event on the engine thread, but
+// takes the peer's messages in wherever it polls. One that got its messages, closed and exited
+// before that event was read never acked them (acks go only on a connection that is up): its
+// senders kept them queued for nobody. The hook holds the event back for good, so only the
+// first receive (IB's COMM_EST) can bring the connection up.
+TEST(RdsAck, APeerThatExitsBeforeItsEstablishedEventStillAcksWhatItGot) {
+  const uint16_t pa = port(59), me = port(60);
+  setenv("SOFTVERBS_RDS_TEST_LATE_ESTABLISHED", "1", 1);
+  Peer peer;
+  const bool up = peer.start({pa});
+  unsetenv("SOFTVERBS_RDS_TEST_LATE_ESTABLISHED");
+  ASSERT_TRUE(up) << "peer process did not come up";
+  int tx = bound_socket(me);
+  ASSERT_EQ(send_with(tx, pa, "A0", {}), 2);
+  ASSERT_EQ(send_with(tx, pa, "A1", {}), 2);
+  ASSERT_EQ(send_with(tx, pa, "END", {}), 3);
+  std::vector<std::pair<uint16_t, std::string>> got;
+  ASSERT_TRUE(peer.collect(got)) << "peer did not receive END";
+  EXPECT_EQ(peer.wait_exit(), 0);
+  EXPECT_EQ(payloads_to(got, pa), (std::vector<std::string>{"A0", "A1", "END"}));
+  EXPECT_TRUE(eventually([&] {
+    return count_info_messages(tx, RDS_INFO_SEND_MESSAGES, me, pa) == 0 &&
+           count_info_messages(tx, RDS_INFO_RETRANS_MESSAGES, me, pa) == 0;
+  })) << "unacked: send "
+      << count_info_messages(tx, RDS_INFO_SEND_MESSAGES, me, pa) << " retrans "
+      << count_info_messages(tx, RDS_INFO_RETRANS_MESSAGES, me, pa);
+  svrds_close(tx);
+}
+
 TEST(RdsCancel, CancelOnlyAffectsTheCallingSocket) {
   const uint16_t pa = port(23), me1 = port(24), me2 = port(25);
   Peer peer;
