@@ -9,6 +9,7 @@
 #      "mbi K/s" (RDMA data written into this side per second) versus ib_write_bw -s 1M.
 #      rds-stress is symmetric (both sides issue requests), so the per-direction figure is
 #      also compared with ib_write_bw -b (bidirectional, per direction). Goal: >= 0.9x.
+#   3. rds-ping's median round trip to an idle RDS process, versus the same raw round trip.
 # Usage: bench/rds_compare.sh [build-dir]   (default build). Loopback only: the passive
 # side binds 127.0.0.2, the active side 127.0.0.1.
 set -uo pipefail
@@ -58,6 +59,18 @@ RDS_RTT_BP=$(SOFTVERBS_RDS_BUSY_POLL_US=200 stress -q 64 -a 64 -d 1 -t 1 | awk '
 # The same blocking round trip without the blocked poll() taking its messages in itself
 # (SOFTVERBS_RDS_WAIT_RX=0): the progress thread receives and wakes the application.
 RDS_RTT_2W=$(SOFTVERBS_RDS_WAIT_RX=0 stress -q 64 -a 64 -d 1 -t 1 | awk '{print $8}')
+# rds-ping against an idle RDS process (the block server holds 127.0.0.2's port 0): median
+# round trip over 300 pings, one at a time, blocking on both sides.
+BS_DIR=$(mktemp -d)
+(cd "$BS_DIR" && timeout 60 "$BIN/blockserver" serve --addr 127.0.0.2 --port 18777 \
+   --file "$BS_DIR/b.img" >/dev/null 2>&1) &
+pids+=($!)
+sleep 1
+PING_RTT=$(timeout 30 "$BIN/rds-ping" -c 300 -i 0.003 127.0.0.2 | awk '/usec/{print $2}' | sort -n |
+           awk '{a[NR]=$1} END{if (NR) print a[int(NR/2)+1]}')
+kill "${pids[-1]}" 2>/dev/null
+wait "${pids[-1]}" 2>/dev/null
+rm -rf "$BS_DIR"
 RDS_D1=$(stress -q 1024 -a 256 -D 1048576 -M 2 -d 1 -t 1 | awk '{printf "%.0f", $5*1.024/1000}')
 RDS_D4=$(stress -q 1024 -a 256 -D 1048576 -M 2 -d 4 -t 1 | awk '{printf "%.0f", $5*1.024/1000}')
 
@@ -72,6 +85,10 @@ printf '%-58s %10s %10s %s\n' "  same, vs SOFTVERBS_RDS_WAIT_RX=0 (2 wake-ups/on
   "$RDS_RTT" "$RDS_RTT_2W" "$(ratio "$RDS_RTT" "$RDS_RTT_2W")"
 printf '%-58s %10s %10s %s\n' "  same, busy-polling (SOFTVERBS_RDS_BUSY_POLL_US=200)" \
   "$RDS_RTT_BP" "$SEND_RTT" "$(ratio "$RDS_RTT_BP" "$SEND_RTT") (<=1.2x)"
+printf '%-58s %10s %10s %s\n' "rds-ping RTT us, median (vs 2x send_lat)" \
+  "$PING_RTT" "$SEND_RTT" "$(ratio "$PING_RTT" "$SEND_RTT") (<=2x)"
+printf '%-58s %10s %10s %s\n' "  same, vs a blocking TCP round trip (qperf tcp_lat x2)" \
+  "$PING_RTT" "$TCP_RTT" "$(ratio "$PING_RTT" "$TCP_RTT")"
 printf '%-58s %10s %10s %s\n' "RDMA -D 1M -M 2 -d 1 MB/s per direction vs ib_write_bw" \
   "$RDS_D1" "$WBW" "$(ratio "$RDS_D1" "$WBW") (>=0.9x)"
 printf '%-58s %10s %10s %s\n' "RDMA -D 1M -M 2 -d 4 MB/s per direction vs ib_write_bw" \
