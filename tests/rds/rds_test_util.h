@@ -5,9 +5,11 @@
 #include <linux/rds.h>
 #include <poll.h>
 #include <softverbs/rds.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -36,6 +38,26 @@ inline int bound_socket(uint16_t p) {
   return fd;
 }
 
+// Runs fn in a forked child with a fresh RDS stack (fork-local) and a registry directory, so
+// counters (RDS_INFO_COUNTERS sums the host), of its own. Returns fn's result, the child's
+// exit code (100 + the signal if it was killed; -1..-3 if the set-up itself failed).
+template <class Fn>
+int in_private_child(Fn fn) {
+  char dir[] = "/tmp/sv-rds-child-XXXXXX";
+  if (!mkdtemp(dir)) return -1;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setenv("SOFTVERBS_RDS_DIR", dir, 1);
+    _exit(fn());
+  }
+  int status = 0;
+  const bool waited = pid > 0 && waitpid(pid, &status, 0) == pid;
+  std::string cmd = std::string("rm -rf ") + dir;
+  if (std::system(cmd.c_str()) != 0) return -2;
+  if (!waited) return -3;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+}
+
 // Waits (bounded) until fd reports `ev`; returns revents or 0 on timeout.
 inline short wait_for(int fd, short ev, int ms = 5000) {
   pollfd p{fd, ev, 0};
@@ -49,8 +71,8 @@ inline ssize_t send_to(int fd, uint16_t dport, const void* buf, size_t len, int 
 }
 
 // Receives one datagram (blocking up to 5 s through poll).
-inline ssize_t recv_one(int fd, std::vector<char>& buf, sockaddr_in* from = nullptr,
-                        int flags = 0, int ms = 5000) {
+inline ssize_t recv_one(int fd, std::vector<char>& buf, sockaddr_in* from = nullptr, int flags = 0,
+                        int ms = 5000) {
   if (!wait_for(fd, POLLIN, ms)) return -2;
   socklen_t fl = sizeof(sockaddr_in);
   return svrds_recvfrom(fd, buf.data(), buf.size(), flags | MSG_DONTWAIT,

@@ -332,37 +332,26 @@ TEST(RdsData, OneMebibyteAndManyInOrderFromOneSocket) {
 TEST(RdsData, CompletionsTakenOnTheDeviceThreadUnlessTurnedOff) {
   const char* e = std::getenv("SOFTVERBS_RDS_CQ_HANDLER");
   const bool handler = !(e && std::strcmp(e, "0") == 0);
-  char dir[] = "/tmp/sv-rds-handler-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    // A fresh stack in the child (fork-local), with its own registry and counters.
-    setenv("SOFTVERBS_RDS_DIR", dir, 1);
+  const int rc = in_private_child([handler] {
     int a = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0), b = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
     sockaddr_in aa = addr(port(50)), ba = addr(port(51));
     if (svrds_bind(a, reinterpret_cast<sockaddr*>(&aa), sizeof aa) ||
         svrds_bind(b, reinterpret_cast<sockaddr*>(&ba), sizeof ba))
-      _exit(10);
+      return 10;
     std::vector<char> buf(64);
     for (uint32_t i = 0; i < 50; ++i) {
       uint32_t v = ~i;
-      if (send_to(a, port(51), &i, sizeof i) != 4 || recv_one(b, buf) != 4) _exit(11);
+      if (send_to(a, port(51), &i, sizeof i) != 4 || recv_one(b, buf) != 4) return 11;
       std::memcpy(&v, buf.data(), 4);
-      if (v != i) _exit(12);
+      if (v != i) return 12;
     }
     const uint64_t runs = counter(a, "cq_handler_runs");
     const uint64_t any = runs + counter(a, "cq_handler_declined");
-    _exit(handler ? (runs > 0 ? 0 : 20) : (any == 0 ? 0 : 21));
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  std::string cmd = std::string("rm -rf ") + dir;
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_NE(WEXITSTATUS(status), 20) << "every completion went through the engine thread";
-  EXPECT_NE(WEXITSTATUS(status), 21) << "the handler ran although turned off";
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "10: bind, 11: send/recv, 12: wrong data";
+    return handler ? (runs > 0 ? 0 : 20) : (any == 0 ? 0 : 21);
+  });
+  EXPECT_NE(rc, 20) << "every completion went through the engine thread";
+  EXPECT_NE(rc, 21) << "the handler ran although turned off";
+  EXPECT_EQ(rc, 0) << "10: bind, 11: send/recv, 12: wrong data, >= 100: killed";
 }
 
 // The stack's own posts (sendmsg, recvmsg, its engine thread) are quiet (softverbs_cq_quiet):
@@ -373,32 +362,22 @@ TEST(RdsData, CompletionsTakenOnTheDeviceThreadUnlessTurnedOff) {
 TEST(RdsData, TheEngineThreadGetsCqEventsOnlyForDeclinedNotifications) {
   const char* e = std::getenv("SOFTVERBS_RDS_CQ_HANDLER");
   if (e && std::strcmp(e, "0") == 0) return;  // every notification is its: nothing to check
-  char dir[] = "/tmp/sv-rds-quiet-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    setenv("SOFTVERBS_RDS_DIR", dir, 1);
+  const int rc = in_private_child([] {
     int a = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0), b = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
     sockaddr_in aa = addr(port(56)), ba = addr(port(57));
     if (svrds_bind(a, reinterpret_cast<sockaddr*>(&aa), sizeof aa) ||
         svrds_bind(b, reinterpret_cast<sockaddr*>(&ba), sizeof ba))
-      _exit(10);
+      return 10;
     std::vector<char> buf(64);
     for (uint32_t i = 0; i < 200; ++i)
-      if (send_to(a, port(57), &i, sizeof i) != 4 || recv_one(b, buf) != 4) _exit(11);
+      if (send_to(a, port(57), &i, sizeof i) != 4 || recv_one(b, buf) != 4) return 11;
     const uint64_t events = counter(a, "engine_cq_events");
     const uint64_t declined = counter(a, "cq_handler_declined");
-    if (counter(a, "send_queued") < 200) _exit(12);
-    _exit(events <= declined ? 0 : 20);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  std::string cmd = std::string("rm -rf ") + dir;
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0)
-      << "10: bind, 11: send/recv, 12: counters, 20: CQ events no declined notification explains";
+    if (counter(a, "send_queued") < 200) return 12;
+    return events <= declined ? 0 : 20;
+  });
+  EXPECT_EQ(rc, 0) << "10: bind, 11: send/recv, 12: counters, 20: CQ events no declined "
+                      "notification explains, >= 100: killed";
 }
 
 TEST(RdsData, SendBufferFullIsEagainAndPollOutReturns) {

@@ -22,26 +22,9 @@ bool wait_rx_on() {
   return !(e && std::strcmp(e, "0") == 0);
 }
 
-// Runs fn in a child with a registry directory (and so counters) of its own; its exit code.
-template <class Fn>
-int in_child(Fn fn) {
-  char dir[] = "/tmp/sv-rds-poll-XXXXXX";
-  if (!mkdtemp(dir)) return -1;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    setenv("SOFTVERBS_RDS_DIR", dir, 1);
-    _exit(fn());
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  std::string cmd = std::string("rm -rf ") + dir;
-  if (std::system(cmd.c_str()) != 0) return -2;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
-}
-
 TEST(RdsPoll, ABlockedPollerTakesInItsOwnMessage) {
   const bool on = wait_rx_on();
-  const int rc = in_child([on] {
+  const int rc = in_private_child([on] {
     const int a = bound_socket(port(52)), b = bound_socket(port(53));
     std::vector<char> buf(64);
     uint32_t v = 1;
@@ -71,7 +54,7 @@ TEST(RdsPoll, ABlockedPollerTakesInItsOwnMessage) {
 }
 
 TEST(RdsPoll, TimeoutAndOtherDescriptorsStillWork) {
-  const int rc = in_child([] {
+  const int rc = in_private_child([] {
     const int a = bound_socket(port(54)), b = bound_socket(port(55));
     std::vector<char> buf(64);
     uint32_t v = 1;
