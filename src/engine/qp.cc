@@ -689,7 +689,13 @@ void tx_defer_locked(Qp* qp, uint64_t window) {
 void tx_post_locked(Qp* qp) {
   const uint64_t window = tx_batch_ns();
   const uint64_t now = window ? sv::mono_ns() : 0;
-  if (window && now < qp->tx_window_end_ns && may_defer(qp)) {
+  // A post that answers what the peer sent since the last one is a ping-pong's turn: when
+  // the round trip is shorter than the window, holding it back would cost every turn a
+  // flush (a poll, or the timer) -- 10-12 us per 8 B SEND one-way instead of 4-6.
+  const uint32_t turns = qp->rx_turns.load(std::memory_order_relaxed);
+  const bool answers = turns != qp->tx_turns_seen;
+  qp->tx_turns_seen = turns;
+  if (window && !answers && now < qp->tx_window_end_ns && may_defer(qp)) {
     tx_defer_locked(qp, window);
     return;
   }

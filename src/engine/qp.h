@@ -236,6 +236,11 @@ struct Qp {
   // are queued, and go out together at the next flush point (a post after the window, an
   // ibv_poll_cq or ibv_req_notify_cq of its send CQ, or the progress thread's timer).
   uint64_t tx_window_end_ns = 0;
+  // Messages of the peer placed here (Sends, Writes, Read and Atomic Responses). A post that
+  // follows one answers it, a turn of a ping-pong rather than part of a stream: it is never
+  // held back, however soon after the last post it comes (tx_post_locked).
+  std::atomic<uint32_t> rx_turns{0};
+  uint32_t tx_turns_seen = 0;            // tx_mu: rx_turns at the last post
   bool tx_flush_timer = false;           // the safety flush is scheduled
   bool lazy_ack_timer = false;           // an unrequested Placement Ack's timer is pending
   std::atomic<bool> tx_deferred{false};  // WQEs wait for a flush

@@ -364,6 +364,7 @@ RxAction on_imm(Qp* qp, Conn& c) {
   }
   ++c.recv_msn;
   ++c.units_rx;
+  qp->rx_turns.fetch_add(1, std::memory_order_relaxed);
   c.ack_requested |= s.sv_ack_req;
   c.place.kind = Placement::Kind::discard;
   return RxAction::place;
@@ -499,6 +500,7 @@ bool rx_on_segment_end(Qp* qp) {
       c.have_recv = false;
       ++c.recv_msn;
       ++c.units_rx;
+      qp->rx_turns.fetch_add(1, std::memory_order_relaxed);
       c.ack_requested |= s.sv_ack_req;
       if (!inv && c.peer_sv && s.rsvd_ulp == kSvImmFollows) {
         // The Immediate Data message right behind completes this receive.
@@ -517,12 +519,16 @@ bool rx_on_segment_end(Qp* qp) {
       if (s.last) {
         c.last_write_len = c.write_len;
         c.write_len = 0;
-        if (!c.expect_rtr) ++c.units_rx;  // the RTR is no message of the peer's ULP
+        if (!c.expect_rtr) {  // the RTR is no message of the peer's ULP
+          ++c.units_rx;
+          qp->rx_turns.fetch_add(1, std::memory_order_relaxed);
+        }
         c.ack_requested |= s.sv_ack_req;
       }
       return true;
     case RdmapOpcode::read_response: {
       if (!s.last) return true;
+      qp->rx_turns.fetch_add(1, std::memory_order_relaxed);
       std::lock_guard lk(qp->tx_mu);
       SendWqe* w = oldest_awaiting(qp, false);
       if (w) {
@@ -533,6 +539,8 @@ bool rx_on_segment_end(Qp* qp) {
       return true;
     }
     case RdmapOpcode::atomic_response:
+      qp->rx_turns.fetch_add(1, std::memory_order_relaxed);
+      [[fallthrough]];
     case RdmapOpcode::read_request:
     case RdmapOpcode::atomic_request: {
       std::lock_guard lk(qp->tx_mu);

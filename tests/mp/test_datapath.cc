@@ -658,6 +658,36 @@ TEST_F(XProc, BatchedPostsLeaveAtThePollOrArmAndArmedCqsAreNotBatched) {
   unsetenv("SOFTVERBS_TX_BATCH_US");
 }
 
+// A post that answers a message the peer sent since the last post is a ping-pong's turn:
+// it leaves at once even inside the window. Held back, every turn of a ping-pong faster than
+// the window waited for a flush point (8 B SEND latency was 10-12 us instead of 4-6). With a
+// 2 s window the answer can only arrive in time if it was sent at the post.
+TEST_F(XProc, AnAnswerToThePeerIsNotHeldBackByBatching) {
+  setenv("SOFTVERBS_TX_BATCH_US", "2000000", 1);
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_EQ(remote->post_recv(i, {sge(i * 64, 64)}), 0);
+  ASSERT_EQ(local->post_recv(100, {sge(4096, 64)}), 0);
+  ASSERT_EQ(local->post_send(make_send(0, {sge(0, 16)})), 0);  // opens the window
+  ASSERT_EQ(remote->poll(CqSel::recv, 1).size(), 1u);
+  ASSERT_EQ(local->poll(CqSel::send, 1).size(), 1u);
+  // Still inside the window and nothing received since: batched, as before.
+  ASSERT_EQ(local->post_send(make_send(1, {sge(64, 16)})), 0);
+  EXPECT_TRUE(remote->poll(CqSel::recv, 1, Ms(200)).empty()) << "a streaming post left at once";
+  ASSERT_EQ(local->poll(CqSel::send, 1).size(), 1u);  // the flush point
+  ASSERT_EQ(remote->poll(CqSel::recv, 1).size(), 1u);
+  // The peer speaks; our next post answers it and goes without any flush point.
+  ASSERT_EQ(remote->post_send(make_send(50, {sge(1024, 16)})), 0);
+  auto in = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(in.size(), 1u);
+  EXPECT_TRUE(wc_is(in[0], 100, IBV_WC_SUCCESS, IBV_WC_RECV));
+  ASSERT_EQ(local->post_send(make_send(2, {sge(128, 16)})), 0);
+  auto answer = remote->poll(CqSel::recv, 1, Ms(1000));
+  ASSERT_EQ(answer.size(), 1u) << "the answer waited for the batch";
+  EXPECT_TRUE(wc_is(answer[0], 2, IBV_WC_SUCCESS, IBV_WC_RECV));
+  EXPECT_EQ(local->poll(CqSel::send, 1).size(), 1u);
+  unsetenv("SOFTVERBS_TX_BATCH_US");
+}
+
 // With the default window a batch leaves on the progress thread's timer when the sender
 // neither polls nor arms (it may be waiting on memory for its peer's answer).
 TEST_F(XProc, BatchedPostsLeaveOnTheTimerWhenNobodyPolls) {
