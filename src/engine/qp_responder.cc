@@ -333,6 +333,13 @@ RxAction on_atomic_response(Qp* qp, Conn& c) {
   return RxAction::place;
 }
 
+// A message of the peer's ULP placed: it counts toward the Placement Ack (units_rx) and makes
+// our next post an answer that doorbell batching does not hold (rx_turns).
+void count_peer_message(Qp* qp, Conn& c) {
+  ++c.units_rx;
+  qp->rx_turns.fetch_add(1, std::memory_order_relaxed);
+}
+
 RxAction on_imm(Qp* qp, Conn& c) {
   const auto& s = c.seg;
   if (!c.peer_sv || s.msn != c.recv_msn) {
@@ -363,8 +370,7 @@ RxAction on_imm(Qp* qp, Conn& c) {
     c.last_write_len = 0;
   }
   ++c.recv_msn;
-  ++c.units_rx;
-  qp->rx_turns.fetch_add(1, std::memory_order_relaxed);
+  count_peer_message(qp, c);
   c.ack_requested |= s.sv_ack_req;
   c.place.kind = Placement::Kind::discard;
   return RxAction::place;
@@ -499,8 +505,7 @@ bool rx_on_segment_end(Qp* qp) {
       }
       c.have_recv = false;
       ++c.recv_msn;
-      ++c.units_rx;
-      qp->rx_turns.fetch_add(1, std::memory_order_relaxed);
+      count_peer_message(qp, c);
       c.ack_requested |= s.sv_ack_req;
       if (!inv && c.peer_sv && s.rsvd_ulp == kSvImmFollows) {
         // The Immediate Data message right behind completes this receive.
@@ -519,10 +524,7 @@ bool rx_on_segment_end(Qp* qp) {
       if (s.last) {
         c.last_write_len = c.write_len;
         c.write_len = 0;
-        if (!c.expect_rtr) {  // the RTR is no message of the peer's ULP
-          ++c.units_rx;
-          qp->rx_turns.fetch_add(1, std::memory_order_relaxed);
-        }
+        if (!c.expect_rtr) count_peer_message(qp, c);  // the RTR is no message of the peer's ULP
         c.ack_requested |= s.sv_ack_req;
       }
       return true;
