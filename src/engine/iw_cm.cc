@@ -579,7 +579,13 @@ void on_active_done(uint32_t qpn, int attempt, Endpoint* ep, int err) {
   ep->dispose();
   // The peer may not have created its listener's QP yet or is slow: retry with backoff
   // for retry_cnt rounds, then give up like an RC QP whose retries are exhausted.
-  const int retries = std::max<int>(qp->attr.retry_cnt, 3) * 4;
+  // retry_cnt is written by ibv_modify_qp (RTR->RTS) under tx_mu, which may run right now.
+  uint8_t retry_cnt;
+  {
+    std::lock_guard lk(qp->tx_mu);
+    retry_cnt = qp->attr.retry_cnt;
+  }
+  const int retries = std::max<int>(retry_cnt, 3) * 4;
   if (attempt < retries) {
     Progress::get().post_after(std::chrono::milliseconds(10 << std::min(attempt, 5)),
                                [qpn, attempt] { connect_active(qpn, attempt + 1); });
