@@ -166,6 +166,7 @@ struct Conn {
   uint32_t units_rx = 0;         // softverbs peer: Send/Write/Immediate Data messages placed
   uint32_t units_published = 0;  // ... of which the TX side has been told
   bool ack_requested = false;    // a message placed in this pass asked for its ack now
+  bool rx_completed = false;     // ... and one of them completed a receive WQE
 
   // TX (under tx_mu)
   static constexpr size_t kMaxIov = 512;
@@ -350,9 +351,10 @@ void qp_conn_lost(Qp* qp, ibv_wc_status status);
 // Frames and writes as much as the socket takes. Caller holds tx_mu.
 void tx_run_locked(Qp* qp);
 void tx_post_locked(Qp* qp);  // after a post: transmit now or batch (doorbell batching)
-// A Placement Ack is due for a receive pass that placed one message or a stream: now or at
-// the poller's next flush point if the peer asked (requested), else lazily (coalesced).
-void tx_ack_locked(Qp* qp, bool requested, bool stream);
+// A Placement Ack is due for a receive pass: now or at the poller's next flush point if the
+// peer asked (requested; right after the pass when the poller has no one answer to post),
+// else lazily (coalesced).
+void tx_ack_locked(Qp* qp, bool requested, bool no_one_answer);
 void tx_kick(Qp* qp);  // takes tx_mu
 // Sends what doorbell batching deferred (takes tx_mu; nothing to do is one atomic load).
 void qp_tx_flush(Qp* qp);

@@ -3,8 +3,8 @@
 // arms the CQ, says it stops (softverbs_cq_busy_poll(cq, 0)), or goes quiet for the hold
 // time. The local process receives; the peer process sends.
 //
-// The binary runs twice (tests/CMakeLists.txt): BusyPoll.* with a 30 s hold, so that within
-// a test's deadline only an arm or an explicit stop can hand the socket back, and
+// The binary runs twice (tests/CMakeLists.txt): BusyPoll.* with a 30 s hold (and ack hold), so that
+// within a test's deadline only an arm or an explicit stop can hand the socket back, and
 // BusyPollShortHold.* with a 1 s hold, for the timer that does it for a poller that left.
 #include <poll.h>
 #include <signal.h>
@@ -134,6 +134,32 @@ TEST_F(XProc, BusyPollRejectsAnInvalidCq) {
   EXPECT_EQ(softverbs_cq_busy_poll(nullptr, 1), EINVAL);
   EXPECT_EQ(softverbs_cq_busy_poll(reinterpret_cast<ibv_cq*>(&not_a_cq), 0), EINVAL);
   EXPECT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);
+  EXPECT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);
+}
+
+// A poller's pass that placed only an RDMA Write completed nothing the poller could answer
+// (it does not even know the Write came): the Placement Ack the requester asked for (IB's
+// completion rule) leaves right after the pass, not when the ack hold ends
+// (SOFTVERBS_ACK_HOLD_US, 30 s in this run). RDS's RDMA ops waited 50 us per op for it.
+TEST_F(XProc, BusyPollAWriteThePollerPlacedIsAckedRightAfterItsPass) {
+  g_child_env = {"SOFTVERBS_IB_COMPLETION=1"};
+  Connect();
+  g_child_env.clear();
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);
+  remote->fill(0, 0, 4096, 71);
+  ASSERT_EQ(remote->post_send(make_rdma(IBV_WR_RDMA_WRITE, 1, {sge(0, 4096)}, li.addr, li.rkey)),
+            0);
+  EXPECT_TRUE(remote->poll(CqSel::send, 1, kQuiet).empty())
+      << "the Write completed before the poller placed it";
+  EXPECT_NE(local->check(0, 0, 4096, 71), -1) << "placed by the progress thread";
+  ibv_wc wc{};
+  EXPECT_EQ(ibv_poll_cq(local->rcq, 1, &wc), 0);  // runs the receive pass that places it
+  EXPECT_EQ(local->check(0, 0, 4096, 71), -1);
+  // The poller goes away without polling or arming again.
+  auto s = remote->poll(CqSel::send, 1, Ms(5000));
+  ASSERT_EQ(s.size(), 1u) << "the Placement Ack waited for the hold";
+  EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE));
   EXPECT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);
 }
 

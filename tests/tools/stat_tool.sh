@@ -32,6 +32,10 @@ check() {  # check NAME LOG REGEX...
     fail=$((fail + 1))
     echo "FAIL $name"
     sed 's/^/  | /' "$log" | head -20
+    # What the programs themselves said (a client that exited early explains a missing file).
+    for f in "$W"/server.log "$W"/client.log "$W"/uds.log "$W"/udc.log; do
+      [ -s "$f" ] && { echo "  ${f##*/}:"; tail -n 8 "$f" | sed 's/^/  | /'; }
+    done
   fi
 }
 
