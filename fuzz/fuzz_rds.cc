@@ -1,13 +1,14 @@
 // libFuzzer target for what RDS parses from peers and from other users' files: the RDS
-// header (checksum, extensions), directory lookups' private data, reassembly of fragments into
-// messages and the congestion map (src/wire/rds_rx.h), the connection private data, registry
-// entries and info/ snapshots (src/wire/rds_hdr.h, src/wire/rds_files.h). The first byte picks the
-// parser.
+// header (checksum, extensions), RDMA channel fences, directory lookups' private data, reassembly
+// of fragments into messages and the congestion map (src/wire/rds_rx.h), the connection private
+// data, registry entries and info/ snapshots (src/wire/rds_hdr.h, src/wire/rds_files.h). The first
+// byte picks the parser.
 //
 // Beyond "no crash, no ASan/UBSan report", it traps on broken invariants:
 //  - a header re-encoded from what decoded has a good checksum and decodes to the same
 //    fields; one bit flipped in it (outside h_csum) fails the checksum;
-//  - private data that decodes re-encodes to bytes that decode the same;
+//  - private data that decodes re-encodes to bytes that decode the same, and a fence that
+//    decodes re-encodes to its own bytes;
 //  - a registry entry that parses formats back to the same text (modulo its newline);
 //  - records taken from a snapshot are whole records, never more bytes than it has;
 //  - reassembly never holds more than the message size it was told (itself bounded by the
@@ -34,7 +35,8 @@ namespace {
 bool same_header(const RdsHeader& a, const RdsHeader& b) {
   return a.sequence == b.sequence && a.ack == b.ack && a.len == b.len && a.sport == b.sport &&
          a.dport == b.dport && a.flags == b.flags && a.credit == b.credit &&
-         a.ext_rdma_rkey == b.ext_rdma_rkey && a.ext_rdma_dest == b.ext_rdma_dest;
+         a.ext_rdma_rkey == b.ext_rdma_rkey && a.ext_rdma_dest == b.ext_rdma_dest &&
+         a.ext_fenced == b.ext_fenced;
 }
 
 void header(const std::byte* d, size_t n) {
@@ -58,7 +60,19 @@ void header(const std::byte* d, size_t n) {
   }
 }
 
+// A fence from a peer's RDMA channel: one that decodes re-encodes to the same bytes.
+void fence(const std::byte* d, size_t n) {
+  RdsFence f;
+  if (!rds_fence_decode(d, n, f)) return;
+  FUZZ_CHECK(n == kRdsFenceLen && f.sequence != 0);
+  std::byte out[kRdsFenceLen];
+  rds_fence_encode(f, out);
+  FUZZ_CHECK(std::memcmp(out, d, kRdsFenceLen) == 0);
+}
+
+// The same bytes as connection private data and as a fence (both rdma_cm/RDMA channel control).
 void conn_priv(const std::byte* d, size_t n) {
+  fence(d, n);
   RdsConnPriv p;
   if (!rds_conn_priv_decode(d, n, p)) return;
   std::byte out[kRdsConnPrivLen];

@@ -554,7 +554,7 @@ SV_EXPORT int svrds_close(int fd) {
   // after the ack delay, in case the process is about to exit.
   flush_acks_locked();
   for (auto& [k, c] : g().conns)
-    for (auto* q : {&c->send_q, &c->retrans})
+    for (auto* q : {&c->send_q, &c->retrans, &c->op_wait})
       for (Message* m : *q)
         if (m->sock == s) m->sock = nullptr;
   for (auto* q : directory_queues())

@@ -115,7 +115,8 @@ int setup_qp(Conn* c, rdma_cm_id* id) {
   return 0;
 }
 
-// The RDMA channel carries only RDMA Writes/Reads/atomics: no receives are needed.
+// The RDMA channel carries RDMA Writes/Reads/atomics and the fences behind Writes (16-byte
+// inline Sends): its passive side, which responds, receives the fences.
 int setup_rdma_qp(rdma_cm_id* id) {
   Global& G = g();
   ibv_qp_init_attr a{};
@@ -124,11 +125,12 @@ int setup_rdma_qp(rdma_cm_id* id) {
   a.qp_type = IBV_QPT_RC;
   // A Write may be followed by its confirming Read (rdma.cc).
   a.cap.max_send_wr = 2 * kRdmaDepth + 8;
-  a.cap.max_recv_wr = 1;
+  a.cap.max_recv_wr = kFenceRecvs;
   a.cap.max_send_sge = static_cast<uint32_t>(g_max_send_sge);
   a.cap.max_recv_sge = 1;
+  a.cap.max_inline_data = wire::kRdsFenceLen;
   if (rdma_create_qp(id, G.pd, &a)) return -errno;
-  // Only one-sided ops run here, so no Send of the peer's can hold its acks back (RNR).
+  // Only one-sided ops and fences run here, so no Send of the peer's can hold its acks back (RNR).
   // SOFTVERBS_RDS_CONFIRM_READ=1 keeps the confirming Read (the rule of any iWARP peer).
   const char* e = std::getenv("SOFTVERBS_RDS_CONFIRM_READ");
   if (g_qp_set_ib_completion && !(e && e[0] == '1')) g_qp_set_ib_completion(id->qp, 1);
@@ -140,7 +142,9 @@ PrivBytes make_priv(Conn* c, uint16_t kind = kChanData) {
   p.ip = c->local.sin_addr.s_addr;
   p.cm_port = g().cm_port;
   p.kind = kind;
-  p.ack_seq = c->rx.next_seq - 1;
+  // An RDMA channel's accept acks the fences we have (rdma_fence_acked), a data
+  // connection's the messages.
+  p.ack_seq = kind == kChanRdma ? c->fence_seq : rx_ack_seq(c);
   p.gen = g().gen;
   PrivBytes b;
   wire::rds_conn_priv_encode(p, b.data());
@@ -369,35 +373,96 @@ void handle_rdma_cm(Conn* c, rdma_cm_event* ev) {
       if (rdma_connect(id, &cp)) rdma_chan_down(c);
       break;
     }
-    case RDMA_CM_EVENT_ESTABLISHED:
+    case RDMA_CM_EVENT_ESTABLISHED: {
       c->rstate = ConnState::up;
       c->rplaced = g_qp_ib_completion && g_qp_ib_completion(id->qp) == 1;
       c->rbackoff_ms = 0;
       count("rdma_chan_up");
+      // The accept says which of our fences the peer has: those ops are not redone.
+      wire::RdsConnPriv p;
+      if (wire::rds_conn_priv_decode(static_cast<const std::byte*>(ev->param.conn.private_data),
+                                     ev->param.conn.private_data_len, p) &&
+          p.kind == kChanRdma)
+        rdma_fence_acked(c, p.ack_seq);
       rdma_post_pending(c);
       break;
+    }
     default:
       if (cm_id_lost(ev->event)) rdma_chan_down(c);
       break;
   }
 }
 
-// A peer's RDMA channel: we are only its responder. Accept it; destroy it when it goes.
-void accept_rdma_chan(rdma_cm_id* id) {
+void destroy_fence_chan(rdma_cm_id* id) {
+  auto it = g().passive_rids.find(id);
+  if (it == g().passive_rids.end()) return;
+  FenceChan* f = it->second.get();
+  g().fence_chans.erase(f->key);  // its receives' completions still queued are stale now
+  if (id->qp) rdma_destroy_qp(id);
+  if (f->mr) ibv_dereg_mr(f->mr);
+  g().passive_rids.erase(it);
+  rdma_destroy_id(id);
+}
+
+bool post_fence_recv(FenceChan* f, uint32_t slot) {
+  ibv_sge s{reinterpret_cast<uint64_t>(f->buf[slot]), static_cast<uint32_t>(wire::kRdsFenceLen),
+            f->mr->lkey};
+  ibv_recv_wr wr{};
+  wr.wr_id = make_wr_id(f->key, 0, kFence, slot);
+  wr.sg_list = &s;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad;
+  return ibv_post_recv(f->id->qp, &wr, &bad) == 0;
+}
+
+// A peer's RDMA channel for connection pc: we respond to its ops and take its fences. The
+// accept tells it which fences we have. Destroyed when it goes.
+void accept_rdma_chan(rdma_cm_id* id, Conn* pc) {
+  auto f = std::make_unique<FenceChan>();
+  f->id = id;
+  f->c = pc;
+  f->key = g().next_fence_key++ & 0xFFFFFF;  // the connection-id field of a wr id
   if (setup_rdma_qp(id)) {
     rdma_reject(id, nullptr, 0);
     return;
   }
+  f->mr = ibv_reg_mr(g().pd, f->buf, sizeof f->buf, IBV_ACCESS_LOCAL_WRITE);
+  bool ok = f->mr != nullptr;
+  for (uint32_t i = 0; ok && i < kFenceRecvs; ++i) ok = post_fence_recv(f.get(), i);
+  const PrivBytes p = make_priv(pc, kChanRdma);
   rdma_conn_param cp{};
+  cp.private_data = p.data();
+  cp.private_data_len = static_cast<uint8_t>(p.size());
   cp.responder_resources = kRdmaDepth;
   cp.initiator_depth = 0;
-  if (rdma_accept(id, &cp)) {
+  cp.rnr_retry_count = 7;  // its fences wait for a receive rather than end the channel
+  if (!ok || rdma_accept(id, &cp)) {
+    if (f->mr) ibv_dereg_mr(f->mr);
     rdma_destroy_qp(id);
     rdma_reject(id, nullptr, 0);
     return;
   }
-  g().passive_rids.insert(id);
+  g().fence_chans[f->key] = f.get();
+  g().passive_rids[id] = std::move(f);
   count("rdma_chan_accepted");
+}
+
+// A receive on a peer's RDMA channel: a fence, or a lie that costs the peer its channel.
+void on_fence_wc(const ibv_wc& wc) {
+  auto it = g().fence_chans.find(wr_cid(wc.wr_id));
+  if (it == g().fence_chans.end()) return;  // a channel already destroyed
+  FenceChan* f = it->second;
+  if (wc.status != IBV_WC_SUCCESS) return;  // flushed: the channel is going
+  const uint32_t slot = wr_idx(wc.wr_id);
+  wire::RdsFence fe;
+  if (slot >= static_cast<uint32_t>(kFenceRecvs) ||
+      !wire::rds_fence_decode(f->buf[slot], wc.byte_len, fe) || !on_fence(f->c, fe)) {
+    count("recv_fence_bad");
+    rdma_disconnect(f->id);
+    return;
+  }
+  count("recv_fence");
+  post_fence_recv(f, slot);
 }
 
 void handle_cm(rdma_cm_event* ev) {
@@ -408,11 +473,7 @@ void handle_cm(rdma_cm_event* ev) {
     return;
   }
   if (g().passive_rids.count(ev->id)) {
-    if (cm_id_lost(ev->event)) {
-      g().passive_rids.erase(ev->id);
-      rdma_destroy_qp(ev->id);
-      rdma_destroy_id(ev->id);
-    }
+    if (cm_id_lost(ev->event)) destroy_fence_chan(ev->id);
     return;
   }
   rdma_cm_id* id = ev->id;
@@ -447,10 +508,6 @@ void handle_cm(rdma_cm_event* ev) {
         break;
       }
       const wire::RdsConnPriv* p = &pv;
-      if (p->kind == kChanRdma) {
-        accept_rdma_chan(id);
-        break;
-      }
       // The peer names the address its sockets send from; the connection must really come
       // from there (net/rds accepts a connection for the address pair it arrives on).
       const auto* from = reinterpret_cast<const sockaddr_in*>(rdma_get_peer_addr(id));
@@ -472,6 +529,10 @@ void handle_cm(rdma_cm_event* ev) {
       // by a generation no process has (they are odd).
       Conn* pc =
           conn_get(theirs == mine ? (theirs & ~1ull) : theirs, to->sin_addr, peer, p->cm_port);
+      if (p->kind == kChanRdma) {  // its fences release messages of this connection
+        accept_rdma_chan(id, pc);
+        break;
+      }
       // It acks what it has of ours: more than we ever sent on this connection is a lie, and
       // adopting it would drop our unacked messages as delivered.
       if (p->ack_seq >= pc->next_tx_seq) {
@@ -542,6 +603,10 @@ void handle_wc(const ibv_wc& wc) {
   const uint32_t cid = wr_cid(wc.wr_id);
   const uint64_t kind = wr_kind(wc.wr_id);
   const uint32_t idx = wr_idx(wc.wr_id);
+  if (kind == kFence) {
+    on_fence_wc(wc);
+    return;
+  }
   auto it = g().conn_by_id.find(cid);
   if (it == g().conn_by_id.end()) return;
   Conn* c = it->second;
@@ -863,7 +928,7 @@ void conn_send_ack(Conn* c) {
   c->free_slots.pop_back();
   std::byte* b = &c->sbuf[static_cast<size_t>(slot) * kBufSize];
   wire::RdsHeader h;
-  h.ack = c->rx.next_seq - 1;
+  h.ack = rx_ack_seq(c);
   wire::rds_encode(h, b);
   ibv_sge s{reinterpret_cast<uint64_t>(b), static_cast<uint32_t>(wire::kRdsHeaderLen),
             c->smr->lkey};

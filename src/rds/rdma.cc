@@ -3,10 +3,12 @@
 // connection's RDMA channel, and reporting each one (RDS_CMSG_RDMA_STATUS).
 //
 // A message may carry one RDMA op and one atomic; they run in that order (rds-api.md §2.1),
-// one at a time, before the message itself is sent. Masked atomics cannot be expressed in
-// the standard verbs API, so they run as a compare-and-swap loop: guess the old value g,
-// CSWP(g -> masked_result(g)); a miss returns the real value, which is the next guess. The
-// swap that finally hits is atomic, so the result is what the masked atomic would produce.
+// one at a time. A message with only a Write is fenced between softverbs peers: it is sent
+// without waiting, and a fence Send behind the Write tells the receiver when to deliver it
+// (see post_op). Any other message is sent once its ops completed. Masked atomics cannot be
+// expressed in the standard verbs API, so they run as a compare-and-swap loop: guess the old value
+// g, CSWP(g -> masked_result(g)); a miss returns the real value, which is the next guess. The swap
+// that finally hits is atomic, so the result is what the masked atomic would produce.
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -62,10 +64,55 @@ uint64_t masked_result(const RdmaOp* op, uint64_t v) {
   return (v & ~op->swap_mask) | (op->swap_add & op->swap_mask);
 }
 
-bool post_op(Conn* c, Message* m) {
-  RdmaOp* op = pending_op(m);
+bool fences_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("SOFTVERBS_RDS_FENCE");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
+// The op m still needs the RDMA channel for: its next op, or a fenced Write's verdict.
+RdmaOp* chan_op(Message* m) {
+  if (RdmaOp* op = pending_op(m)) return op;
+  return m->op && m->op->verdict_due ? m->op.get() : nullptr;
+}
+
+// A fenced Write is settled: the message, if acked meanwhile, goes now.
+void settled(Conn* c, Message* m) {
+  if (auto it = std::find(c->op_wait.begin(), c->op_wait.end(), m); it != c->op_wait.end()) {
+    c->op_wait.erase(it);
+    release_message(m);
+  }
+}
+
+bool post_fence(Conn* c, uint64_t wid, uint64_t seq, bool ok) {
+  std::byte b[wire::kRdsFenceLen];
+  wire::rds_fence_encode({seq, ok}, b);
+  ibv_sge sge{reinterpret_cast<uint64_t>(b), static_cast<uint32_t>(sizeof b), 0};
   ibv_send_wr wr{};
+  wr.wr_id = wid;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_send_wr* bad;
+  return ibv_post_send(c->rid->qp, &wr, &bad) == 0;
+}
+
+bool post_op(Conn* c, Message* m) {
+  RdmaOp* op = chan_op(m);
   const uint64_t wid = make_wr_id(conn_id_of(c), c->rinc, kRdma, c->next_rdma_wr++);
+  if (op->verdict_due) {
+    // The peer holds this message for its fence: tell it the Write failed.
+    if (!post_fence(c, wid, m->h.sequence, false)) return false;
+    c->rdma_owner[wid] = m;
+    ++c->rinflight;
+    op->posted = true;
+    count("send_rdma_verdict");
+    return true;
+  }
+  ibv_send_wr wr{};
   wr.wr_id = wid;
   wr.send_flags = IBV_SEND_SIGNALED;
   ibv_sge sge{};
@@ -96,7 +143,26 @@ bool post_op(Conn* c, Message* m) {
     wr.wr.rdma.rkey = op->rkey;
   }
   ibv_send_wr confirm{};
-  if (op->write && !op->atomic && !c->rplaced) {
+  std::byte fb[wire::kRdsFenceLen];
+  ibv_sge fsge{reinterpret_cast<uint64_t>(fb), static_cast<uint32_t>(sizeof fb), 0};
+  // Fenced: a Write alone in its message, to a peer that completes Writes once placed (IB's
+  // rule, Conn::rplaced), so that the fence's own completion means the peer has it.
+  const bool fence =
+      op->fenced || (op->write && !op->atomic && !m->atomic_op && c->rplaced && fences_enabled());
+  if (fence) {
+    // Write (unsignaled: an error completes it anyway), then the fence, whose completion
+    // settles the op. A Send is delivered only after the Writes before it were placed
+    // (RFC 5040 §5.5), and none after a Terminate: a bad cookie fails the Write and the fence
+    // never arrives. Its verdict follows on the next channel.
+    wire::rds_fence_encode({m->h.sequence, true}, fb);
+    wr.send_flags = 0;
+    confirm.wr_id = wid;
+    confirm.opcode = IBV_WR_SEND;
+    confirm.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+    confirm.sg_list = &fsge;
+    confirm.num_sge = 1;
+    wr.next = &confirm;
+  } else if (op->write && !op->atomic && !c->rplaced) {
     // Over iWARP a Write completes once TCP has it, and a bad cookie only comes back
     // as a Terminate. A zero-length Read behind it completes only after the peer placed
     // the Write (RFC 5040 §5.4: Read Responses are not passed by earlier Writes), or fails
@@ -122,11 +188,20 @@ bool post_op(Conn* c, Message* m) {
     notify(m, op, op->status);
     fail_rest(m);
     count("send_rdma_refused");
+    if (op->fenced) {  // a repost: the peer may hold the message, and must hear the verdict
+      op->verdict_due = true;
+      return false;
+    }
     return true;
   }
   c->rdma_owner[wid] = m;
   ++c->rinflight;
   op->posted = true;
+  if (fence && !op->fenced) {
+    op->fenced = true;
+    m->h.ext_fenced = true;  // from now on the message need not wait for the op
+    count("send_rdma_fenced");
+  }
   count(op->atomic ? "send_atomic" : "send_rdma");
   if (!op->atomic) count("send_rdma_bytes", op->bytes);
   return true;
@@ -149,10 +224,12 @@ bool op_own_error(ibv_wc_status st) {
 // kMaxOpLosses channels lost under it, it fails (OTHER_ERROR).
 constexpr int kMaxOpLosses = 8;
 void op_unfinished(Conn* c, Message* m) {
-  RdmaOp* op = pending_op(m);
+  RdmaOp* op = chan_op(m);
   if (!op) return;
   op->posted = false;
-  if (c->rculprit) return;
+  // A fenced op stays unsettled: it, or its verdict, goes again on the next channel. Never
+  // given up: fenced ops run only between softverbs peers, which name an op's own failure.
+  if (c->rculprit || op->fenced) return;
   if (op->atomic || ++op->losses >= kMaxOpLosses) {
     op->status = op->atomic ? RDS_RDMA_DROPPED : RDS_RDMA_OTHER_ERROR;
     notify(m, op, op->status);
@@ -174,8 +251,36 @@ RdmaOp* pending_op(Message* m) {
 }
 
 bool op_in_flight(Message* m) {
-  const RdmaOp* op = pending_op(m);
-  return op && op->posted;
+  const RdmaOp* op = chan_op(m);
+  return op && (op->posted || op->fenced);
+}
+
+bool park_unsettled(Conn* c, Message* m) {
+  if (!m->op || !m->op->fenced || !chan_op(m)) return false;
+  c->op_wait.push_back(m);
+  return true;
+}
+
+void rdma_fence_acked(Conn* c, uint64_t seq) {
+  for (auto it = c->rdma_q.begin(); it != c->rdma_q.end();) {
+    Message* m = *it;
+    RdmaOp* op = m->op.get();
+    if (!op || !op->fenced || op->posted || m->h.sequence > seq) {
+      ++it;
+      continue;
+    }
+    // The peer has this op's fence: the Write landed (or the verdict on it arrived). Its
+    // completion was lost with the old channel; doing it again could overwrite memory the
+    // receiver has already been told about.
+    if (op->status < 0) {
+      op->status = RDS_RDMA_SUCCESS;
+      if (op->notify) notify(m, op, op->status);
+    }
+    op->verdict_due = false;
+    count("send_rdma_fence_acked");
+    it = c->rdma_q.erase(it);
+    settled(c, m);
+  }
 }
 
 bool ops_failed(Message* m) {
@@ -208,7 +313,7 @@ void rdma_post_pending(Conn* c) {
   bool refused = false;
   while (!c->rdma_q.empty() && c->rinflight < kRdmaDepth) {
     Message* m = c->rdma_q.front();
-    if (!post_op(c, m)) return;
+    if (!post_op(c, m)) break;
     c->rdma_q.pop_front();
     if (!op_in_flight(m)) refused = true;
   }
@@ -221,8 +326,16 @@ bool on_rdma_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
   Message* m = it->second;
   c->rdma_owner.erase(it);
   --c->rinflight;
-  RdmaOp* op = pending_op(m);
+  RdmaOp* op = chan_op(m);
   if (!op) return st != IBV_WC_SUCCESS;
+  if (op->verdict_due) {  // a failure verdict's fence
+    op->posted = false;
+    if (st != IBV_WC_SUCCESS) return true;  // again on the next channel
+    op->verdict_due = false;
+    settled(c, m);
+    rdma_post_pending(c);
+    return false;
+  }
   if (st == IBV_WC_SUCCESS && op->masked) {
     uint64_t old;
     std::memcpy(&old, reinterpret_cast<const void*>(op->atomic_local), sizeof old);
@@ -240,10 +353,13 @@ bool on_rdma_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
     if (op_own_error(st)) c->rculprit = true;
     // Notify at completion, as net/rds ib_send.c does for NOTIFY_ME; failures too.
     if (op->status != RDS_RDMA_SUCCESS || op->notify) notify(m, op, op->status);
+    op->posted = false;
     if (st != IBV_WC_SUCCESS) {
       fail_rest(m);
+      if (op->fenced) op->verdict_due = true;  // the peer may hold its message: drop it
       return true;
     }
+    if (op->fenced) settled(c, m);
     if (pending_op(m)) c->rdma_q.push_front(m);  // the atomic after the RDMA
     rdma_post_pending(c);
     return false;
@@ -258,10 +374,15 @@ void rdma_chan_reset_ops(Conn* c) {
   c->rdma_owner.clear();
   c->rinflight = 0;
   c->rculprit = false;
-  // Repost in send order: rebuild the queue from the messages still waiting for an op.
+  // Repost in sequence order (the peer's fences must arrive in it): rebuild the queue from
+  // the messages still needing the channel. Fenced ones may have been sent, even acked.
   c->rdma_q.clear();
-  for (Message* m : c->send_q)
-    if (pending_op(m) && !op_in_flight(m)) c->rdma_q.push_back(m);
+  for (auto* q : {&c->op_wait, &c->retrans, &c->send_q})
+    for (Message* m : *q)
+      if (RdmaOp* op = chan_op(m); op && !op->posted) c->rdma_q.push_back(m);
+  std::stable_sort(c->rdma_q.begin(), c->rdma_q.end(), [](const Message* a, const Message* b) {
+    return a->h.sequence < b->h.sequence;
+  });
 }
 
 // Registers [addr, addr+len) for the peer as RDS does: whole pages, zero-based, so the

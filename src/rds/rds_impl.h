@@ -12,8 +12,12 @@
 // message gets a per-connection sequence number, stays on the retransmit list until the
 // peer's RDS ack (never TCP's), goes back on the send queue when the connection bounces,
 // and the receiver drops anything whose sequence it has already seen (dedupe purely by
-// sequence). RDMA ops run on a QP of their own per connection (Conn::rid); the message
-// that reports one is sent after it completed, so retransmitting it never redoes the op.
+// sequence). RDMA ops run on a QP of their own per connection (Conn::rid). The message
+// that reports a Write goes at once, marked fenced: a fence behind the Write on that QP
+// tells the receiver when the data has landed, and it holds the message until then (RC
+// order, not a wait for the Write's completion at the sender). Reads and atomics keep the
+// older rule: the message is sent once its op completed. Either way, retransmitting the
+// message never redoes the op.
 //
 // Locking: one process-wide mutex (g.mu) guards every socket, connection and message, as
 // net/rds/cong.c argues for its map lock ("Yes, a global lock"); verbs calls are made
@@ -55,6 +59,13 @@ inline constexpr size_t kBufSize = kFragSize + wire::kRdsHeaderLen;
 inline constexpr int kRecvBufs = 64;   // per connection
 inline constexpr int kSendSlots = 64;  // per connection
 inline constexpr int kRdmaDepth = 16;  // RDMA ops in flight per connection (its ORD)
+// Receives for fences on a peer's RDMA channel: one per op it may have in flight, twice over,
+// so its fences never wait for us to re-post one.
+inline constexpr int kFenceRecvs = 2 * kRdmaDepth;
+// What a receiver holds for fences not yet arrived (recv.cc). Held messages are not acked, so
+// an honest sender's buffers stop it long before this; a peer past it ignores acks: the
+// connection drops as for any protocol error, and what it made us hold goes.
+inline constexpr size_t kMaxHeldBytes = 64u << 20;
 inline constexpr uint32_t kDefaultSndBuf = 256 * 1024;
 inline constexpr uint32_t kDefaultRcvBuf = 256 * 1024;
 // The smallest SO_SNDBUF/SO_RCVBUF RDS ends up with: half of the kernel's SOCK_MIN_SNDBUF
@@ -97,6 +108,11 @@ struct RdmaOp {
   int losses = 0;       // channels lost under it with no culprit named (rdma.cc)
   int status = -1;      // RDS_RDMA_* once known
   bool notified = false;
+  // Fenced (rdma.cc): a Write whose message did not wait for it. A fence behind the Write on
+  // the RDMA channel tells the peer when the message may be delivered; the op is settled
+  // once that fence, or the verdict on a Write that failed, is known to have arrived.
+  bool fenced = false;
+  bool verdict_due = false;  // it failed, and the peer has not yet been told to drop its message
 };
 
 struct Message {
@@ -122,6 +138,15 @@ struct Message {
 // Receive path trace points (net/rds i_rx_lat_trace): header seen, delivery started,
 // queued to the socket, handed to recvmsg. CLOCK_MONOTONIC ns.
 enum RxTrace { kRxHdr = 0, kRxStart, kRxEnd, kRxCmsg, kRxPoints };
+
+// A message that arrived before the fence of the Write it reports (recv.cc), or behind one
+// that did: delivered in sequence order once the fences have come.
+struct Held {
+  wire::RdsHeader h;
+  std::vector<std::byte> data;
+  uint64_t hdr_ns = 0;
+  bool failed = false;  // its Write failed (a failure verdict came): dropped, never delivered
+};
 
 struct Incoming {
   sockaddr_in from{};
@@ -227,6 +252,9 @@ struct Conn {
   int since_signal = 0;
   std::deque<Message*> send_q;
   std::deque<Message*> retrans;
+  // Acked (or dropped unsent) messages whose fenced Write is not settled yet: they keep the
+  // op's buffers registered until its fence, or the verdict on its failure, has arrived.
+  std::deque<Message*> op_wait;
   // receive buffers and send slots, registered once per connection
   PageBuf rbuf, sbuf;
   ibv_mr* rmr = nullptr;
@@ -250,6 +278,14 @@ struct Conn {
   std::deque<Message*> rdma_q;              // messages whose op is still to be posted
   std::map<uint64_t, Message*> rdma_owner;  // wr_id -> message (RDMA channel)
   uint32_t next_rdma_wr = 0;
+  // Receiving side of the peer's fences (recv.cc): the last fence's sequence (kept across
+  // channels and reconnects; a new channel's accept tells the peer, which settles the ops it
+  // covers instead of redoing them), failure verdicts for messages not arrived yet, and what
+  // arrived before its fence.
+  uint64_t fence_seq = 0;
+  std::set<uint64_t> fence_failed;
+  std::deque<Held> held;
+  size_t held_bytes = 0;
   // reassembly and the sequences seen (rx.next_seq is kept across reconnects so
   // retransmits are recognised)
   wire::RdsRx rx;
@@ -261,6 +297,23 @@ struct Conn {
   std::vector<uint8_t> fcong;  // the peer's congestion map (RDS_CONG_MAP_BYTES)
   bool map_queued = false;     // send our map when the connection allows
 };
+
+// A peer's RDMA channel, accepted (ib_transport.cc): we respond to its Writes, Reads and
+// atomics, and take its fences for the connection whose messages they release.
+struct FenceChan {
+  rdma_cm_id* id = nullptr;
+  Conn* c = nullptr;
+  uint32_t key = 0;
+  std::byte buf[kFenceRecvs][wire::kRdsFenceLen] = {};
+  ibv_mr* mr = nullptr;
+};
+
+// The sequence we ack (net/rds: the last one received in order), never past a message held
+// for its fence: until the fence comes its sender keeps it, so the sender's send buffers,
+// not our memory, bound what a slow fence holds up.
+inline uint64_t rx_ack_seq(const Conn* c) {
+  return c->held.empty() ? c->rx.next_seq - 1 : c->held.front().h.sequence - 1;
+}
 
 struct Global {
   std::mutex mu;
@@ -296,7 +349,9 @@ struct Global {
   uint32_t next_conn_id = 1;
   std::multimap<std::chrono::steady_clock::time_point, std::pair<Conn*, uint16_t>> timers;
   std::map<rdma_cm_id*, Conn*> rid_conn;
-  std::set<rdma_cm_id*> passive_rids;
+  std::map<rdma_cm_id*, std::unique_ptr<FenceChan>> passive_rids;
+  std::map<uint32_t, FenceChan*> fence_chans;  // by key (its receives' wr ids)
+  uint32_t next_fence_key = 1;
   std::map<uint32_t, int> ping_locks;  // ip -> our registry flock on (ip, 0): pings come here
 };
 
@@ -377,7 +432,8 @@ void rdma_chan_kick(Conn* c);  // connect the RDMA channel if it is down
 // tells a completion of the QP we destroyed from one of its successor: completions the old QP
 // generated after our last drain still sit in the shared CQ, and must neither re-post its
 // receive buffers (now the new QP's) nor be taken for the new QP's errors.
-enum WrKind : uint64_t { kRecv = 1, kSend = 2, kRdma = 3, kAck = 4 };
+// kFence receives carry a FenceChan key where the others have a connection id.
+enum WrKind : uint64_t { kRecv = 1, kSend = 2, kRdma = 3, kAck = 4, kFence = 5 };
 inline uint64_t make_wr_id(uint32_t cid, uint8_t inc, WrKind kind, uint32_t idx) {
   return (static_cast<uint64_t>(cid) << 40) | (static_cast<uint64_t>(inc) << 32) |
          (static_cast<uint64_t>(kind) << 24) | (idx & 0xFFFFFF);
@@ -411,7 +467,9 @@ int map_region_locked(Sock* s, const rds_iovec& v, uint64_t flags, uint64_t* coo
 int build_rdma_op(const rds_rdma_args& a, std::unique_ptr<RdmaOp>* out);  // 0 or -errno
 int build_atomic_op(const rds_atomic_args& a, int kind, std::unique_ptr<RdmaOp>* out);
 RdmaOp* pending_op(Message* m);  // the next op to run (null: all have completed)
-bool op_in_flight(Message* m);   // its op is on the RDMA channel
+// Its op is on the RDMA channel, or is a fenced Write not settled yet (the peer holds the
+// message for its fence): either way the op's buffers are not ours to release.
+bool op_in_flight(Message* m);
 bool ops_failed(Message* m);
 void ops_report(Message* m, int status_if_unknown);  // notify what was not yet notified
 void ops_release(Message* m);                        // deregister local buffers
@@ -419,6 +477,10 @@ void rdma_post_pending(Conn* c);                     // post queued ops on the R
 // Returns true when the RDMA channel must be torn down (any error on it).
 bool on_rdma_complete(Conn* c, uint64_t wr_id, ibv_wc_status st);
 void rdma_chan_reset_ops(Conn* c);  // RDMA channel went down: ops to repost or drop
+// A new RDMA channel's accept says the peer has our fences up to `seq`: those ops are settled.
+void rdma_fence_acked(Conn* c, uint64_t seq);
+// An acked message whose fenced Write is not settled: it waits in op_wait (true), else false.
+bool park_unsettled(Conn* c, Message* m);
 
 // info.cc: RDS_INFO_* snapshots of this process' RDS stack. Returns the record size, or
 // -ENOSPC with *len set to the bytes needed (net/rds info.c protocol).
@@ -449,6 +511,10 @@ int directory_wait_ms();                                // engine: when the next
 // does): no header, a bad header checksum, an ack of what we never sent, a length beyond
 // RDS_MAX_MSG_SIZE, a sequence outside the receive window, a fragment that does not fit.
 bool on_frag(Conn* c, const std::byte* buf, uint32_t len);
+// One fence from the peer's RDMA channel: releases (or, for a failure verdict, drops) the
+// messages held for it. False if the peer lies (a sequence beyond the receive window, too
+// many verdicts for messages not arrived): its RDMA channel is disconnected.
+bool on_fence(Conn* c, const wire::RdsFence& f);
 // How far past the next expected sequence a message may be (gaps are legal: a cancelled
 // message keeps its number): anything further is a peer that lies about its sequence.
 inline constexpr uint64_t kSeqWindow = 1ull << 32;

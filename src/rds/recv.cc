@@ -32,21 +32,9 @@ void queue_pong(Conn* c, uint16_t to_port) {
   count("send_pong");
 }
 
-// A new message (rds_rx_frag said `message`: sequence already adopted).
+// A message to its socket, in sequence order.
 void deliver(Conn* c, const wire::RdsHeader& h, std::vector<std::byte>&& data, uint64_t hdr_ns) {
   const uint64_t start_ns = mono_ns();
-  // Acks free the sender's retransmit list and send buffer. Most ride on our next message
-  // (xmit piggybacks them); a lone ack goes after kAckDelayUs, or at once when the sender
-  // asked (ACK_REQUIRED: its buffer is half full) or kAckEvery messages are unacked.
-  c->ack_needed = true;
-  if (++c->unacked >= kAckEvery || (h.flags & wire::kRdsFlagAckRequired)) c->ack_now = true;
-  if (h.dport == 0) {
-    // Ping to port 0: the "kernel" answers from port 0 (net/rds recv.c, rds_send_pong).
-    count("recv_ping");
-    if (h.sport != 0) queue_pong(c, h.sport);
-    ping_claim(c->local.sin_addr);  // the holder is gone: answer here from now on
-    return;
-  }
   Sock* s = find_bound(c->local.sin_addr, h.dport);
   if (!s || s->closing) {
     count("recv_drop_no_sock");
@@ -79,7 +67,81 @@ void deliver(Conn* c, const wire::RdsHeader& h, std::vector<std::byte>&& data, u
   sock_wake(s);
 }
 
+// Delivers what waited for fences that have now arrived, in order; drops what failed.
+void release_held(Conn* c) {
+  while (!c->held.empty()) {
+    Held& f = c->held.front();
+    if (f.h.ext_fenced && f.h.sequence > c->fence_seq) break;
+    Held x = std::move(f);
+    c->held.pop_front();
+    c->held_bytes -= x.data.size();
+    if (x.failed) {
+      count("recv_drop_rdma_failed");
+      continue;
+    }
+    deliver(c, x.h, std::move(x.data), x.hdr_ns);
+  }
+}
+
+// A new message (rds_rx_frag said `message`: sequence already adopted). False if the peer
+// makes us hold more than kMaxHeldBytes for fences it does not send.
+bool arrive(Conn* c, const wire::RdsHeader& h, std::vector<std::byte>&& data, uint64_t hdr_ns) {
+  // Acks free the sender's retransmit list and send buffer. Most ride on our next message
+  // (xmit piggybacks them); a lone ack goes after kAckDelayUs, or at once when the sender
+  // asked (ACK_REQUIRED: its buffer is half full) or kAckEvery messages are unacked. A
+  // message held for its fence is acked too: the sender keeps the op, not the message.
+  c->ack_needed = true;
+  if (++c->unacked >= kAckEvery || (h.flags & wire::kRdsFlagAckRequired)) c->ack_now = true;
+  if (h.dport == 0) {
+    // Ping to port 0: the "kernel" answers from port 0 (net/rds recv.c, rds_send_pong).
+    count("recv_ping");
+    if (h.sport != 0) queue_pong(c, h.sport);
+    ping_claim(c->local.sin_addr);  // the holder is gone: answer here from now on
+    return true;
+  }
+  // Verdicts for messages before this one that never came (dropped unsent) are moot.
+  c->fence_failed.erase(c->fence_failed.begin(), c->fence_failed.lower_bound(h.sequence));
+  if (h.ext_fenced && h.sequence <= c->fence_seq && c->fence_failed.erase(h.sequence)) {
+    count("recv_drop_rdma_failed");  // its Write failed: both or neither (rds-rdma(7))
+    return true;
+  }
+  if (c->held.empty() && !(h.ext_fenced && h.sequence > c->fence_seq)) {
+    deliver(c, h, std::move(data), hdr_ns);
+    return true;
+  }
+  if (c->held_bytes + data.size() > kMaxHeldBytes) {
+    c->held.clear();  // unacked, so the lie costs only what it sent
+    c->held_bytes = 0;
+    return false;
+  }
+  count("recv_held_for_fence");
+  c->held_bytes += data.size();
+  c->held.push_back(Held{h, std::move(data), hdr_ns, false});
+  return true;
+}
+
 }  // namespace
+
+bool on_fence(Conn* c, const wire::RdsFence& f) {
+  // Fences come in sequence order; one we have (a channel's last, seen again) changes nothing.
+  if (f.sequence <= c->fence_seq) return true;
+  if (f.sequence >= c->rx.next_seq + kSeqWindow) return false;
+  c->fence_seq = f.sequence;
+  if (!f.ok) {
+    bool found = false;
+    for (Held& x : c->held)
+      if (x.h.sequence == f.sequence) found = x.failed = true;
+    // Not arrived yet (it is on its way, or was dropped unsent): remembered until it comes.
+    if (!found && f.sequence >= c->rx.next_seq) {
+      if (c->fence_failed.size() >= static_cast<size_t>(4 * kRdmaDepth)) return false;
+      c->fence_failed.insert(f.sequence);
+    }
+  }
+  const size_t before = c->held.size();
+  release_held(c);
+  if (c->held.size() != before) c->ack_needed = true;  // our ack may move past them now
+  return true;
+}
 
 uint64_t mono_ns() {
   timespec t;
@@ -133,7 +195,10 @@ bool on_frag(Conn* c, const std::byte* buf, uint32_t len) {
       break;
   }
   if (starts) c->cur_hdr_ns = mono_ns();
-  deliver(c, c->rx.cur, std::move(c->rx.data), c->cur_hdr_ns);
+  if (!arrive(c, c->rx.cur, std::move(c->rx.data), c->cur_hdr_ns)) {
+    count("recv_held_too_much");
+    return false;
+  }
   c->rx.data = {};
   if (!c->send_q.empty()) conn_kick(c);  // pongs
   return true;

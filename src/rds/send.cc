@@ -58,14 +58,15 @@ void xmit(Conn* c) {
     Message* m = c->send_q.front();
     if (m->op || m->atomic_op) {
       // The message reports its RDMA, so it goes only after the op completed (and everything
-      // behind it waits: per-destination order). A failed op takes its message with it: both
-      // or neither (rds-rdma(7)). Once the op has landed, the message alone may be resent
-      // across connection bounces; the op is never redone.
-      if (pending_op(m)) return;
+      // behind it waits: per-destination order), or, fenced, once the op is posted: the
+      // receiver holds it until the fence behind the Write arrives. A failed op takes its
+      // message with it: both or neither (rds-rdma(7)). Once the op has landed, the message
+      // alone may be resent across connection bounces; the op is never redone.
+      if (const RdmaOp* op = pending_op(m); op && !op->fenced) return;
       if (ops_failed(m)) {
         c->send_q.pop_front();
         count("send_rdma_failed");
-        release_message(m);
+        if (!park_unsettled(c, m)) release_message(m);  // its verdict is still owed
         continue;
       }
     }
@@ -77,7 +78,7 @@ void xmit(Conn* c) {
       c->free_slots.pop_back();
       std::byte* b = &c->sbuf[static_cast<size_t>(slot) * kBufSize];
       wire::RdsHeader h = m->h;
-      h.ack = c->rx.next_seq - 1;  // piggybacked ack
+      h.ack = rx_ack_seq(c);  // piggybacked ack
       wire::rds_encode(h, b);
       const size_t off = static_cast<size_t>(m->frags_posted) * kFragSize;
       const size_t chunk = std::min(kFragSize, len - std::min(len, off));
@@ -133,8 +134,9 @@ bool on_ack(Conn* c, uint64_t ack) {
   while (!c->retrans.empty() && c->retrans.front()->h.sequence <= ack) {
     Message* m = c->retrans.front();
     c->retrans.pop_front();
-    ops_report(m, RDS_RDMA_SUCCESS);
     count("send_drop_acked");
+    if (park_unsettled(c, m)) continue;  // its fenced Write reports when settled
+    ops_report(m, RDS_RDMA_SUCCESS);
     release_message(m);
   }
   return true;

@@ -23,6 +23,10 @@ inline constexpr uint8_t kRdsFlagRetransmitted = 0x04;
 inline constexpr uint8_t kRdsExtNone = 0;
 inline constexpr uint8_t kRdsExtRdma = 2;      // be32 rkey: this message chased an RDMA
 inline constexpr uint8_t kRdsExtRdmaDest = 3;  // be32 rkey, be32 offset: cookie for the peer
+// softverbs' own, no body: the RDMA Write this message reports is vouched for by a fence on
+// the sender's RDMA channel (RdsFence); the receiver holds the message until it arrives.
+// Outside net/rds's range (__RDS_EXTHDR_MAX), which a Linux receiver stops parsing at.
+inline constexpr uint8_t kRdsExtFenced = 0x80;
 
 struct RdsHeader {
   uint64_t sequence = 0;
@@ -35,6 +39,7 @@ struct RdsHeader {
   // Decoded extensions (at most one of each).
   std::optional<uint32_t> ext_rdma_rkey;
   std::optional<uint64_t> ext_rdma_dest;  // cookie: rkey | offset << 32
+  bool ext_fenced = false;                // kRdsExtFenced
 };
 
 // h_csum (offset 30): the Internet checksum of the 48-byte header, as net/rds
@@ -74,7 +79,9 @@ inline void rds_encode(const RdsHeader& h, std::byte* out) {
   if (h.ext_rdma_rkey && e + 5 <= p + 32 + kRdsExtSpace) {
     e[0] = std::byte{kRdsExtRdma};
     store_be32(e + 1, *h.ext_rdma_rkey);
+    e += 5;
   }
+  if (h.ext_fenced && e < p + 32 + kRdsExtSpace) e[0] = std::byte{kRdsExtFenced};
   uint16_t csum = static_cast<uint16_t>(~rds_csum_fold(p));
   if (csum == 0) csum = 0xFFFF;  // the same sum in ones' complement; 0 would mean "none"
   store_be16(p + kRdsCsumOffset, csum);
@@ -101,6 +108,9 @@ inline bool rds_decode(const std::byte* in, RdsHeader& h) {
     } else if (type == kRdsExtRdmaDest && e + 9 <= end) {
       h.ext_rdma_dest = load_be32(e + 1) | (static_cast<uint64_t>(load_be32(e + 5)) << 32);
       e += 9;
+    } else if (type == kRdsExtFenced) {
+      h.ext_fenced = true;
+      e += 1;
     } else {
       return false;
     }
@@ -142,6 +152,36 @@ inline bool rds_conn_priv_decode(const std::byte* in, size_t len, RdsConnPriv& p
   p.ack_seq = load_be64(in + 16);
   p.gen = load_be64(in + 24);
   return p.kind == kRdsChanData || p.kind == kRdsChanRdma;
+}
+
+// A fence (softverbs' own): a 16-byte SEND on the RDMA channel right behind the Write it
+// vouches for. RC order (RFC 5040 §5.5: a Send is delivered after the messages before it
+// were placed) makes its arrival proof that the Write has landed, so the message reporting
+// the Write may travel on the data connection at the same time and wait at the receiver,
+// instead of the sender waiting for the Write's completion. `ok` false is the verdict on a
+// Write that failed (a bad cookie): drop its message. Magic, status (0 ok, 1 failed),
+// the reporting message's sequence; big-endian.
+inline constexpr uint32_t kRdsFenceMagic = 0x5356464E;  // "SVFN"
+inline constexpr size_t kRdsFenceLen = 16;
+
+struct RdsFence {
+  uint64_t sequence = 0;
+  bool ok = true;
+};
+
+inline void rds_fence_encode(const RdsFence& f, std::byte* out) {
+  store_be32(out, kRdsFenceMagic);
+  store_be32(out + 4, f.ok ? 0 : 1);
+  store_be64(out + 8, f.sequence);
+}
+
+// False for anything but a fence (wrong length or magic, unknown status, sequence 0).
+inline bool rds_fence_decode(const std::byte* in, size_t len, RdsFence& f) {
+  if (!in || len != kRdsFenceLen || load_be32(in) != kRdsFenceMagic) return false;
+  const uint32_t st = load_be32(in + 4);
+  f.ok = st == 0;
+  f.sequence = load_be64(in + 8);
+  return st <= 1 && f.sequence != 0;
 }
 
 // rdma_cm private data of a directory lookup (rds/directory.cc) and of its answer, which

@@ -66,7 +66,8 @@ class Attacker {
 
   // Connects from 127.0.0.1 to the victim, claiming `claimed_ip` and acking `ack_seq`.
   // Returns the event that ends the attempt: ESTABLISHED, REJECTED, ...
-  rdma_cm_event_type connect(uint16_t cm_port, const char* claimed_ip, uint64_t ack_seq) {
+  rdma_cm_event_type connect(uint16_t cm_port, const char* claimed_ip, uint64_t ack_seq,
+                             uint16_t kind = wire::kRdsChanData) {
     if (rdma_create_id(ch_, &id_, nullptr, RDMA_PS_TCP)) return RDMA_CM_EVENT_ADDR_ERROR;
     sockaddr_in src = addr(0), dst = addr(cm_port);
     if (rdma_resolve_addr(id_, reinterpret_cast<sockaddr*>(&src), reinterpret_cast<sockaddr*>(&dst),
@@ -94,7 +95,7 @@ class Attacker {
     wire::RdsConnPriv p;
     p.ip = addr(0, claimed_ip).sin_addr.s_addr;
     p.cm_port = 1;  // nobody listens there: the victim must never need to call us back
-    p.kind = wire::kRdsChanData;
+    p.kind = kind;
     p.ack_seq = ack_seq;
     p.gen = gen_;
     std::array<std::byte, wire::kRdsConnPrivLen> pd;
@@ -135,6 +136,10 @@ class Attacker {
       rdma_cm_event* ev;
       if (rdma_get_cm_event(ch_, &ev) == 0) {
         const rdma_cm_event_type t = ev->event;
+        if (t == RDMA_CM_EVENT_ESTABLISHED)
+          have_accept_ =
+              wire::rds_conn_priv_decode(static_cast<const std::byte*>(ev->param.conn.private_data),
+                                         ev->param.conn.private_data_len, accept_);
         rdma_ack_cm_event(ev);
         return t;
       }
@@ -143,7 +148,12 @@ class Attacker {
     return RDMA_CM_EVENT_TIMEWAIT_EXIT;
   }
 
+  // The victim's accept, if it carried our private data.
+  const wire::RdsConnPriv* accepted() const { return have_accept_ ? &accept_ : nullptr; }
+
  private:
+  bool have_accept_ = false;
+  wire::RdsConnPriv accept_;
   uint64_t gen_;
   rdma_event_channel* ch_ = nullptr;
   rdma_cm_id* id_ = nullptr;
@@ -160,8 +170,9 @@ uint64_t random_gen() {
 }
 
 std::vector<std::byte> frame(uint64_t seq, uint64_t ack, uint32_t len, uint16_t dport,
-                             const std::string& payload) {
+                             const std::string& payload, bool fenced = false) {
   wire::RdsHeader h;
+  h.ext_fenced = fenced;
   h.sequence = seq;
   h.ack = ack;
   h.len = len;
@@ -171,6 +182,24 @@ std::vector<std::byte> frame(uint64_t seq, uint64_t ack, uint32_t len, uint16_t 
   wire::rds_encode(h, f.data());
   std::memcpy(f.data() + wire::kRdsHeaderLen, payload.data(), payload.size());
   return f;
+}
+
+std::vector<std::byte> fence(uint64_t seq, bool ok) {
+  std::vector<std::byte> f(wire::kRdsFenceLen);
+  wire::rds_fence_encode({seq, ok}, f.data());
+  return f;
+}
+
+// The messages the victim has, within ms each, until none more comes.
+std::vector<std::string> drain(int fd, int ms = 300) {
+  std::vector<std::string> got;
+  std::vector<char> b(64);
+  while (wait_for(fd, POLLIN, ms) > 0) {
+    const ssize_t n = recv_one(fd, b);
+    if (n < 0) break;
+    got.emplace_back(b.data(), static_cast<size_t>(n));
+  }
+  return got;
 }
 
 struct Victim {
@@ -281,4 +310,102 @@ TEST(RdsHostilePeer, RandomFramesAreNeverDelivered) {
   }
   EXPECT_TRUE(v.got_nothing());
   EXPECT_GE(counter(v.fd, "recv_protocol_error"), 250u);
+}
+
+// Fences (softverbs' own, wire/rds_hdr.h): a message marked fenced reports a Write on the
+// sender's RDMA channel, and is delivered only once the fence behind that Write arrives
+// there; a failure verdict drops it. Scripted from both of the peer's QPs.
+TEST(RdsFence, AFencedMessageWaitsForItsFenceAndAVerdictDropsIt) {
+  Victim v;
+  const uint64_t gen = random_gen();
+  Attacker data(gen), chan(gen);
+  ASSERT_EQ(data.connect(v.cm_port, "127.0.0.1", 0), RDMA_CM_EVENT_ESTABLISHED);
+  ASSERT_EQ(chan.connect(v.cm_port, "127.0.0.1", 0, wire::kRdsChanRdma), RDMA_CM_EVENT_ESTABLISHED);
+  ASSERT_NE(chan.accepted(), nullptr);
+  EXPECT_EQ(chan.accepted()->ack_seq, 0u) << "no fence yet";
+
+  ASSERT_TRUE(data.send(frame(1, 0, 3, v.port, "one", true)));
+  ASSERT_TRUE(data.send(frame(2, 0, 3, v.port, "two")));
+  EXPECT_TRUE(v.got_nothing()) << "held for the fence, and what follows it waits in order";
+  ASSERT_TRUE(chan.send(fence(1, true)));
+  EXPECT_EQ(drain(v.fd), (std::vector<std::string>{"one", "two"}));
+
+  // A failure verdict drops its message (both or neither), not the ones behind it.
+  ASSERT_TRUE(data.send(frame(3, 0, 3, v.port, "bad", true)));
+  ASSERT_TRUE(data.send(frame(4, 0, 4, v.port, "four")));
+  EXPECT_TRUE(v.got_nothing());
+  ASSERT_TRUE(chan.send(fence(3, false)));
+  EXPECT_EQ(drain(v.fd), (std::vector<std::string>{"four"}));
+
+  // The verdict may come before its message: it is remembered until the message comes.
+  ASSERT_TRUE(chan.send(fence(5, false)));
+  ASSERT_TRUE(chan.send(fence(6, true)));
+  ASSERT_TRUE(data.send(frame(5, 0, 4, v.port, "bad2", true)));
+  ASSERT_TRUE(data.send(frame(6, 0, 4, v.port, "six!", true)));
+  EXPECT_EQ(drain(v.fd), (std::vector<std::string>{"six!"}));
+  EXPECT_GE(counter(v.fd, "recv_drop_rdma_failed"), 2u);
+
+  // A new channel's accept acks the fences the victim has: the peer does not redo them.
+  Attacker chan2(gen);
+  ASSERT_EQ(chan2.connect(v.cm_port, "127.0.0.1", 0, wire::kRdsChanRdma),
+            RDMA_CM_EVENT_ESTABLISHED);
+  ASSERT_NE(chan2.accepted(), nullptr);
+  EXPECT_EQ(chan2.accepted()->ack_seq, 6u);
+}
+
+TEST(RdsFence, AFenceThatLiesCostsThePeerItsChannelNotItsMessages) {
+  Victim v;
+  const uint64_t gen = random_gen();
+  Attacker data(gen);
+  ASSERT_EQ(data.connect(v.cm_port, "127.0.0.1", 0), RDMA_CM_EVENT_ESTABLISHED);
+  ASSERT_TRUE(data.send(frame(1, 0, 4, v.port, "held", true)));
+  const uint64_t bad = counter(v.fd, "recv_fence_bad");
+  {
+    // Beyond the receive window: no fence can be that far ahead of the messages.
+    Attacker chan(gen);
+    ASSERT_EQ(chan.connect(v.cm_port, "127.0.0.1", 0, wire::kRdsChanRdma),
+              RDMA_CM_EVENT_ESTABLISHED);
+    ASSERT_TRUE(chan.send(fence(1ull << 40, true)));
+    EXPECT_EQ(chan.wait(), RDMA_CM_EVENT_DISCONNECTED);
+  }
+  {
+    // Not a fence at all.
+    Attacker chan(gen);
+    ASSERT_EQ(chan.connect(v.cm_port, "127.0.0.1", 0, wire::kRdsChanRdma),
+              RDMA_CM_EVENT_ESTABLISHED);
+    std::vector<std::byte> junk(wire::kRdsFenceLen, std::byte{0x5a});
+    ASSERT_TRUE(chan.send(junk));
+    EXPECT_EQ(chan.wait(), RDMA_CM_EVENT_DISCONNECTED);
+  }
+  EXPECT_EQ(counter(v.fd, "recv_fence_bad"), bad + 2);
+  EXPECT_TRUE(v.got_nothing()) << "a lie releases nothing";
+  // An honest fence afterwards still releases the held message.
+  Attacker chan(gen);
+  ASSERT_EQ(chan.connect(v.cm_port, "127.0.0.1", 0, wire::kRdsChanRdma), RDMA_CM_EVENT_ESTABLISHED);
+  ASSERT_EQ(chan.accepted()->ack_seq, 0u) << "the lie did not become the fence state";
+  ASSERT_TRUE(chan.send(fence(1, true)));
+  EXPECT_EQ(drain(v.fd), (std::vector<std::string>{"held"}));
+}
+
+// A peer that never sends its fences cannot make the victim hold without bound.
+TEST(RdsFence, HoldingForFencesIsBounded) {
+  Victim v;
+  Attacker data(random_gen());
+  ASSERT_EQ(data.connect(v.cm_port, "127.0.0.1", 0), RDMA_CM_EVENT_ESTABLISHED);
+  const long rss = rss_kib();
+  const std::string chunk(64 * 1024, 'h');
+  // 1 MiB messages in 64 KiB fragments, each fenced, no fence ever, acks ignored: the 65th
+  // MiB is over the bound.
+  bool dropped = false;
+  for (uint64_t seq = 1; seq <= 70 && !dropped; ++seq)
+    for (int frag = 0; frag < 16 && !dropped; ++frag) {
+      const uint32_t len = 16 * static_cast<uint32_t>(chunk.size());
+      if (!data.send(frame(seq, 0, len, v.port, chunk, true))) dropped = true;
+    }
+  if (!dropped) {
+    EXPECT_EQ(data.wait(), RDMA_CM_EVENT_DISCONNECTED);
+  }
+  EXPECT_GE(counter(v.fd, "recv_held_too_much"), 1u);
+  EXPECT_LT(rss_kib() - rss, 96 * 1024) << "KiB held";
+  EXPECT_TRUE(v.got_nothing());
 }
