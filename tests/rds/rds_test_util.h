@@ -1,10 +1,13 @@
 // Helpers for RDS tests: sockets on loopback, a private registry directory per run.
 #pragma once
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/rds.h>
 #include <poll.h>
 #include <softverbs/rds.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,10 +27,34 @@ inline sockaddr_in addr(uint16_t port, const char* ip = "127.0.0.1") {
   return a;
 }
 
-// A port block unique to this test process (registry is host-wide).
-// 64 ports per process: parallel ctest processes must not overlap.
+// A block of 64 ports unique to this process among all that use this helper on the host (the
+// registry is host-wide): the block at getpid() % 700 if free, else the next free one. The
+// claim is an flock held until the process exits. Blocks picked by pid alone collided when
+// two processes' pids differed by a multiple of 700, which a long test outlives under -j2.
+inline int port_block() {
+  static pid_t owner = 0;
+  static int block = 0;
+  if (owner == getpid()) return block;
+  owner = getpid();
+  block = owner % 700;
+  const std::string dir = "/tmp/softverbs-test-ports";
+  mkdir(dir.c_str(), 01777);
+  for (int k = 0; k < 700; ++k) {
+    const int b = (owner % 700 + k) % 700;
+    const int fd =
+        open((dir + "/" + std::to_string(b)).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) break;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      block = b;  // fd stays open: it is the claim
+      break;
+    }
+    close(fd);
+  }
+  return block;
+}
+
 inline uint16_t port(int i) {
-  return static_cast<uint16_t>(20000 + (getpid() % 700) * 64 + i);
+  return static_cast<uint16_t>(20000 + port_block() * 64 + i);
 }
 
 inline int bound_socket(uint16_t p) {
