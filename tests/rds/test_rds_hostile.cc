@@ -84,14 +84,7 @@ class Attacker {
     a.cap.max_send_wr = a.cap.max_recv_wr = 16;
     a.cap.max_send_sge = a.cap.max_recv_sge = 1;
     if (rdma_create_qp(id_, pd_, &a)) return RDMA_CM_EVENT_ADDR_ERROR;
-    for (int i = 0; i < 4; ++i) {
-      ibv_sge s{reinterpret_cast<uint64_t>(buf_.data() + (i + 1) * kBuf), kBuf, mr_->lkey};
-      ibv_recv_wr wr{};
-      wr.sg_list = &s;
-      wr.num_sge = 1;
-      ibv_recv_wr* bad;
-      ibv_post_recv(id_->qp, &wr, &bad);
-    }
+    for (uint64_t i = 0; i < 4; ++i) post_recv(i);
     wire::RdsConnPriv p;
     p.ip = addr(0, claimed_ip).sin_addr.s_addr;
     p.cm_port = 1;  // nobody listens there: the victim must never need to call us back
@@ -124,7 +117,10 @@ class Attacker {
       ibv_wc wc;
       const int n = ibv_poll_cq(cq_, 1, &wc);
       if (n > 0 && wc.opcode == IBV_WC_SEND) return wc.status == IBV_WC_SUCCESS;
-      if (n > 0) continue;  // one of our receives (the victim's map)
+      if (n > 0) {  // one of our receives (the victim's map, its acks): take the next
+        if (wc.status == IBV_WC_SUCCESS) post_recv(wc.wr_id);
+        continue;
+      }
       usleep(1000);
     }
     return false;
@@ -152,6 +148,16 @@ class Attacker {
   const wire::RdsConnPriv* accepted() const { return have_accept_ ? &accept_ : nullptr; }
 
  private:
+  void post_recv(uint64_t i) {
+    ibv_sge s{reinterpret_cast<uint64_t>(buf_.data() + (i + 1) * kBuf), kBuf, mr_->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = i;
+    wr.sg_list = &s;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad;
+    ibv_post_recv(id_->qp, &wr, &bad);
+  }
+
   bool have_accept_ = false;
   wire::RdsConnPriv accept_;
   uint64_t gen_;
@@ -387,25 +393,24 @@ TEST(RdsFence, AFenceThatLiesCostsThePeerItsChannelNotItsMessages) {
   EXPECT_EQ(drain(v.fd), (std::vector<std::string>{"held"}));
 }
 
-// A peer that never sends its fences cannot make the victim hold without bound.
+// A peer that never sends its fences (and ignores that held messages are not acked) cannot
+// make the victim hold without bound: past kMaxHeldBytes its connection drops, and what it
+// made the victim hold is freed (not checked by RSS here: ASan's quarantine keeps freed memory).
 TEST(RdsFence, HoldingForFencesIsBounded) {
   Victim v;
   Attacker data(random_gen());
   ASSERT_EQ(data.connect(v.cm_port, "127.0.0.1", 0), RDMA_CM_EVENT_ESTABLISHED);
-  const long rss = rss_kib();
   const std::string chunk(64 * 1024, 'h');
-  // 1 MiB messages in 64 KiB fragments, each fenced, no fence ever, acks ignored: the 65th
-  // MiB is over the bound.
+  // 1 MiB messages in 64 KiB fragments, each fenced, no fence ever: the 65th MiB is over.
   bool dropped = false;
   for (uint64_t seq = 1; seq <= 70 && !dropped; ++seq)
     for (int frag = 0; frag < 16 && !dropped; ++frag) {
       const uint32_t len = 16 * static_cast<uint32_t>(chunk.size());
       if (!data.send(frame(seq, 0, len, v.port, chunk, true))) dropped = true;
     }
-  if (!dropped) {
-    EXPECT_EQ(data.wait(), RDMA_CM_EVENT_DISCONNECTED);
-  }
-  EXPECT_GE(counter(v.fd, "recv_held_too_much"), 1u);
-  EXPECT_LT(rss_kib() - rss, 96 * 1024) << "KiB held";
+  // The victim may still be taking in what was sent (slowly, under a sanitizer).
+  for (int i = 0; i < 12 && !dropped; ++i) dropped = data.wait() == RDMA_CM_EVENT_DISCONNECTED;
+  EXPECT_TRUE(dropped);
+  EXPECT_EQ(counter(v.fd, "recv_held_too_much"), 1u);
   EXPECT_TRUE(v.got_nothing());
 }
