@@ -165,6 +165,7 @@ void schedule_reconnect(Conn* c, uint16_t chan = kChanData) {
   int& backoff = chan == kChanData ? c->backoff_ms : c->rbackoff_ms;
   const uint64_t attempts = chan == kChanData ? c->reconnects : c->rconnects;
   backoff = backoff ? std::min(backoff * 2, kMaxBackoffMs) : kMinBackoffMs;
+  (chan == kChanData ? c->reconnect_pending : c->rreconnect_pending) = true;
   uint32_t r;
   if (getrandom(&r, sizeof r, 0) != sizeof r) r = 7;
   const int delay = attempts == 0 ? 0 : static_cast<int>(r % static_cast<uint32_t>(backoff)) + 1;
@@ -747,6 +748,7 @@ void engine_loop() {
     while (!g().timers.empty() && g().timers.begin()->first <= now) {
       auto [c, chan] = g().timers.begin()->second;
       g().timers.erase(g().timers.begin());
+      (chan == kChanData ? c->reconnect_pending : c->rreconnect_pending) = false;
       if (chan == kChanRdma) {
         if (!c->rdma_q.empty()) rdma_chan_connect(c);
       } else if (c->state == ConnState::down && !c->send_q.empty()) {
@@ -909,15 +911,18 @@ Conn* conn_get(uint64_t peer_gen, in_addr laddr, const sockaddr_in& faddr, uint1
   return c;
 }
 
+// Not while a reconnect is scheduled: its backoff is what spares a peer that refuses us (its
+// peer_guard after our ops' protection errors) a connect per message (net/rds
+// RDS_RECONNECT_PENDING).
 void rdma_chan_kick(Conn* c) {
-  if (c->rstate == ConnState::down && !c->rid) rdma_chan_connect(c);
+  if (c->rstate == ConnState::down && !c->rid && !c->rreconnect_pending) rdma_chan_connect(c);
 }
 
 void conn_kick(Conn* c) {
   rdma_post_pending(c);
   if (c->state == ConnState::up) {
     xmit(c);
-  } else if (c->state == ConnState::down && !c->send_q.empty()) {
+  } else if (c->state == ConnState::down && !c->send_q.empty() && !c->reconnect_pending) {
     start_connect(c);
   }
 }

@@ -268,6 +268,7 @@ struct Conn {
   rdma_cm_id* rid = nullptr;
   ConnState rstate = ConnState::down;
   int rbackoff_ms = 0;
+  bool rreconnect_pending = false;  // a reconnect timer is set (schedule_reconnect)
   uint64_t rconnects = 0;
   bool rculprit = false;  // this QP failed on an op's own error: the ops behind it never ran
   // Its Writes complete once the peer placed them (softverbs peers: IB's completion rule),
@@ -291,6 +292,7 @@ struct Conn {
   wire::RdsRx rx;
   uint64_t cur_hdr_ns = 0;  // when the message's first fragment arrived (RXPATH_LATENCY)
   int backoff_ms = 0;
+  bool reconnect_pending = false;  // a reconnect timer is set: kicks wait for it
   uint64_t reconnects = 0;
   bool tearing_down = false;
   std::chrono::steady_clock::time_point last_active{};  // last completion or connect
