@@ -258,10 +258,12 @@ bool op_in_flight(Message* m) {
 bool park_unsettled(Conn* c, Message* m) {
   if (!m->op || !m->op->fenced || !chan_op(m)) return false;
   c->op_wait.push_back(m);
+  count("send_rdma_acked_unsettled");
   return true;
 }
 
 void rdma_fence_acked(Conn* c, uint64_t seq) {
+  std::vector<Message*> done;  // settled after the walk: releasing one edits rdma_q
   for (auto it = c->rdma_q.begin(); it != c->rdma_q.end();) {
     Message* m = *it;
     RdmaOp* op = m->op.get();
@@ -279,8 +281,9 @@ void rdma_fence_acked(Conn* c, uint64_t seq) {
     op->verdict_due = false;
     count("send_rdma_fence_acked");
     it = c->rdma_q.erase(it);
-    settled(c, m);
+    done.push_back(m);
   }
+  for (Message* m : done) settled(c, m);
 }
 
 bool ops_failed(Message* m) {
@@ -359,8 +362,10 @@ bool on_rdma_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
       if (op->fenced) op->verdict_due = true;  // the peer may hold its message: drop it
       return true;
     }
-    if (op->fenced) settled(c, m);
-    if (pending_op(m)) c->rdma_q.push_front(m);  // the atomic after the RDMA
+    if (op->fenced)
+      settled(c, m);  // (m may be gone: a fenced Write is its message's only op)
+    else if (pending_op(m))
+      c->rdma_q.push_front(m);  // the atomic after the RDMA
     rdma_post_pending(c);
     return false;
   }
