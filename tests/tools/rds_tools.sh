@@ -43,6 +43,8 @@ stress "-D 64K --rdma-use-get-mr 1 --rdma-use-once 1 -v" -D 64K --rdma-use-get-m
 stress "-D 64K --rdma-use-get-mr 1 --rdma-cache-mrs 1 -v" -D 64K --rdma-use-get-mr 1 --rdma-use-once 0 \
   --rdma-cache-mrs 1 -v
 stress "-o (only the active side requests) -d 8 -v" -o -d 8 -v
+# Fenced Writes answered at once, 8 in flight: messages acked before their op settles.
+stress "-D 4K -M 2 -d 8 -v (fenced Writes, pipelined)" -D 4K -M 2 -d 8 -v
 # The option exchanges of rds-tools' passive sides: V1 (default), V2 with a version string,
 # and 2.3.x's JSON options after V2 (tests/tools/oracle_rds_tools.sh runs Oracle's tools).
 stress "--control v2 -D 64K -v" --control v2 -D 64K -v
