@@ -263,8 +263,10 @@ struct Conn {
   // RDMA channel: RDMA_ARGS and atomic ops run on a QP of their own. A bad cookie makes
   // the responder Terminate the stream it arrived on (RFC 5040 §7.1) and the QP go to
   // ERROR; on a separate QP that costs only the op (REMOTE_ERROR), never this connection,
-  // which the process' other sockets share. A message waits in send_q until its op has
-  // completed, so it is only sent once the data has landed, and never if the op failed.
+  // which the process' other sockets share. A message with a Read or an atomic waits in
+  // send_q until its op has completed, so it is only sent once the op is done, and never if
+  // it failed; one with a Write alone is fenced (rdma.cc): it goes once the Write is posted,
+  // and the receiver holds it until the fence behind the Write, or drops it on a verdict.
   rdma_cm_id* rid = nullptr;
   ConnState rstate = ConnState::down;
   int rbackoff_ms = 0;
