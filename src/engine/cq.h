@@ -55,9 +55,6 @@ struct Cq {
   // A QP using this CQ has deferred WQEs (doorbell batching): polling or arming this CQ
   // flushes them first, so their completions, or the answers to them, can show up.
   std::atomic<bool> tx_deferred{false};
-  // A receive pass that this CQ's poller ran placed a stream whose sender asked for its
-  // Placement Ack: the poll sends it once the pass is over (verbs drive_empty_cq).
-  std::atomic<bool> ack_flush{false};
   // Busy-poll ownership (engine/busy_poll.h): an application thread spins on this CQ until
   // busy_until (CLOCK_MONOTONIC ns; 0: nobody). yielded: some QP of it stepped back from
   // the progress thread, so ending ownership must hand the sockets back.

@@ -53,7 +53,6 @@ void drive_empty_cq(Cq* cq) {
     for (Qp* qp : cq->qps) qp_progress(qp);
     tl_polling = nullptr;
   }
-  if (cq->ack_flush.exchange(false, std::memory_order_relaxed)) flush_deferred_tx(cq);
 }
 }  // namespace sv::verbs
 

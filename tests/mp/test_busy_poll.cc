@@ -163,6 +163,38 @@ TEST_F(XProc, BusyPollAWriteThePollerPlacedIsAckedRightAfterItsPass) {
   EXPECT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);
 }
 
+// RDS's fenced Write: a Write and a Send behind it, placed by one pass of the poller (a
+// stream: nobody answers both), whose requester asked for the Placement Ack. It leaves at
+// once, not after the hold (30 s in this run), whether or not the poller polls again.
+TEST_F(XProc, BusyPollAWriteAndSendThePollerPlacedAreAckedAtOnce) {
+  g_child_env = {"SOFTVERBS_IB_COMPLETION=1"};
+  Connect();
+  g_child_env.clear();
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_EQ(local->post_recv(1, {sge(4096, 64)}), 0);
+  ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);
+  remote->fill(0, 0, 4096, 73);
+  SendSpec w = make_rdma(IBV_WR_RDMA_WRITE, 1, {sge(0, 4096)}, li.addr, li.rkey);
+  w.flags = 0;  // unsignaled, as RDS posts it: the Send's completion reports both
+  ASSERT_EQ(remote->post_send(w), 0);
+  ASSERT_EQ(remote->post_send(make_send(2, {sge(0, 16)})), 0);
+  EXPECT_TRUE(remote->poll(CqSel::send, 1, kQuiet).empty())
+      << "the Send completed before the poller placed it";
+  ibv_wc wc{};
+  int n = 0;
+  for (int i = 0; i < 1000 && n == 0; ++i) {
+    n = ibv_poll_cq(local->rcq, 1, &wc);  // the receive pass runs here
+    if (n == 0) std::this_thread::sleep_for(Ms(1));
+  }
+  ASSERT_EQ(n, 1);
+  EXPECT_TRUE(wc_is(wc, 1, IBV_WC_SUCCESS, IBV_WC_RECV));
+  EXPECT_EQ(local->check(0, 0, 4096, 73), -1) << "the Write landed before the Send completed";
+  auto s = remote->poll(CqSel::send, 1, Ms(5000));
+  ASSERT_EQ(s.size(), 1u) << "the Placement Ack waited for the hold";
+  EXPECT_TRUE(wc_is(s[0], 2, IBV_WC_SUCCESS, IBV_WC_SEND));
+  EXPECT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);
+}
+
 TEST_F(XProc, BusyPollShortHoldAPollerThatLeftHandsTheSocketBackAfterTheHold) {
   ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
   Calls calls;
