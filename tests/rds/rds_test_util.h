@@ -130,10 +130,12 @@ inline uint64_t get_mr(int fd, void* addr, size_t len, uint64_t flags = 0) {
   return cookie;
 }
 
-// recvmsg of one control-only message (RDMA notification, congestion update): the first
-// SOL_RDS cmsg of type `type`, its payload copied to `out`. False on timeout or anything else.
-inline bool recv_cmsg(int fd, int type, void* out, size_t len, int ms) {
-  if (!(wait_for(fd, POLLIN, ms) & POLLIN)) return false;
+// One recvmsg (bounded wait, then MSG_DONTWAIT) into a one-byte buffer with room for a
+// control message of `len` payload bytes: recvmsg's result (-1 on timeout too), and the
+// first SOL_RDS cmsg's payload copied to `out` if its type is `type` (*got says whether).
+inline ssize_t recv_one_ctl(int fd, int type, void* out, size_t len, int ms, bool* got) {
+  *got = false;
+  if (!(wait_for(fd, POLLIN, ms) & POLLIN)) return -1;
   alignas(cmsghdr) char ctl[CMSG_SPACE(64)];
   char d;
   iovec v{&d, 1};
@@ -142,16 +144,33 @@ inline bool recv_cmsg(int fd, int type, void* out, size_t len, int ms) {
   m.msg_iovlen = 1;
   m.msg_control = ctl;
   m.msg_controllen = CMSG_SPACE(len);
-  if (svrds_recvmsg(fd, &m, MSG_DONTWAIT) != 0) return false;
-  cmsghdr* cm = CMSG_FIRSTHDR(&m);
-  if (!cm || cm->cmsg_level != SOL_RDS || cm->cmsg_type != type) return false;
-  std::memcpy(out, CMSG_DATA(cm), len);
-  return true;
+  const ssize_t r = svrds_recvmsg(fd, &m, MSG_DONTWAIT);
+  const cmsghdr* cm = r >= 0 ? CMSG_FIRSTHDR(&m) : nullptr;
+  if (cm && cm->cmsg_level == SOL_RDS && cm->cmsg_type == type) {
+    std::memcpy(out, CMSG_DATA(cm), len);
+    *got = true;
+  }
+  return r;
+}
+
+// recvmsg of one control-only message (RDMA notification, congestion update): the first
+// SOL_RDS cmsg of type `type`, its payload copied to `out`. False on timeout or anything else.
+inline bool recv_cmsg(int fd, int type, void* out, size_t len, int ms) {
+  bool got = false;
+  return recv_one_ctl(fd, type, out, len, ms, &got) == 0 && got;
 }
 
 // One RDS_CMSG_RDMA_STATUS notification (bounded wait).
 inline bool get_notify(int fd, rds_rdma_notify& n, int ms = 5000) {
   return recv_cmsg(fd, RDS_CMSG_RDMA_STATUS, &n, sizeof n, ms);
+}
+
+// Whatever the socket has first (recvmsg returns notifications before datagrams): 1 for a
+// one-byte datagram (taken), 0 for an RDMA notification (in n), -1 for anything else.
+inline int recv_byte_or_notify(int fd, rds_rdma_notify& n, int ms = 5000) {
+  bool got = false;
+  const ssize_t r = recv_one_ctl(fd, RDS_CMSG_RDMA_STATUS, &n, sizeof n, ms, &got);
+  return r == 1 ? 1 : (r == 0 && got ? 0 : -1);
 }
 
 // One RDS_CMSG_CONG_UPDATE (bounded wait): the port-group mask.
