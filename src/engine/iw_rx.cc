@@ -163,6 +163,10 @@ bool rx_run_locked(Qp* qp) {
   Conn& c = qp->conn;
   if (c.fd < 0 || c.rxbuf.empty()) return false;
   const bool was_stalled = qp->rx_stalled;
+  // A read that returned less than it asked for emptied the socket: the next one would only
+  // say EAGAIN, a syscall on every pass (every poll of a ping-pong). Whatever arrives after
+  // it is not lost: the socket stays readable (level-triggered) for the next pass.
+  bool drained = false;
   for (;;) {
     if (qp->rx_stalled) {
       // Retry the header that stalled (a receive may have been posted since).
@@ -179,6 +183,7 @@ bool rx_run_locked(Qp* qp) {
     size_t avail = c.rx_end - c.rx_begin;
     if (avail == 0) {
       c.rx_begin = c.rx_end = 0;
+      if (drained) break;
       ssize_t n;
       if (c.phase == RxPhase::data && c.data_left >= kDirectMin &&
           c.place.kind != Placement::Kind::discard) {
@@ -193,6 +198,9 @@ bool rx_run_locked(Qp* qp) {
         mh.msg_iovlen = static_cast<size_t>(k) + 1;
         n = transport::sys_recvmsg(c.fd, &mh, MSG_DONTWAIT);
         if (n > 0) {
+          size_t asked = 0;
+          for (int i = 0; i <= k; ++i) asked += iov[i].iov_len;
+          drained = static_cast<size_t>(n) < asked;
           stats::add(qp->stats, stats::Ctr::rcvd_bytes, static_cast<uint64_t>(n));
           const uint32_t direct = static_cast<uint32_t>(std::min<size_t>(n, c.data_left));
           if (c.crc) crc_targets(c, iov, k, direct);
@@ -206,8 +214,10 @@ bool rx_run_locked(Qp* qp) {
           continue;
         }
       } else {
-        n = transport::sys_recv(c.fd, c.rxbuf.data(), rx_read_len(c), MSG_DONTWAIT);
+        const size_t asked = rx_read_len(c);
+        n = transport::sys_recv(c.fd, c.rxbuf.data(), asked, MSG_DONTWAIT);
         if (n > 0) {
+          drained = static_cast<size_t>(n) < asked;
           stats::add(qp->stats, stats::Ctr::rcvd_bytes, static_cast<uint64_t>(n));
           c.rx_end = static_cast<size_t>(n);
           continue;
