@@ -47,6 +47,7 @@ int start_poll(ibv_cq_ex* c, ibv_poll_cq_attr* attr) {
       cq->poll_mu.unlock();
       return ENOENT;
     }
+    cq_busy_poll_found(cq);  // the pass's completions end the empty streak (op_poll_cq)
   }
   make_current(c);
   return 0;

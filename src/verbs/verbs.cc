@@ -78,7 +78,13 @@ int op_poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
     return got;
   }
   sv::verbs::drive_empty_cq(cq);
-  return cq->poll(n, wc);
+  got = cq->poll(n, wc);
+  // What the receive pass just completed ends the empty streak as surely as what was
+  // queued: otherwise a ping-pong whose completions all come from its own passes would look
+  // like one long spin, and after SOFTVERBS_SPIN_YIELD_US every empty poll would yield (a
+  // yield that on a busy machine costs a whole time slice, hundreds of us, per message).
+  if (got) cq_busy_poll_found(cq);
+  return got;
 }
 
 int op_req_notify_cq(ibv_cq* ibcq, int solicited) {
