@@ -247,12 +247,19 @@ void comm_established(Conn* c) {
   conn_up(c, p);
 }
 
-// Handles every completion already in the shared CQ; returns how many.
+// Handles every completion already in the shared CQ; returns how many. A short batch ends
+// it: the CQ was empty then, and polling again would only make the device look at its
+// sockets once more (a syscall each) for bytes that, if they come, still wake whoever
+// receives (the progress thread's level-triggered EPOLLIN, a poller's next pass).
 int drain_cq_locked() {
   int total = 0;
-  ibv_wc wc[32];
-  for (int n; (n = ibv_poll_cq(g().cq, 32, wc)) > 0; total += n)
+  constexpr int kBatch = 32;
+  ibv_wc wc[kBatch];
+  for (int n; (n = ibv_poll_cq(g().cq, kBatch, wc)) > 0;) {
     for (int i = 0; i < n; ++i) handle_wc(wc[i]);
+    total += n;
+    if (n < kBatch) break;
+  }
   return total;
 }
 
