@@ -9,6 +9,7 @@
 #define SOFTVERBS_RDS_H
 
 #include <linux/rds.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
@@ -38,6 +39,12 @@ int svrds_close(int fd);
  * LD_PRELOAD shim calls it from poll() on RDS descriptors for up to
  * SOFTVERBS_RDS_BUSY_POLL_US microseconds (default 0: off). */
 int svrds_busy_poll(void);
+/* Readiness of RDS descriptors from the stack's own state, without a syscall: fills each
+ * revents as poll() would (POLLIN, POLLOUT and their RDNORM/WRNORM/WRBAND twins) and
+ * returns how many are ready, or -1 when it cannot tell (a descriptor that is not one of
+ * this stack's RDS sockets, or another thread holds the stack): then ask poll() itself.
+ * The shim's busy-poll loop uses it between passes. */
+int svrds_poll_ready(struct pollfd* fds, nfds_t n);
 /* The caller stops busy polling (it is about to block): on softverbs, the device's progress
  * thread, which stepped back from the stack's sockets while the caller spun, takes them
  * back at once instead of after its hold time. */

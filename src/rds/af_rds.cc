@@ -221,6 +221,32 @@ SV_EXPORT int svrds_is_rds(int fd) {
   return fd >= 0 && fd < kMaxFd && g_is_rds[fd].load();
 }
 
+// What poll() would say of these descriptors, from the state sock_update_poll keeps the
+// kernel's view in step with (a byte queued toward app_fd iff `token`, its send direction
+// filled iff `blocked`): a spinning poller's every pass then costs no syscall.
+SV_EXPORT int svrds_poll_ready(struct pollfd* fds, nfds_t n) {
+  std::unique_lock lk(g().mu, std::try_to_lock);
+  if (!lk.owns_lock()) return -1;
+  int ready = 0;
+  for (nfds_t i = 0; i < n; ++i) {
+    if (fds[i].fd < 0) continue;
+    const Sock* s = sock_of(fds[i].fd);
+    if (!s || s->lib_fd < 0) return -1;  // not ours to answer for: ask the kernel
+  }
+  for (nfds_t i = 0; i < n; ++i) {
+    fds[i].revents = 0;
+    if (fds[i].fd < 0) continue;
+    const Sock* s = sock_of(fds[i].fd);
+    // As unix_poll reports a stream socket's end.
+    short r = 0;
+    if (s->token) r |= POLLIN | POLLRDNORM;
+    if (!s->blocked) r |= POLLOUT | POLLWRNORM | POLLWRBAND;
+    fds[i].revents = static_cast<short>(r & fds[i].events);
+    ready += fds[i].revents != 0;
+  }
+  return ready;
+}
+
 namespace {
 // A real IPv6 address (::1 or one of this host's). It is bound and reported as IPv6, unique
 // per address like IPv4 ports; softverbs' transport carries IPv4 only, so sends from such a

@@ -201,8 +201,12 @@ int ms_left(std::chrono::steady_clock::time_point deadline, bool forever) {
 SHIM int poll(pollfd* fds, nfds_t n, int timeout) {
   auto* real = g_real_poll;
   if (timeout == 0) return real(fds, n, timeout);
-  bool rds = false;
-  for (nfds_t i = 0; i < n && !rds; ++i) rds = svrds_is_rds(fds[i].fd);
+  bool rds = false, all_rds = true;
+  for (nfds_t i = 0; i < n; ++i) {
+    const bool r = svrds_is_rds(fds[i].fd);
+    rds = rds || r;
+    all_rds = all_rds && (r || fds[i].fd < 0);
+  }
   if (!rds) return real(fds, n, timeout);
   const auto t0 = std::chrono::steady_clock::now();
   const bool forever = timeout < 0;
@@ -211,7 +215,8 @@ SHIM int poll(pollfd* fds, nfds_t n, int timeout) {
     const auto until = t0 + std::chrono::microseconds(budget);
     for (;;) {
       svrds_busy_poll();
-      const int r = real(fds, n, 0);
+      int r = all_rds ? svrds_poll_ready(fds, n) : -1;
+      if (r < 0) r = real(fds, n, 0);
       if (r != 0) return r;
       if (std::chrono::steady_clock::now() >= until) break;
     }
@@ -239,7 +244,9 @@ SHIM int poll(pollfd* fds, nfds_t n, int timeout) {
       return r;
     }
     svrds_busy_poll();  // the stack's bytes came in: take them in here
-    if (const int ready = real(fds, n, 0); ready != 0) return ready;
+    int ready = all_rds ? svrds_poll_ready(fds, n) : -1;
+    if (ready < 0) ready = real(fds, n, 0);
+    if (ready != 0) return ready;
     if (!forever && std::chrono::steady_clock::now() >= deadline) return 0;
   }
 }

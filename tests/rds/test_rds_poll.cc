@@ -92,3 +92,65 @@ TEST(RdsPoll, TimeoutAndOtherDescriptorsStillWork) {
 }
 
 }  // namespace
+
+namespace {
+
+// The shim's busy-poll loop asks the stack, not the kernel, whether its descriptors are ready
+// (svrds_poll_ready). Its answer must be the kernel's, in every state a socket goes through,
+// and it must decline what it cannot answer for.
+TEST(RdsPoll, ReadinessFromMemoryIsTheKernels) {
+  const int rc = in_private_child([] {
+    const int a = bound_socket(port(56)), b = bound_socket(port(57));
+    std::vector<char> buf(64);
+    uint32_t v = 1;
+    if (send_to(a, port(57), &v, 4) != 4 || recv_one(b, buf) != 4) return 10;
+    auto same = [](pollfd* p, nfds_t n) {
+      std::vector<pollfd> k(p, p + n), m(p, p + n);
+      const int rk = poll(k.data(), n, 0);  // timeout 0: the kernel's own answer
+      // -1 also when another thread holds the stack for a moment (the engine delivering).
+      int rm = -1;
+      for (int i = 0; i < 1000 && (rm = svrds_poll_ready(m.data(), n)) < 0; ++i)
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      bool ok = rk == rm;
+      for (nfds_t i = 0; i < n; ++i) ok = ok && k[i].revents == m[i].revents;
+      if (!ok) {
+        std::fprintf(stderr, "kernel %d, stack %d:", rk, rm);
+        for (nfds_t i = 0; i < n; ++i)
+          std::fprintf(stderr, " fd %d %#x/%#x", p[i].fd, k[i].revents, m[i].revents);
+        std::fprintf(stderr, "\n");
+        return false;
+      }
+      std::copy(m.begin(), m.end(), p);
+      return true;
+    };
+    // Idle: writable, not readable; a negative descriptor is skipped, as poll() does.
+    pollfd p[3] = {{b, POLLIN | POLLOUT, 0}, {-1, POLLIN, 0}, {a, POLLIN, 0}};
+    if (!same(p, 3) || p[0].revents != (POLLOUT) || p[1].revents || p[2].revents) return 11;
+    // A message queued: readable, with only the events asked for reported.
+    if (send_to(a, port(57), &v, 4) != 4) return 12;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    pollfd in{b, POLLIN, 0};
+    while (poll(&in, 1, 0) == 0 && std::chrono::steady_clock::now() < until) {
+    }
+    if (!same(p, 3) || p[0].revents != (POLLIN | POLLOUT) || p[2].revents) return 13;
+    pollfd rd{b, POLLRDNORM, 0};
+    if (!same(&rd, 1) || rd.revents != POLLRDNORM) return 14;
+    // Taken: not readable any more.
+    if (svrds_recvfrom(b, buf.data(), buf.size(), MSG_DONTWAIT, nullptr, nullptr) != 4) return 15;
+    if (!same(p, 3) || p[0].revents != POLLOUT) return 16;
+    // Not ours to answer for: a pipe, a closed RDS socket.
+    int pfd[2];
+    if (pipe(pfd) != 0) return 17;
+    pollfd mixed[2] = {{b, POLLIN, 0}, {pfd[0], POLLIN, 0}};
+    if (svrds_poll_ready(mixed, 2) != -1) return 18;
+    const int c = bound_socket(port(58));
+    svrds_close(c);
+    pollfd closed{c, POLLIN, 0};
+    if (svrds_poll_ready(&closed, 1) != -1) return 19;
+    return 0;
+  });
+  EXPECT_EQ(rc, 0) << "10: set-up, 11: idle, 12: send, 13/14: readable, 15/16: after the "
+                      "receive, 18: a pipe was answered for, 19: a closed socket was";
+}
+
+}  // namespace
