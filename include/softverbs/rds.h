@@ -42,9 +42,21 @@ int svrds_busy_poll(void);
 /* Readiness of RDS descriptors from the stack's own state, without a syscall: fills each
  * revents as poll() would (POLLIN, POLLOUT and their RDNORM/WRNORM/WRBAND twins) and
  * returns how many are ready, or -1 when it cannot tell (a descriptor that is not one of
- * this stack's RDS sockets, or another thread holds the stack): then ask poll() itself.
+ * this stack's RDS sockets): then ask poll() itself.
  * The shim's busy-poll loop uses it between passes. */
 int svrds_poll_ready(struct pollfd* fds, nfds_t n);
+/* Lazy readiness. The descriptor's POLLIN is a byte the stack keeps queued toward it, a send
+ * and a receive per message. A process whose poll() is the shim's, which answers from the
+ * stack's state, does not need it while no thread sleeps in the kernel on the descriptor, so
+ * the shim says so (svrds_shim_attach; SOFTVERBS_RDS_LAZY_TOKEN=0 keeps the byte in step
+ * always). The shim then tells the stack of every readiness call the stack cannot answer
+ * for: a descriptor handed to epoll_ctl, select, pselect or ppoll is kept in step from then
+ * on (svrds_expose), and a poll() that sleeps in the kernel on RDS descriptors brackets the
+ * sleep with svrds_kernel_wait_begin/end (socks: n slots, filled by begin, read by end). */
+void svrds_shim_attach(void);
+void svrds_expose(int fd);
+void svrds_kernel_wait_begin(const struct pollfd* fds, nfds_t n, void** socks);
+void svrds_kernel_wait_end(void** socks, nfds_t n);
 /* The caller stops busy polling (it is about to block): on softverbs, the device's progress
  * thread, which stepped back from the stack's sockets while the caller spun, takes them
  * back at once instead of after its hold time. */

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 
 #include "rds/rds_impl.h"
@@ -62,13 +63,31 @@ void sock_wake(Sock* s) {
   s->cv.notify_all();
 }
 
+bool sock_readable(const Sock* s) {
+  return !s->rq.empty() || !s->notify.empty() || !s->zcookies.empty() || s->cong_notify ||
+         s->cong_poll;
+}
+
+namespace {
+// Set once, by the LD_PRELOAD shim when its poll() is the process' (svrds_shim_attach).
+std::atomic<bool> g_lazy_tokens{false};
+}  // namespace
+
 void sock_update_poll(Sock* s) {
   if (s->lib_fd < 0) return;
-  // POLLIN: readable while data, notifications or congestion updates are queued.
-  const bool readable = !s->rq.empty() || !s->notify.empty() || !s->zcookies.empty() ||
-                        s->cong_notify || s->cong_poll;
-  if (readable && !s->token) {
+  // POLLIN: readable while data, notifications or congestion updates are queued. The byte
+  // that says so to the kernel costs a send and a receive per message; while nobody can ask
+  // the kernel (the shim's poll() answers from memory, svrds_poll_ready) it is owed, not
+  // sent, and sent when a thread is about to sleep on app_fd or app_fd is exposed to a
+  // readiness call the stack does not answer. A byte that was sent is always taken back.
+  // So the kernel never sees POLLIN that is not there; it may not see POLLIN that is, but
+  // only while nobody asks it.
+  const bool readable = sock_readable(s);
+  const bool kernel_asks =
+      !g_lazy_tokens.load(std::memory_order_relaxed) || s->exposed || s->sleepers > 0;
+  if (readable && !s->token && kernel_asks) {
     const char b = 1;
+    count("poll_token_writes");
     if (raw_send(s->lib_fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1) s->token = true;
   } else if (!readable && s->token) {
     char b;
@@ -221,12 +240,13 @@ SV_EXPORT int svrds_is_rds(int fd) {
   return fd >= 0 && fd < kMaxFd && g_is_rds[fd].load();
 }
 
-// What poll() would say of these descriptors, from the state sock_update_poll keeps the
-// kernel's view in step with (a byte queued toward app_fd iff `token`, its send direction
-// filled iff `blocked`): a spinning poller's every pass then costs no syscall.
+// What poll() would say of these descriptors, from the stack's state (what sock_update_poll
+// tells the kernel: readable, and app_fd's send direction filled iff `blocked`): a spinning
+// poller's every pass then costs no syscall.
 SV_EXPORT int svrds_poll_ready(struct pollfd* fds, nfds_t n) {
-  std::unique_lock lk(g().mu, std::try_to_lock);
-  if (!lk.owns_lock()) return -1;
+  // Waits for the lock: its holders are brief, and asking the kernel instead would make it
+  // be told (svrds_kernel_wait_begin), a syscall or two.
+  std::lock_guard lk(g().mu);
   int ready = 0;
   for (nfds_t i = 0; i < n; ++i) {
     if (fds[i].fd < 0) continue;
@@ -239,12 +259,43 @@ SV_EXPORT int svrds_poll_ready(struct pollfd* fds, nfds_t n) {
     const Sock* s = sock_of(fds[i].fd);
     // As unix_poll reports a stream socket's end.
     short r = 0;
-    if (s->token) r |= POLLIN | POLLRDNORM;
+    if (sock_readable(s)) r |= POLLIN | POLLRDNORM;
     if (!s->blocked) r |= POLLOUT | POLLWRNORM | POLLWRBAND;
     fds[i].revents = static_cast<short>(r & fds[i].events);
     ready += fds[i].revents != 0;
   }
   return ready;
+}
+
+SV_EXPORT void svrds_shim_attach(void) {
+  const char* e = std::getenv("SOFTVERBS_RDS_LAZY_TOKEN");
+  if (!(e && std::strcmp(e, "0") == 0)) g_lazy_tokens.store(true);
+}
+
+SV_EXPORT void svrds_expose(int fd) {
+  std::lock_guard lk(g().mu);
+  if (Sock* s = sock_of(fd); s && !s->exposed) {
+    s->exposed = true;
+    sock_update_poll(s);
+  }
+}
+
+SV_EXPORT void svrds_kernel_wait_begin(const struct pollfd* fds, nfds_t n, void** socks) {
+  std::lock_guard lk(g().mu);
+  for (nfds_t i = 0; i < n; ++i) {
+    Sock* s = fds[i].fd >= 0 ? sock_of(fds[i].fd) : nullptr;
+    socks[i] = s;
+    if (!s) continue;
+    ++s->sleepers;
+    sock_update_poll(s);  // the byte now says what the stack knows
+  }
+}
+
+SV_EXPORT void svrds_kernel_wait_end(void** socks, nfds_t n) {
+  std::lock_guard lk(g().mu);
+  // Sockets are never freed (g_closed): one closed meanwhile is still there to count down.
+  for (nfds_t i = 0; i < n; ++i)
+    if (auto* s = static_cast<Sock*>(socks[i])) --s->sleepers;
 }
 
 namespace {

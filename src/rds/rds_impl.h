@@ -186,6 +186,12 @@ struct Sock {
   std::map<uint32_t, uint64_t> mr_flags;
   bool token = false;    // a byte is queued toward app_fd (POLLIN)
   bool blocked = false;  // app_fd's send direction is filled (no POLLOUT)
+  // Lazy tokens (sock_update_poll): with the shim's poll() answering from memory, the byte
+  // is only kept in step while the kernel may be asked: a thread sleeps in the kernel on
+  // app_fd (`sleepers`, the shim's poll), or app_fd went to a readiness call the stack
+  // cannot answer for (`exposed`: epoll_ctl, select, ppoll; for good).
+  int sleepers = 0;
+  bool exposed = false;
   std::condition_variable cv;
   bool closing = false;
   bool congested = false;  // our port's bit is set in the local congestion map
@@ -393,6 +399,8 @@ void sock_fork_release(Sock* s);  // in a forked child: let go of the parent's s
 // sender finds a holder, or failing that any process bound on the address (bind.cc).
 void ping_claim(in_addr ip);
 void sock_update_poll(Sock* s);  // POLLIN/POLLOUT state of app_fd
+// Data, notifications or congestion updates are queued: what poll() reports as POLLIN.
+bool sock_readable(const Sock* s);
 void sock_wake(Sock* s);
 
 // bind.cc: host registry of bound (ip, port) -> owning process' rdma_cm port

@@ -1,10 +1,15 @@
 // LD_PRELOAD shim: unmodified programs that open socket(AF_RDS, SOCK_SEQPACKET, 0) get
 // softverbs RDS. Calls on RDS descriptors go to libsvrds; everything else goes on to the
-// next definition (libc). poll/epoll/select/fcntl need no shim: the descriptor is real.
-// poll() is interposed only for opt-in busy polling (SOFTVERBS_RDS_BUSY_POLL_US).
+// next definition (libc). The descriptor is real, so every readiness call works on it; the
+// shim's poll() answers for RDS descriptors from the stack's state, busy-polls on request
+// (SOFTVERBS_RDS_BUSY_POLL_US) and lets a blocked caller take its own messages in. With it,
+// the stack keeps the descriptor's POLLIN byte in step only while the kernel may be asked
+// (lazy tokens, softverbs/rds.h): the other readiness calls are seen here to say when.
 #include <dlfcn.h>
 #include <poll.h>
 #include <softverbs/rds.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -170,10 +175,36 @@ namespace {
 // at load, before any thread exists: poll() runs on every thread, the library's own included.
 long g_busy_poll_us = 0;
 int (*g_real_poll)(pollfd*, nfds_t, int) = nullptr;
+int (*g_real_ppoll)(pollfd*, nfds_t, const timespec*, const sigset_t*) = nullptr;
+int (*g_real_select)(int, fd_set*, fd_set*, fd_set*, timeval*) = nullptr;
+int (*g_real_pselect)(int, fd_set*, fd_set*, fd_set*, const timespec*, const sigset_t*) = nullptr;
+int (*g_real_epoll_ctl)(int, int, int, epoll_event*) = nullptr;
+
+// The readiness calls the shim sees. Lazy tokens (svrds_shim_attach) are only safe when every
+// one of them is this library's in the process, not a definition that comes before it (a
+// sanitizer's interceptor, or the shim loaded late with dlopen).
+constexpr const char* kReadinessCalls[] = {"poll",        "__poll", "__poll_chk", "ppoll",
+                                           "__ppoll_chk", "select", "pselect",    "epoll_ctl"};
+bool readiness_calls_are_ours() {
+  Dl_info self{};
+  if (!dladdr(reinterpret_cast<void*>(&readiness_calls_are_ours), &self)) return false;
+  for (const char* name : kReadinessCalls) {
+    Dl_info d{};
+    void* f = dlsym(RTLD_DEFAULT, name);
+    if (!f || !dladdr(f, &d) || d.dli_fbase != self.dli_fbase) return false;
+  }
+  return true;
+}
+
 __attribute__((constructor)) void init_poll() {
   const char* e = std::getenv("SOFTVERBS_RDS_BUSY_POLL_US");
   g_busy_poll_us = e ? std::strtol(e, nullptr, 10) : 0L;
   g_real_poll = next<int (*)(pollfd*, nfds_t, int)>("poll");
+  g_real_ppoll = next<decltype(g_real_ppoll)>("ppoll");
+  g_real_select = next<decltype(g_real_select)>("select");
+  g_real_pselect = next<decltype(g_real_pselect)>("pselect");
+  g_real_epoll_ctl = next<decltype(g_real_epoll_ctl)>("epoll_ctl");
+  if (readiness_calls_are_ours()) svrds_shim_attach();
 }
 long busy_poll_us() {
   return g_busy_poll_us;
@@ -191,16 +222,50 @@ int ms_left(std::chrono::steady_clock::time_point deadline, bool forever) {
 }
 }  // namespace
 
+namespace {
+// The kernel is asked about RDS descriptors only inside this bracket: the stack then keeps
+// their POLLIN byte in step (lazy tokens, svrds_shim_attach), for as long as the call sleeps.
+class KernelWait {
+ public:
+  KernelWait(const pollfd* fds, nfds_t n) : n_(n) {
+    if (n > std::size(small_)) {
+      big_.resize(n);
+      socks_ = big_.data();
+    }
+    svrds_kernel_wait_begin(fds, n, socks_);
+  }
+  ~KernelWait() { svrds_kernel_wait_end(socks_, n_); }
+  KernelWait(const KernelWait&) = delete;
+  KernelWait& operator=(const KernelWait&) = delete;
+
+ private:
+  nfds_t n_;
+  void* small_[17];
+  std::vector<void*> big_;
+  void** socks_ = small_;
+};
+
+// The caller's descriptors as they are now: from the stack's state when all are RDS
+// descriptors it knows, otherwise from the kernel.
+int ready_now(pollfd* fds, nfds_t n, bool all_rds) {
+  if (all_rds)
+    if (const int r = svrds_poll_ready(fds, n); r >= 0) return r;
+  KernelWait k(fds, n);
+  return g_real_poll(fds, n, 0);
+}
+}  // namespace
+
 // A poll() that includes an RDS descriptor:
 //  - with a busy-poll budget (SOFTVERBS_RDS_BUSY_POLL_US), first spins: it does the stack's
 //    completion work on this thread (svrds_busy_poll) and re-checks readiness;
 //  - then blocks on the stack's wait descriptor too (svrds_block_prepare), so that the bytes
 //    of the next message wake this thread, which takes them in itself and looks again, rather
 //    than waking the device's progress thread, which would then wake this one.
-// What it returns concerns the caller's descriptors only.
+// Readiness of RDS descriptors comes from the stack (svrds_poll_ready) whenever it can tell;
+// the kernel is asked only inside a KernelWait. What it returns concerns the caller's
+// descriptors only.
 SHIM int poll(pollfd* fds, nfds_t n, int timeout) {
   auto* real = g_real_poll;
-  if (timeout == 0) return real(fds, n, timeout);
   bool rds = false, all_rds = true;
   for (nfds_t i = 0; i < n; ++i) {
     const bool r = svrds_is_rds(fds[i].fd);
@@ -208,6 +273,7 @@ SHIM int poll(pollfd* fds, nfds_t n, int timeout) {
     all_rds = all_rds && (r || fds[i].fd < 0);
   }
   if (!rds) return real(fds, n, timeout);
+  if (timeout == 0) return ready_now(fds, n, all_rds);
   const auto t0 = std::chrono::steady_clock::now();
   const bool forever = timeout < 0;
   const auto deadline = t0 + std::chrono::milliseconds(forever ? 0 : timeout);
@@ -215,11 +281,11 @@ SHIM int poll(pollfd* fds, nfds_t n, int timeout) {
     const auto until = t0 + std::chrono::microseconds(budget);
     for (;;) {
       svrds_busy_poll();
-      int r = all_rds ? svrds_poll_ready(fds, n) : -1;
-      if (r < 0) r = real(fds, n, 0);
-      if (r != 0) return r;
+      if (const int r = ready_now(fds, n, all_rds); r != 0) return r;
       if (std::chrono::steady_clock::now() >= until) break;
     }
+  } else if (const int r = ready_now(fds, n, all_rds); r != 0) {
+    return r;
   }
   pollfd small[17];
   std::vector<pollfd> big;
@@ -232,11 +298,16 @@ SHIM int poll(pollfd* fds, nfds_t n, int timeout) {
     const int wfd = svrds_block_prepare();
     if (wfd < 0) {
       svrds_busy_poll_stop();  // a spin's sockets go back to the progress thread now
+      KernelWait k(fds, n);
       return real(fds, n, ms_left(deadline, forever));
     }
     std::copy(fds, fds + n, w);
     w[n] = pollfd{wfd, POLLIN, 0};
-    const int r = real(w, n + 1, ms_left(deadline, forever));
+    int r;
+    {
+      KernelWait k(fds, n);
+      r = real(w, n + 1, ms_left(deadline, forever));
+    }
     svrds_block_done();
     if (r <= 0) return r;
     if (!w[n].revents) {
@@ -244,9 +315,56 @@ SHIM int poll(pollfd* fds, nfds_t n, int timeout) {
       return r;
     }
     svrds_busy_poll();  // the stack's bytes came in: take them in here
-    int ready = all_rds ? svrds_poll_ready(fds, n) : -1;
-    if (ready < 0) ready = real(fds, n, 0);
-    if (ready != 0) return ready;
+    if (const int ready = ready_now(fds, n, all_rds); ready != 0) return ready;
     if (!forever && std::chrono::steady_clock::now() >= deadline) return 0;
   }
+}
+
+// glibc's _FORTIFY_SOURCE poll and ppoll: the same checks, then ours.
+SHIM int __poll_chk(pollfd* fds, nfds_t n, int timeout, size_t fdslen) {
+  if (fdslen / sizeof(*fds) < n) std::abort();  // __chk_fail
+  return poll(fds, n, timeout);
+}
+
+SHIM int __poll(pollfd* fds, nfds_t n, int timeout) {
+  return poll(fds, n, timeout);
+}
+
+namespace {
+// A readiness call the stack does not answer: its RDS descriptors keep their POLLIN byte in
+// step for good (svrds_expose).
+void expose_set(int nfds, const fd_set* r, const fd_set* w, const fd_set* e) {
+  for (int fd = 0; fd < nfds && fd < FD_SETSIZE; ++fd)
+    if (((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (e && FD_ISSET(fd, e))) &&
+        svrds_is_rds(fd))
+      svrds_expose(fd);
+}
+}  // namespace
+
+SHIM int ppoll(pollfd* fds, nfds_t n, const timespec* ts, const sigset_t* mask) {
+  for (nfds_t i = 0; i < n; ++i)
+    if (svrds_is_rds(fds[i].fd)) svrds_expose(fds[i].fd);
+  return g_real_ppoll(fds, n, ts, mask);
+}
+
+SHIM int __ppoll_chk(pollfd* fds, nfds_t n, const timespec* ts, const sigset_t* mask,
+                     size_t fdslen) {
+  if (fdslen / sizeof(*fds) < n) std::abort();
+  return ppoll(fds, n, ts, mask);
+}
+
+SHIM int select(int nfds, fd_set* r, fd_set* w, fd_set* e, timeval* tv) {
+  expose_set(nfds, r, w, e);
+  return g_real_select(nfds, r, w, e, tv);
+}
+
+SHIM int pselect(int nfds, fd_set* r, fd_set* w, fd_set* e, const timespec* ts,
+                 const sigset_t* mask) {
+  expose_set(nfds, r, w, e);
+  return g_real_pselect(nfds, r, w, e, ts, mask);
+}
+
+SHIM int epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
+  if ((op == EPOLL_CTL_ADD || op == EPOLL_CTL_MOD) && svrds_is_rds(fd)) svrds_expose(fd);
+  return g_real_epoll_ctl(epfd, op, fd, ev);
 }
