@@ -54,6 +54,7 @@ int svrds_poll_ready(struct pollfd* fds, nfds_t n);
  * on (svrds_expose), and a poll() that sleeps in the kernel on RDS descriptors brackets the
  * sleep with svrds_kernel_wait_begin/end (socks: n slots, filled by begin, read by end). */
 void svrds_shim_attach(void);
+int svrds_lazy_tokens(void); /* 1 when the above is in effect */
 void svrds_expose(int fd);
 void svrds_kernel_wait_begin(const struct pollfd* fds, nfds_t n, void** socks);
 void svrds_kernel_wait_end(void** socks, nfds_t n);

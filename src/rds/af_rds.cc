@@ -272,6 +272,10 @@ SV_EXPORT void svrds_shim_attach(void) {
   if (!(e && std::strcmp(e, "0") == 0)) g_lazy_tokens.store(true);
 }
 
+SV_EXPORT int svrds_lazy_tokens(void) {
+  return g_lazy_tokens.load() ? 1 : 0;
+}
+
 SV_EXPORT void svrds_expose(int fd) {
   std::lock_guard lk(g().mu);
   if (Sock* s = sock_of(fd); s && !s->exposed) {
