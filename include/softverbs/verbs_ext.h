@@ -35,9 +35,9 @@ int softverbs_cq_set_comp_handler(struct ibv_cq* cq, bool (*handler)(struct ibv_
  * drives its QPs' receive path with ibv_poll_cq, so the device's progress thread steps back
  * from their sockets for SOFTVERBS_BUSY_POLL_US (default 200) microseconds after the last such
  * call; on = 0 hands them back at once (call it before blocking). An empty ibv_poll_cq on an
- * unarmed CQ says on = 1 by itself, and ibv_req_notify_cq from that thread says on = 0: this call is for
- * consumers whose CQ stays armed while they spin (one with a completion handler).
- * Returns 0, or EINVAL for an invalid CQ. */
+ * unarmed CQ says on = 1 by itself, and ibv_req_notify_cq from that thread says on = 0: this call
+ * is for consumers whose CQ stays armed while they spin (one with a completion handler). Returns 0,
+ * or EINVAL for an invalid CQ. */
 int softverbs_cq_busy_poll(struct ibv_cq* cq, int on);
 
 /* Blocking with the receive path (NAPI busy poll under a blocking epoll_wait): a descriptor
@@ -60,9 +60,10 @@ int softverbs_cq_block(struct ibv_cq* cq, int on);
 /* Posting without waking anyone: from on = 1 to on = 0, completions that the calling thread
  * makes on cq (a post that completes at once: a Send that TCP took, under RFC 5040's rule, or
  * a flush on a QP in error) raise no notification, though the CQ stays armed; on = 0 returns
- * how many there were, and the caller polls cq for them itself. For a consumer that posts
- * under its own lock and can take the completions right after, where an event would wake
- * another of its threads only to wait for that lock (a kernel ULP posting from its CQ
+ * how many of them the CQ may still hold (at most as many as there were, and none once the
+ * CQ is empty: the caller may have polled them already), and the caller polls cq for them. For a
+ * consumer that posts under its own lock and can take the completions right after, where an event
+ * would wake another of its threads only to wait for that lock (a kernel ULP posting from its CQ
  * handler). One CQ per thread at a time. on = 1 returns 0, or -1 with errno EINVAL (invalid
  * CQ or value) or EBUSY (another CQ is quiet on this thread); on = 0 returns the count, or -1
  * with errno EINVAL if cq was not quiet on this thread. */

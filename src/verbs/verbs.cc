@@ -572,7 +572,12 @@ SV_EXPORT int softverbs_cq_quiet(ibv_cq* ibcq, int on) {
   }
   if (!on) {
     tl_quiet = nullptr;
-    return tl_quiet_made;
+    // Those the caller has not polled already: a consumer that drained the CQ during its
+    // quiet spell (RDS's busy poller does) then does not poll again, an empty poll that
+    // would drive the receive path once more for nothing.
+    Cq* cq = Cq::from(ibcq);
+    std::lock_guard lk(cq->mu);
+    return std::min(tl_quiet_made, static_cast<int>(cq->count));
   }
   if (tl_quiet) {  // one CQ at a time
     errno = EBUSY;

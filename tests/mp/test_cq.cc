@@ -466,6 +466,13 @@ TEST_F(XProc, QuietCqHoldsBackTheEventsOfWhatThisThreadCompletes) {
   ASSERT_EQ(r.size(), 2u);
   EXPECT_TRUE(wc_is(r[0], 2, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV)) << wc_str(r[0]);
   EXPECT_TRUE(wc_is(r[1], 3, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV)) << wc_str(r[1]);
+  // Polled during the spell: nothing left to poll for.
+  ASSERT_EQ(softverbs_cq_quiet(local->rcq, 1), 0);
+  ASSERT_EQ(local->post_recv(5, {sge(0, 4096)}), 0);
+  r = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(softverbs_cq_quiet(local->rcq, 0), 0) << "counted what was already polled";
+  EXPECT_FALSE(readable_soon(fd)) << "a quiet thread's completions raised an event";
   ASSERT_EQ(local->post_recv(4, {sge(0, 4096)}), 0);
   EXPECT_EQ(take_cq_event(local->channel), local->rcq) << "the quiet spell disarmed the CQ";
   EXPECT_EQ(local->poll(CqSel::recv, 1).size(), 1u);
