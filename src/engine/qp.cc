@@ -850,7 +850,8 @@ void qp_set_state_locked(Qp* qp, ibv_qp_state s) {
   stats::set_state(qp->stats, s);
 }
 
-void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal, ibv_event_type event) {
+void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal, ibv_event_type event,
+                  const std::function<void()>& report) {
   SV_INFO("qp %u: error, cause %s, %u WQEs outstanding", qp->qpn(), ibv_wc_status_str(status),
           qp->sq_count);
   bool first = false;
@@ -860,6 +861,7 @@ void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal, ibv_event_type event
       qp_set_state_locked(qp, IBV_QPS_ERR);
       first = true;
     }
+    if (report) report();
     flush_qp_locked(qp, first ? status : IBV_WC_WR_FLUSH_ERR);
   }
   if (!first) return;

@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -336,8 +337,12 @@ void qp_set_state_locked(Qp* qp, ibv_qp_state s);
 
 // Moves the QP to ERR and flushes it. With `fatal`, the first error raises `event` (an
 // affiliated asynchronous event: QP_FATAL, or QP_ACCESS_ERR for an access violation).
+// `report`, if given, pushes the completion of the WQE that failed: it runs once the QP is in
+// ERR and before the flush, so a consumer that polls it finds the QP in ERR already, and the
+// flushed WQEs after it.
 void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal,
-                  ibv_event_type event = IBV_EVENT_QP_FATAL);
+                  ibv_event_type event = IBV_EVENT_QP_FATAL,
+                  const std::function<void()>& report = {});
 // Runs pending RX and TX without blocking (called by poll_cq and the progress thread).
 void qp_progress(Qp* qp);
 // Connection established: start TX/RX through the progress thread.

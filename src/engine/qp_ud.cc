@@ -168,8 +168,8 @@ bool deliver(Qp* qp, size_t n, const transport::SockAddr& from, const ibv_gid& t
   const uint32_t total = static_cast<uint32_t>(wire::kGrhLen + len);
   if (total > w.length) {
     SV_INFO("qp %u: %u-byte UD message for a %u-byte receive", qp->qpn(), total, w.length);
-    complete_recv_ud(qp, w, IBV_WC_LOC_LEN_ERR, 0, 0, false, 0, false);
-    qp_set_error(qp, IBV_WC_WR_FLUSH_ERR, true);
+    qp_set_error(qp, IBV_WC_WR_FLUSH_ERR, true, IBV_EVENT_QP_FATAL,
+                 [&] { complete_recv_ud(qp, w, IBV_WC_LOC_LEN_ERR, 0, 0, false, 0, false); });
     return false;
   }
   wire::Grh g;
@@ -190,8 +190,8 @@ bool deliver(Qp* qp, size_t n, const transport::SockAddr& from, const ibv_gid& t
     }
   }
   if (!keys_ok) {
-    complete_recv_ud(qp, w, IBV_WC_LOC_PROT_ERR, 0, 0, false, 0, false);
-    qp_set_error(qp, IBV_WC_WR_FLUSH_ERR, true, IBV_EVENT_QP_ACCESS_ERR);
+    qp_set_error(qp, IBV_WC_WR_FLUSH_ERR, true, IBV_EVENT_QP_ACCESS_ERR,
+                 [&] { complete_recv_ud(qp, w, IBV_WC_LOC_PROT_ERR, 0, 0, false, 0, false); });
     return false;
   }
   const bool v4 = wire::gid_is_v4(g.sgid) && wire::gid_is_v4(g.dgid);
