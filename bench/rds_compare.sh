@@ -11,8 +11,9 @@
 #      rds-stress is symmetric (both sides issue requests), so the per-direction figure is
 #      also compared with ib_write_bw -b (bidirectional, per direction). Goal: >= 0.9x.
 #   3. rds-ping's median round trip to an idle RDS process, versus the same raw round trip.
-# Usage: bench/rds_compare.sh [build-dir]   (default build). Loopback only: the passive
-# side binds 127.0.0.2, the active side 127.0.0.1.
+# Usage: bench/rds_compare.sh [build-dir] [outdir]   (default build; with outdir, also
+# writes rds_rtt.csv, rds_rdma.csv and rds.png there: RDS beside raw verbs, gnuplot).
+# Loopback only: the passive side binds 127.0.0.2, the active side 127.0.0.1.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 B=${1:-$ROOT/build}
@@ -96,3 +97,24 @@ printf '%-58s %10s %10s %s\n' "RDMA -D 1M -M 2 -d 4 MB/s per direction vs ib_wri
   "$RDS_D4" "$WBW" "$(ratio "$RDS_D4" "$WBW") (>=0.9x)"
 printf '%-58s %10s %10s %s\n' "RDMA -D 1M -M 2 -d 4 MB/s per direction vs write_bw -b" \
   "$RDS_D4" "$WBW_BI" "$(ratio "$RDS_D4" "$WBW_BI")"
+
+# Plots: RDS beside the raw verbs (and TCP) anchors of this run.
+if [ $# -ge 2 ]; then
+  OUT=$2
+  mkdir -p "$OUT"
+  {
+    echo "measure,RDS,raw verbs (2x ib_send_lat),blocking TCP (2x qperf tcp_lat)"
+    echo "blocking,$RDS_RTT,$SEND_RTT,$TCP_RTT"
+    echo "busy-poll,$RDS_RTT_BP,$SEND_RTT,$TCP_RTT"
+    echo "rds-ping,$PING_RTT,$SEND_RTT,$TCP_RTT"
+  } > "$OUT/rds_rtt.csv"
+  {
+    echo "measure,RDS per direction,ib_write_bw,ib_write_bw -b per direction"
+    echo "depth 1,$RDS_D1,$WBW,$WBW_BI"
+    echo "depth 4,$RDS_D4,$WBW,$WBW_BI"
+  } > "$OUT/rds_rdma.csv"
+  dpkg-query -W -f='${Status}' gnuplot-nox 2>/dev/null | grep -q "ok installed" ||
+    apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null
+  gnuplot -e "out='$OUT'; day='$(date -u +%Y-%m-%d)'" "$ROOT/bench/plot_rds.gp"
+  echo "wrote $OUT/rds_rtt.csv $OUT/rds_rdma.csv $OUT/rds.png"
+fi
