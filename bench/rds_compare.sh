@@ -16,7 +16,7 @@
 # Loopback only: the passive side binds 127.0.0.2, the active side 127.0.0.1.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-B=${1:-$ROOT/build}
+B=$(cd "${1:-$ROOT/build}" && pwd)  # absolute: the block server runs from a scratch dir
 BIN=$B/bin
 export LD_LIBRARY_PATH=$B/lib SOFTVERBS_NETDEV=lo
 export SOFTVERBS_RDS_DIR=/dev/shm/softverbs-rds-bench-$$
