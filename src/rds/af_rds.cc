@@ -249,14 +249,11 @@ SV_EXPORT int svrds_poll_ready(struct pollfd* fds, nfds_t n) {
   std::lock_guard lk(g().mu);
   int ready = 0;
   for (nfds_t i = 0; i < n; ++i) {
-    if (fds[i].fd < 0) continue;
-    const Sock* s = sock_of(fds[i].fd);
-    if (!s || s->lib_fd < 0) return -1;  // not ours to answer for: ask the kernel
-  }
-  for (nfds_t i = 0; i < n; ++i) {
     fds[i].revents = 0;
     if (fds[i].fd < 0) continue;
     const Sock* s = sock_of(fds[i].fd);
+    // Not ours to answer for: the caller asks the kernel, which rewrites every revents.
+    if (!s || s->lib_fd < 0) return -1;
     // As unix_poll reports a stream socket's end.
     short r = 0;
     if (sock_readable(s)) r |= POLLIN | POLLRDNORM;

@@ -21,6 +21,16 @@ using namespace rdstest;
 
 namespace {
 
+// Two bound sockets, a on port(pa) and b on port(pb), with their connection up: one
+// message from a to b taken.
+bool connected_pair(int pa, int pb, int* a, int* b) {
+  *a = bound_socket(port(pa));
+  *b = bound_socket(port(pb));
+  std::vector<char> buf(64);
+  uint32_t v = 1;
+  return send_to(*a, port(pb), &v, 4) == 4 && recv_one(*b, buf) == 4;
+}
+
 bool wait_rx_on() {
   const char* e = std::getenv("SOFTVERBS_RDS_WAIT_RX");
   return !(e && std::strcmp(e, "0") == 0);
@@ -29,10 +39,9 @@ bool wait_rx_on() {
 TEST(RdsPoll, ABlockedPollerTakesInItsOwnMessage) {
   const bool on = wait_rx_on();
   const int rc = in_private_child([on] {
-    const int a = bound_socket(port(52)), b = bound_socket(port(53));
+    int a, b;
+    if (!connected_pair(52, 53, &a, &b)) return 10;
     std::vector<char> buf(64);
-    uint32_t v = 1;
-    if (send_to(a, port(53), &v, 4) != 4 || recv_one(b, buf) != 4) return 10;  // connection up
     if (on != (svrds_block_prepare() >= 0)) return 11;
     for (uint32_t i = 0; i < 20; ++i) {
       const uint64_t before = counter(a, "busy_poll_completions");
@@ -59,10 +68,9 @@ TEST(RdsPoll, ABlockedPollerTakesInItsOwnMessage) {
 
 TEST(RdsPoll, TimeoutAndOtherDescriptorsStillWork) {
   const int rc = in_private_child([] {
-    const int a = bound_socket(port(54)), b = bound_socket(port(55));
-    std::vector<char> buf(64);
+    int a, b;
+    if (!connected_pair(54, 55, &a, &b)) return 10;
     uint32_t v = 1;
-    if (send_to(a, port(55), &v, 4) != 4 || recv_one(b, buf) != 4) return 10;
     // Nothing comes: 0 after the timeout, not before it and not long after it.
     pollfd p{b, POLLIN, 0};
     const auto t0 = std::chrono::steady_clock::now();
@@ -124,10 +132,10 @@ bool lazy_tokens_checked() {
 // and the stack must decline what it cannot answer for.
 TEST(RdsPoll, ReadinessFromMemoryIsTheKernels) {
   const int rc = in_private_child([] {
-    const int a = bound_socket(port(56)), b = bound_socket(port(57));
+    int a, b;
+    if (!connected_pair(56, 57, &a, &b)) return 10;
     std::vector<char> buf(64);
     uint32_t v = 1;
-    if (send_to(a, port(57), &v, 4) != 4 || recv_one(b, buf) != 4) return 10;
     const int ep = epoll_create1(EPOLL_CLOEXEC);
     epoll_event ev{};
     ev.events = EPOLLIN;
@@ -186,10 +194,11 @@ TEST(RdsPoll, ReadinessFromMemoryIsTheKernels) {
 TEST(RdsPoll, LazyTokensAreKeptForWhoeverAsksTheKernel) {
   const bool lazy = lazy_tokens_checked();
   const int rc = in_private_child([lazy] {
-    const int a = bound_socket(port(59)), b = bound_socket(port(60)), c = bound_socket(port(61));
+    int a, b;
+    if (!connected_pair(59, 60, &a, &b)) return 10;
+    const int c = bound_socket(port(61));
     std::vector<char> buf(64);
     uint32_t v = 1;
-    if (send_to(a, port(60), &v, 4) != 4 || recv_one(b, buf) != 4) return 10;
     // The shim's poll(), as a spinning program calls it: never sleeping in the kernel, so
     // nobody there needs telling.
     auto arrived = [](int fd) {
