@@ -840,6 +840,13 @@ SV_EXPORT int rdma_resolve_route(rdma_cm_id* i, int) {
 
 // ---- QPs ------------------------------------------------------------------------------
 
+// id->id.qp changes under the registry lock: the connection callbacks read it under that
+// lock on the progress thread (on_passive_done, rdma_connect's completion).
+static void publish_qp(CmId* id, ibv_qp* qp) {
+  std::lock_guard reg(g_live.get().mu);
+  id->id.qp = qp;
+}
+
 SV_EXPORT int rdma_create_qp_ex(rdma_cm_id* i, ibv_qp_init_attr_ex* attr) {
   if (!i || !attr) return fail(EINVAL);
   CmId* id = cmid(i);
@@ -899,7 +906,7 @@ SV_EXPORT int rdma_create_qp_ex(rdma_cm_id* i, ibv_qp_init_attr_ex* attr) {
       ibv_destroy_qp(qp);
       return fail(e);
     }
-    id->id.qp = qp;
+    publish_qp(id, qp);
     return 0;
   }
   // iw_cm_init_qp_attr grants remote read and write; we also offer atomics.
@@ -910,7 +917,7 @@ SV_EXPORT int rdma_create_qp_ex(rdma_cm_id* i, ibv_qp_init_attr_ex* attr) {
     ibv_destroy_qp(qp);
     return fail(e);
   }
-  id->id.qp = qp;
+  publish_qp(id, qp);
   if (!id->id.pd) id->id.pd = pd;
   return 0;
 }
@@ -938,9 +945,19 @@ SV_EXPORT int rdma_create_qp(rdma_cm_id* i, ibv_pd* pd, ibv_qp_init_attr* qp_ini
 
 SV_EXPORT void rdma_destroy_qp(rdma_cm_id* i) {
   if (!i || !i->qp) return;
-  Qp::from(i->qp)->on_disconnect = nullptr;
-  ibv_destroy_qp(i->qp);
-  i->qp = nullptr;
+  ibv_qp* qp = nullptr;
+  {
+    // Unpublished before it is destroyed. A connection that completes meanwhile (its
+    // callback runs on the progress thread, under this lock) either finds no QP and leaves
+    // the socket with the id, or hands the QP its socket before qp_destroy closes it. Read
+    // after close_conn, the old pointer gave a dying QP a socket whose epoll registration
+    // outlived it (a TSan-found use after free under rds_reliability's resets).
+    std::lock_guard reg(g_live.get().mu);
+    qp = i->qp;
+    i->qp = nullptr;
+  }
+  Qp::from(qp)->on_disconnect = nullptr;
+  ibv_destroy_qp(qp);
   if (i->send_cq) {
     ibv_destroy_cq(i->send_cq);
     i->send_cq = nullptr;

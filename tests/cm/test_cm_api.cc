@@ -9,13 +9,17 @@
 #include <rdma/rdma_verbs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <future>
 #include <iterator>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cm_util.h"
 #include "wire/stats_file.h"
@@ -248,6 +252,110 @@ TEST(CmVerbsHelpers, AConnectedQpIsRtsEverywhere) {
   client.join();
   rdma_disconnect(child);
   rdma_destroy_ep(child);
+  rdma_destroy_ep(listen);
+  rdma_freeaddrinfo(sres);
+}
+
+// rdma_destroy_qp while the connection completes on the progress thread (RDS tears a QP
+// down whenever a reset interrupts its connect). The completion either finds the QP gone
+// (the socket stays with the id: CONNECT_RESPONSE) or connects it first; it must never hand
+// a QP that is being destroyed its socket. Before the fix the race gave the dying QP a
+// registered socket, and the progress thread called its freed handler (TSan, ASan).
+TEST(CmRace, AQpDestroyedAsItsConnectionCompletesNeverGetsTheSocket) {
+  constexpr int kCalibration = 5;
+  constexpr int kRounds = 150;
+  const uint16_t port = test_port(5);
+  rdma_addrinfo hints{};
+  hints.ai_flags = RAI_PASSIVE;
+  hints.ai_port_space = RDMA_PS_TCP;
+  rdma_addrinfo* sres = nullptr;
+  const std::string ps = std::to_string(port);
+  ASSERT_EQ(rdma_getaddrinfo("127.0.0.1", ps.c_str(), &hints, &sres), 0);
+  ibv_qp_init_attr sattr{};
+  sattr.cap = {4, 4, 1, 1, 16};
+  rdma_cm_id* listen = nullptr;
+  ASSERT_EQ(rdma_create_ep(&listen, sres, nullptr, &sattr), 0) << strerror(errno);
+  ASSERT_EQ(rdma_listen(listen, 64), 0);
+  rdma_event_channel* ch = rdma_create_event_channel();
+  ASSERT_NE(ch, nullptr);
+  std::vector<rdma_cm_id*> children;
+  std::thread server([&] {
+    for (int r = 0; r < kCalibration + kRounds; ++r) {
+      rdma_cm_id* child = nullptr;
+      if (rdma_get_request(listen, &child)) return;
+      rdma_accept(child, nullptr);  // the client may be gone already: its error is fine
+      children.push_back(child);
+    }
+  });
+  auto next_event = [&](rdma_cm_id* id) {
+    rdma_cm_event_type t = RDMA_CM_EVENT_TIMEWAIT_EXIT;
+    if (!readable(ch->fd, 5000)) return t;
+    rdma_cm_event* ev = nullptr;
+    if (rdma_get_cm_event(ch, &ev)) return t;
+    EXPECT_EQ(ev->id, id);
+    t = ev->event;
+    rdma_ack_cm_event(ev);
+    return t;
+  };
+  sockaddr_in dst = loopback(port);
+  // One round: connect, wait `delay`, destroy the QP (at once, or after its event), and
+  // return the event the connect ended with.
+  auto round = [&](std::chrono::nanoseconds delay, bool destroy_first,
+                   std::chrono::nanoseconds* took) {
+    rdma_cm_event_type t = RDMA_CM_EVENT_TIMEWAIT_EXIT;
+    rdma_cm_id* id = nullptr;
+    if (rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return t;
+    ibv_qp_init_attr a{};
+    a.cap = {4, 4, 1, 1, 16};
+    a.qp_type = IBV_QPT_RC;
+    rdma_conn_param cp{};
+    cp.responder_resources = 1;
+    cp.initiator_depth = 1;
+    if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 1000) == 0 &&
+        next_event(id) == RDMA_CM_EVENT_ADDR_RESOLVED && rdma_resolve_route(id, 1000) == 0 &&
+        next_event(id) == RDMA_CM_EVENT_ROUTE_RESOLVED && rdma_create_qp(id, nullptr, &a) == 0) {
+      const auto start = std::chrono::steady_clock::now();
+      if (rdma_connect(id, &cp) == 0) {
+        while (std::chrono::steady_clock::now() < start + delay) {
+        }
+        if (destroy_first) {
+          rdma_destroy_qp(id);
+          EXPECT_EQ(id->qp, nullptr);
+        }
+        t = next_event(id);
+        if (took) *took = std::chrono::steady_clock::now() - start;
+      }
+    }
+    rdma_destroy_qp(id);
+    rdma_destroy_id(id);
+    return t;
+  };
+  // How long a handshake takes here (sanitizers make it 10x slower), so the destroys below
+  // land before, during and after the completion in every build.
+  std::vector<std::chrono::nanoseconds> took(kCalibration);
+  for (auto& d : took) EXPECT_EQ(round({}, false, &d), RDMA_CM_EVENT_ESTABLISHED);
+  std::sort(took.begin(), took.end());
+  const auto handshake = took[kCalibration / 2];
+  int established = 0, qp_less = 0;
+  for (int r = 0; r < kRounds; ++r) {
+    const rdma_cm_event_type t = round(handshake * (r % 30) / 15, true, nullptr);
+    if (t == RDMA_CM_EVENT_ESTABLISHED)
+      ++established;
+    else if (t == RDMA_CM_EVENT_CONNECT_RESPONSE)
+      ++qp_less;
+    else
+      ADD_FAILURE() << "round " << r << ": " << rdma_event_str(t);
+  }
+  server.join();
+  EXPECT_EQ(established + qp_less, kRounds);
+  std::printf(
+      "%d rounds, handshake %lld us: %d connected before the destroy, %d found the QP gone\n",
+      kRounds, static_cast<long long>(handshake.count() / 1000), established, qp_less);
+  for (rdma_cm_id* c : children) {
+    rdma_disconnect(c);
+    rdma_destroy_ep(c);
+  }
+  rdma_destroy_event_channel(ch);
   rdma_destroy_ep(listen);
   rdma_freeaddrinfo(sres);
 }

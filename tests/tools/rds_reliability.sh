@@ -80,7 +80,14 @@ for log in /tmp/rel_a_$$.log /tmp/rel_b_$$.log; do
   [ "${n:-0}" -gt 0 ] || { lookups_ok=0; echo "no directory lookup in $log"; }
 done
 if [ $ra -ne 0 ] || [ $rb -ne 0 ]; then
-  for log in /tmp/rel_a_$$.log /tmp/rel_b_$$.log; do echo "== $log"; tail -n 60 "$log"; done
+  for log in /tmp/rel_a_$$.log /tmp/rel_b_$$.log; do
+    echo "== $log"
+    # A sanitizer report is long and its second stack is the useful one: print it whole.
+    if grep -q "^WARNING: ThreadSanitizer\|^==[0-9]*==ERROR: \|runtime error:" "$log"; then
+      sed -n '/^==================$/,/^SUMMARY: /p;/^==[0-9]*==ERROR/,/^SUMMARY: /p;/runtime error:/p' "$log" | head -n 400
+    fi
+    tail -n 20 "$log"
+  done
 fi
 rm -f /tmp/rel_a_$$.log /tmp/rel_b_$$.log
 rm -rf "$DIR_A" "$DIR_B"
