@@ -402,10 +402,6 @@ RxAction on_sv_ack(Qp* qp, Conn& c) {
 void rx_fail(Qp* qp, const Terminate& t, bool send_term, ibv_wc_status send_status,
              ibv_wc_status recv_status) {
   Conn& c = qp->conn;
-  if (c.have_recv) {
-    complete_recv(qp, c.cur_recv, recv_status, 0, IBV_WC_RECV, 0, 0, 0);
-    c.have_recv = false;
-  }
   // A remote access error is the peer guessing (or misusing) our STags: it counts against
   // its address, and enough of them keep it from reconnecting for a while (peer_guard.h).
   if (send_status == IBV_WC_REM_ACCESS_ERR && c.fd >= 0)
@@ -428,7 +424,14 @@ void rx_fail(Qp* qp, const Terminate& t, bool send_term, ibv_wc_status send_stat
                        send_status == IBV_WC_REM_INV_REQ_ERR
                    ? IBV_WC_WR_FLUSH_ERR
                    : send_status,
-               true, access ? IBV_EVENT_QP_ACCESS_ERR : IBV_EVENT_QP_FATAL);
+               true, access ? IBV_EVENT_QP_ACCESS_ERR : IBV_EVENT_QP_FATAL, [&] {
+                 // The failed receive completes once the QP is in ERR, ahead of the flush: a
+                 // poller that sees its status and queries the QP finds ERR (siw moves the QP
+                 // before it reports the WQE).
+                 if (!c.have_recv) return;
+                 complete_recv(qp, c.cur_recv, recv_status, 0, IBV_WC_RECV, 0, 0, 0);
+                 c.have_recv = false;
+               });
 }
 
 RxAction rx_on_header(Qp* qp) {

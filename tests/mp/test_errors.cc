@@ -221,6 +221,8 @@ void expect_send_into_bad_receive(Peer& local, RemotePeer& remote) {
   auto r = local.poll(CqSel::recv, 1);
   ASSERT_EQ(r.size(), 1u);
   EXPECT_TRUE(wc_is(r[0], 3, IBV_WC_LOC_PROT_ERR));
+  // The error completion is reported after the QP moved to ERR, not before.
+  EXPECT_EQ(local.state(), IBV_QPS_ERR) << "error completion seen while the QP was not in ERR";
 }
 
 TEST_F(XProc, BadLkeyOnRecvIsLocProtErrWhenSendArrives) {
