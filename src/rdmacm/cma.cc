@@ -212,11 +212,15 @@ socklen_t sa_len(const sockaddr* sa) {
 }
 
 // Moves a CM-managed QP through RTR and RTS with the negotiated resources, as iw_cm does
-// when the MPA exchange completes.
-void qp_connect(CmId* id, Endpoint* ep) {
+// when the MPA exchange completes. False if the application moved the QP to ERR or RESET
+// meanwhile: as siw refuses RTS then and fails the connection, the QP stays where it was
+// rather than coming back to life with the socket.
+bool qp_connect(CmId* id, Endpoint* ep) {
   Qp* qp = Qp::from(id->id.qp);
   {
     std::lock_guard lk(qp->tx_mu);
+    const ibv_qp_state st = qp->state.load();
+    if (st == IBV_QPS_ERR || st == IBV_QPS_RESET) return false;
     qp->attr.max_rd_atomic = static_cast<uint8_t>(std::max<uint16_t>(ep->negotiated_ord(), 1));
     qp->attr.max_dest_rd_atomic = static_cast<uint8_t>(std::max<uint16_t>(ep->negotiated_ird(), 1));
     qp->attr.rnr_retry = 7;
@@ -227,6 +231,18 @@ void qp_connect(CmId* id, Endpoint* ep) {
     qp_set_state_locked(qp, IBV_QPS_RTS);  // through RTR: the connection sets both up
   }
   qp_take_endpoint(qp, ep);
+  return true;
+}
+
+// The QP refused the connection (qp_connect): the socket closes, so the peer sees it end,
+// and the id is told with librdmacm's event for a failed establishment.
+void connect_failed(CmId* id, Endpoint* ep) {
+  {
+    std::lock_guard lk(id->mu);
+    id->connected = false;
+  }
+  ep->dispose();
+  queue_event(id, RDMA_CM_EVENT_CONNECT_ERROR, -EINVAL);
 }
 
 void on_qp_disconnect(void* p, uint64_t serial) {
@@ -264,7 +280,10 @@ void on_passive_done(Endpoint* ep, int err) {
     child->ep = nullptr;
     child->connected = true;
   }
-  if (child->id.qp) qp_connect(child, ep);
+  if (child->id.qp && !qp_connect(child, ep)) {
+    connect_failed(child, ep);
+    return;
+  }
   ep->dispose();
   queue_event(child, RDMA_CM_EVENT_ESTABLISHED, 0);
 }
@@ -1027,7 +1046,10 @@ SV_EXPORT int rdma_connect(rdma_cm_id* i, rdma_conn_param* param) {
       id->connected = true;
     }
     if (id->id.qp) {
-      qp_connect(id, ep);
+      if (!qp_connect(id, ep)) {
+        connect_failed(id, ep);
+        return;
+      }
       ep->dispose();
       queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0, &ep->outcome().peer_pdata);
     } else {
@@ -1051,9 +1073,9 @@ SV_EXPORT int rdma_establish(rdma_cm_id* i) {
     id->ep = nullptr;
   }
   if (!ep || !id->id.qp) return fail(EINVAL);
-  qp_connect(id, ep);
-  ep->dispose();
-  return 0;
+  const bool ok = qp_connect(id, ep);
+  ep->dispose();  // on failure the socket closes and the peer sees the connection end
+  return ok ? 0 : fail(EINVAL);
 }
 
 SV_EXPORT int rdma_accept(rdma_cm_id* i, rdma_conn_param* param) {

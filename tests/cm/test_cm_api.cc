@@ -359,3 +359,75 @@ TEST(CmRace, AQpDestroyedAsItsConnectionCompletesNeverGetsTheSocket) {
   rdma_destroy_ep(listen);
   rdma_freeaddrinfo(sres);
 }
+
+// The application moves its QP to ERR while the connection is being set up. siw refuses
+// the QP's move to RTS then and the connection fails; the QP must not come back to life
+// with the socket (it did: the completion forced RTS over ERR).
+TEST(CmConnect, AQpMovedToErrWhileConnectingStaysThereAndTheConnectFails) {
+  const uint16_t port = test_port(6);
+  rdma_addrinfo hints{};
+  hints.ai_flags = RAI_PASSIVE;
+  hints.ai_port_space = RDMA_PS_TCP;
+  rdma_addrinfo* sres = nullptr;
+  const std::string ps = std::to_string(port);
+  ASSERT_EQ(rdma_getaddrinfo("127.0.0.1", ps.c_str(), &hints, &sres), 0);
+  ibv_qp_init_attr sattr{};
+  sattr.cap = {4, 4, 1, 1, 16};
+  rdma_cm_id* listen = nullptr;
+  ASSERT_EQ(rdma_create_ep(&listen, sres, nullptr, &sattr), 0) << strerror(errno);
+  ASSERT_EQ(rdma_listen(listen, 4), 0);
+  rdma_event_channel* ch = rdma_create_event_channel();
+  ASSERT_NE(ch, nullptr);
+  std::promise<void> requested, go;
+  rdma_cm_event_type server_saw = RDMA_CM_EVENT_TIMEWAIT_EXIT;
+  int accept_rc = -2;
+  std::thread server([&, asked = go.get_future()]() mutable {
+    rdma_cm_id* child = nullptr;
+    const int r = rdma_get_request(listen, &child);
+    requested.set_value();
+    if (r) return;
+    asked.wait();
+    accept_rc = rdma_accept(child, nullptr);
+    // The client's side refused the connection: its socket closes under our established QP.
+    if (accept_rc == 0 && readable(child->channel->fd, 5000)) {
+      rdma_cm_event* ev = nullptr;
+      if (rdma_get_cm_event(child->channel, &ev) == 0) {
+        server_saw = ev->event;
+        rdma_ack_cm_event(ev);
+      }
+    }
+    rdma_destroy_ep(child);
+  });
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in dst = loopback(port);
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 1000), 0);
+  expect_event(ch, id, RDMA_CM_EVENT_ADDR_RESOLVED);
+  ASSERT_EQ(rdma_resolve_route(id, 1000), 0);
+  expect_event(ch, id, RDMA_CM_EVENT_ROUTE_RESOLVED);
+  ibv_qp_init_attr a{};
+  a.cap = {4, 4, 1, 1, 16};
+  a.qp_type = IBV_QPT_RC;
+  ASSERT_EQ(rdma_create_qp(id, nullptr, &a), 0) << strerror(errno);
+  rdma_conn_param cp{};
+  cp.responder_resources = 1;
+  cp.initiator_depth = 1;
+  ASSERT_EQ(rdma_connect(id, &cp), 0);
+  requested.get_future().wait();  // the handshake now waits for the server's accept
+  ibv_qp_attr qa{};
+  qa.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(ibv_modify_qp(id->qp, &qa, IBV_QP_STATE), 0);
+  go.set_value();
+  expect_event(ch, id, RDMA_CM_EVENT_CONNECT_ERROR);
+  ibv_qp_init_attr qi{};
+  ASSERT_EQ(ibv_query_qp(id->qp, &qa, IBV_QP_STATE, &qi), 0);
+  EXPECT_EQ(qa.qp_state, IBV_QPS_ERR) << "the connection revived a QP in ERR";
+  server.join();
+  EXPECT_EQ(accept_rc, 0);
+  EXPECT_EQ(server_saw, RDMA_CM_EVENT_DISCONNECTED) << rdma_event_str(server_saw);
+  rdma_destroy_qp(id);
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(ch);
+  rdma_destroy_ep(listen);
+  rdma_freeaddrinfo(sres);
+}
