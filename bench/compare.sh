@@ -21,25 +21,29 @@ rss_of() { tail -1 "$1" | awk '{print $3}'; }
 per_gb() { awk -v c="$1" -v bw="$2" -v t="$3" 'BEGIN{ if (bw > 0) printf "%.2f", c / (bw * t / 1000); else print "n/a" }'; }
 A=127.0.0.1
 pids=()
-trap 'for p in "${pids[@]}"; do kill $p 2>/dev/null; done; rm -rf "$T"' EXIT
+# A server started through timed() is a shell, GNU time and the server: stop the server
+# itself (the leaves of the tree), so time still writes its figures and nothing is left.
+leaves() { local c; c=$(pgrep -P "$1"); if [ -z "$c" ]; then echo "$1"; else for x in $c; do leaves "$x"; done; fi; }
+stop() { kill $(leaves "$1") 2>/dev/null; wait "$1" 2>/dev/null; }
+trap 'for p in "${pids[@]}"; do stop $p; done; rm -rf "$T"' EXIT
 num() { grep -Eo '[0-9]+(\.[0-9]+)?' | head -1; }
 
 # --- anchors -----------------------------------------------------------------------------
 timed $T/qs qperf >/dev/null 2>&1 & pids+=($!); sleep 0.5
 TCP_BW=$(timed $T/qc qperf -t 3 -m 1M $A tcp_bw | awk '/^ *bw/{v=$3; u=$4; if (u=="GB/sec") v*=1000; print v}')
-kill ${pids[-1]} 2>/dev/null; wait ${pids[-1]} 2>/dev/null
+stop ${pids[-1]}
 TCP_CPU=$(per_gb "$(awk -v a="$(cpu_of $T/qs)" -v b="$(cpu_of $T/qc)" 'BEGIN{print a+b}')" "$TCP_BW" 3)
 qperf >/dev/null 2>&1 & pids+=($!); sleep 0.5
 TCP_LAT=$(qperf -t 3 -m 8 $A tcp_lat | awk '/latency/{v=$3; if ($4=="ms") v*=1000; print v}')
-kill ${pids[-1]} 2>/dev/null
+stop ${pids[-1]}
 # Raw TCP 8 B message rate: one send() per 8-byte message, a stream (qperf -v msg_rate).
 qperf >/dev/null 2>&1 & pids+=($!); sleep 0.5
 TCP_RATE=$(qperf -v -t 3 -m 8 $A tcp_bw | awk '/msg_rate/{v=$3; if ($4=="K/sec") v/=1000; print v}')
-kill ${pids[-1]} 2>/dev/null
+stop ${pids[-1]}
 taskset -c 1 sockperf server --tcp -i $A -p 11111 --nonblocked >/dev/null 2>&1 & pids+=($!); sleep 0.5
 BP_LAT=$(taskset -c 0 sockperf ping-pong --tcp -i $A -p 11111 --nonblocked -m 14 -t 3 2>/dev/null |
          awk '/avg-latency/{print $0}' | grep -Eo 'avg-latency=[0-9.]+' | cut -d= -f2)
-kill ${pids[-1]} 2>/dev/null
+stop ${pids[-1]}
 UCX_TLS=tcp UCX_NET_DEVICES=lo ucx_perftest -t ucp_put_bw -s 1048576 -n 2000 >/dev/null 2>&1 & pids+=($!); sleep 1
 UCX_BW=$(UCX_TLS=tcp UCX_NET_DEVICES=lo ucx_perftest $A -t ucp_put_bw -s 1048576 -n 2000 2>/dev/null |
          awk '/Final:/{print $(NF-2)}')
