@@ -43,6 +43,54 @@ void expect_event(rdma_event_channel* ch, rdma_cm_id* id, rdma_cm_event_type wan
   rdma_ack_cm_event(ev);
 }
 
+// The next event on ch (acked), which must be for id; TIMEWAIT_EXIT if none comes in 5 s.
+rdma_cm_event_type next_event(rdma_event_channel* ch, rdma_cm_id* id) {
+  rdma_cm_event_type t = RDMA_CM_EVENT_TIMEWAIT_EXIT;
+  if (!readable(ch->fd, 5000)) return t;
+  rdma_cm_event* ev = nullptr;
+  if (rdma_get_cm_event(ch, &ev)) return t;
+  EXPECT_EQ(ev->id, id);
+  t = ev->event;
+  rdma_ack_cm_event(ev);
+  return t;
+}
+
+// A synchronous passive endpoint listening on 127.0.0.1:port whose requests each get a QP;
+// nullptr on failure.
+rdma_cm_id* listening_ep(uint16_t port, int backlog) {
+  rdma_addrinfo hints{};
+  hints.ai_flags = RAI_PASSIVE;
+  hints.ai_port_space = RDMA_PS_TCP;
+  rdma_addrinfo* res = nullptr;
+  if (rdma_getaddrinfo("127.0.0.1", std::to_string(port).c_str(), &hints, &res)) return nullptr;
+  ibv_qp_init_attr attr{};
+  attr.cap = {4, 4, 1, 1, 16};
+  rdma_cm_id* listen = nullptr;
+  const int r = rdma_create_ep(&listen, res, nullptr, &attr);
+  rdma_freeaddrinfo(res);
+  if (r) return nullptr;
+  if (rdma_listen(listen, backlog) == 0) return listen;
+  rdma_destroy_ep(listen);
+  return nullptr;
+}
+
+// An id on ch with its route to 127.0.0.1:port resolved and an RC QP: ready for
+// rdma_connect. nullptr (nothing left behind) on failure.
+rdma_cm_id* ready_to_connect(rdma_event_channel* ch, uint16_t port) {
+  rdma_cm_id* id = nullptr;
+  if (rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return nullptr;
+  sockaddr_in dst = loopback(port);
+  ibv_qp_init_attr a{};
+  a.cap = {4, 4, 1, 1, 16};
+  a.qp_type = IBV_QPT_RC;
+  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 1000) == 0 &&
+      next_event(ch, id) == RDMA_CM_EVENT_ADDR_RESOLVED && rdma_resolve_route(id, 1000) == 0 &&
+      next_event(ch, id) == RDMA_CM_EVENT_ROUTE_RESOLVED && rdma_create_qp(id, nullptr, &a) == 0)
+    return id;
+  rdma_destroy_id(id);
+  return nullptr;
+}
+
 }  // namespace
 
 TEST(CmMigrate, ASynchronousIdMovedToAChannelBecomesAsynchronous) {
@@ -265,17 +313,8 @@ TEST(CmRace, AQpDestroyedAsItsConnectionCompletesNeverGetsTheSocket) {
   constexpr int kCalibration = 5;
   constexpr int kRounds = 150;
   const uint16_t port = test_port(5);
-  rdma_addrinfo hints{};
-  hints.ai_flags = RAI_PASSIVE;
-  hints.ai_port_space = RDMA_PS_TCP;
-  rdma_addrinfo* sres = nullptr;
-  const std::string ps = std::to_string(port);
-  ASSERT_EQ(rdma_getaddrinfo("127.0.0.1", ps.c_str(), &hints, &sres), 0);
-  ibv_qp_init_attr sattr{};
-  sattr.cap = {4, 4, 1, 1, 16};
-  rdma_cm_id* listen = nullptr;
-  ASSERT_EQ(rdma_create_ep(&listen, sres, nullptr, &sattr), 0) << strerror(errno);
-  ASSERT_EQ(rdma_listen(listen, 64), 0);
+  rdma_cm_id* listen = listening_ep(port, 64);
+  ASSERT_NE(listen, nullptr) << strerror(errno);
   rdma_event_channel* ch = rdma_create_event_channel();
   ASSERT_NE(ch, nullptr);
   std::vector<rdma_cm_id*> children;
@@ -287,44 +326,26 @@ TEST(CmRace, AQpDestroyedAsItsConnectionCompletesNeverGetsTheSocket) {
       children.push_back(child);
     }
   });
-  auto next_event = [&](rdma_cm_id* id) {
-    rdma_cm_event_type t = RDMA_CM_EVENT_TIMEWAIT_EXIT;
-    if (!readable(ch->fd, 5000)) return t;
-    rdma_cm_event* ev = nullptr;
-    if (rdma_get_cm_event(ch, &ev)) return t;
-    EXPECT_EQ(ev->id, id);
-    t = ev->event;
-    rdma_ack_cm_event(ev);
-    return t;
-  };
-  sockaddr_in dst = loopback(port);
   // One round: connect, wait `delay`, destroy the QP (at once, or after its event), and
   // return the event the connect ended with.
   auto round = [&](std::chrono::nanoseconds delay, bool destroy_first,
                    std::chrono::nanoseconds* took) {
     rdma_cm_event_type t = RDMA_CM_EVENT_TIMEWAIT_EXIT;
-    rdma_cm_id* id = nullptr;
-    if (rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return t;
-    ibv_qp_init_attr a{};
-    a.cap = {4, 4, 1, 1, 16};
-    a.qp_type = IBV_QPT_RC;
+    rdma_cm_id* id = ready_to_connect(ch, port);
+    if (!id) return t;
     rdma_conn_param cp{};
     cp.responder_resources = 1;
     cp.initiator_depth = 1;
-    if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 1000) == 0 &&
-        next_event(id) == RDMA_CM_EVENT_ADDR_RESOLVED && rdma_resolve_route(id, 1000) == 0 &&
-        next_event(id) == RDMA_CM_EVENT_ROUTE_RESOLVED && rdma_create_qp(id, nullptr, &a) == 0) {
-      const auto start = std::chrono::steady_clock::now();
-      if (rdma_connect(id, &cp) == 0) {
-        while (std::chrono::steady_clock::now() < start + delay) {
-        }
-        if (destroy_first) {
-          rdma_destroy_qp(id);
-          EXPECT_EQ(id->qp, nullptr);
-        }
-        t = next_event(id);
-        if (took) *took = std::chrono::steady_clock::now() - start;
+    const auto start = std::chrono::steady_clock::now();
+    if (rdma_connect(id, &cp) == 0) {
+      while (std::chrono::steady_clock::now() < start + delay) {
       }
+      if (destroy_first) {
+        rdma_destroy_qp(id);
+        EXPECT_EQ(id->qp, nullptr);
+      }
+      t = next_event(ch, id);
+      if (took) *took = std::chrono::steady_clock::now() - start;
     }
     rdma_destroy_qp(id);
     rdma_destroy_id(id);
@@ -357,7 +378,6 @@ TEST(CmRace, AQpDestroyedAsItsConnectionCompletesNeverGetsTheSocket) {
   }
   rdma_destroy_event_channel(ch);
   rdma_destroy_ep(listen);
-  rdma_freeaddrinfo(sres);
 }
 
 // The application moves its QP to ERR while the connection is being set up. siw refuses
@@ -365,17 +385,8 @@ TEST(CmRace, AQpDestroyedAsItsConnectionCompletesNeverGetsTheSocket) {
 // with the socket (it did: the completion forced RTS over ERR).
 TEST(CmConnect, AQpMovedToErrWhileConnectingStaysThereAndTheConnectFails) {
   const uint16_t port = test_port(6);
-  rdma_addrinfo hints{};
-  hints.ai_flags = RAI_PASSIVE;
-  hints.ai_port_space = RDMA_PS_TCP;
-  rdma_addrinfo* sres = nullptr;
-  const std::string ps = std::to_string(port);
-  ASSERT_EQ(rdma_getaddrinfo("127.0.0.1", ps.c_str(), &hints, &sres), 0);
-  ibv_qp_init_attr sattr{};
-  sattr.cap = {4, 4, 1, 1, 16};
-  rdma_cm_id* listen = nullptr;
-  ASSERT_EQ(rdma_create_ep(&listen, sres, nullptr, &sattr), 0) << strerror(errno);
-  ASSERT_EQ(rdma_listen(listen, 4), 0);
+  rdma_cm_id* listen = listening_ep(port, 4);
+  ASSERT_NE(listen, nullptr) << strerror(errno);
   rdma_event_channel* ch = rdma_create_event_channel();
   ASSERT_NE(ch, nullptr);
   std::promise<void> requested, go;
@@ -398,17 +409,8 @@ TEST(CmConnect, AQpMovedToErrWhileConnectingStaysThereAndTheConnectFails) {
     }
     rdma_destroy_ep(child);
   });
-  rdma_cm_id* id = nullptr;
-  ASSERT_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), 0);
-  sockaddr_in dst = loopback(port);
-  ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 1000), 0);
-  expect_event(ch, id, RDMA_CM_EVENT_ADDR_RESOLVED);
-  ASSERT_EQ(rdma_resolve_route(id, 1000), 0);
-  expect_event(ch, id, RDMA_CM_EVENT_ROUTE_RESOLVED);
-  ibv_qp_init_attr a{};
-  a.cap = {4, 4, 1, 1, 16};
-  a.qp_type = IBV_QPT_RC;
-  ASSERT_EQ(rdma_create_qp(id, nullptr, &a), 0) << strerror(errno);
+  rdma_cm_id* id = ready_to_connect(ch, port);
+  ASSERT_NE(id, nullptr) << strerror(errno);
   rdma_conn_param cp{};
   cp.responder_resources = 1;
   cp.initiator_depth = 1;
@@ -429,5 +431,4 @@ TEST(CmConnect, AQpMovedToErrWhileConnectingStaysThereAndTheConnectFails) {
   rdma_destroy_id(id);
   rdma_destroy_event_channel(ch);
   rdma_destroy_ep(listen);
-  rdma_freeaddrinfo(sres);
 }
