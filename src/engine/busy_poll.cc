@@ -16,6 +16,7 @@
 #include "engine/progress.h"
 #include "engine/qp.h"
 #include "util/clock.h"
+#include "util/settings.h"
 
 namespace sv::engine {
 namespace {
@@ -108,7 +109,7 @@ void recheck(Qp* qp) {
 }  // namespace
 
 uint64_t busy_poll_hold_ns() {
-  static const uint64_t ns = sv::env_us_as_ns("SOFTVERBS_BUSY_POLL_US", 50);
+  static const uint64_t ns = sv::setting_us_as_ns(SV_SETTING("SOFTVERBS_BUSY_POLL_US"));
   return ns;
 }
 
@@ -145,7 +146,7 @@ void cq_busy_poll_armed(Cq* cq) {
 }
 
 uint64_t spin_yield_ns() {
-  static const uint64_t ns = sv::env_us_as_ns("SOFTVERBS_SPIN_YIELD_US", 100);
+  static const uint64_t ns = sv::setting_us_as_ns(SV_SETTING("SOFTVERBS_SPIN_YIELD_US"));
   return ns;
 }
 

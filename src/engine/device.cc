@@ -11,6 +11,7 @@
 
 #include "engine/log.h"
 #include "util/fork_local.h"
+#include "util/settings.h"
 
 namespace sv::engine {
 
@@ -49,8 +50,8 @@ bool gid_to_addr(const ibv_gid& gid, transport::SockAddr& out) {
 // SOFTVERBS_NETDEV=lo,veth0 binds the device to those interfaces, as `rdma link add
 // ... netdev` binds rxe/siw: only their addresses enter the GID table.
 static bool netdev_selected(const std::string& ifname) {
-  const char* e = std::getenv("SOFTVERBS_NETDEV");
-  if (!e || !*e) return true;
+  const char* e = settings::text_value(SV_SETTING("SOFTVERBS_NETDEV"));
+  if (!e) return true;
   std::string list = std::string(",") + e + ",";
   return list.find("," + ifname + ",") != std::string::npos;
 }
@@ -79,23 +80,25 @@ struct Limits {
   int max[static_cast<int>(Limit::count)];
   std::atomic<int> used[static_cast<int>(Limit::count)] = {};
   Limits() {
-    const char* env[] = {"SOFTVERBS_MAX_QP", "SOFTVERBS_MAX_CQ",  "SOFTVERBS_MAX_PD",
-                         "SOFTVERBS_MAX_MR", "SOFTVERBS_MAX_SRQ", "SOFTVERBS_MAX_MW",
-                         "SOFTVERBS_MAX_AH"};
-    // Regions and windows share the 65535 keys of the key table.
-    const int dflt[] = {kMaxQp, 65535, 65535, kMaxMr, 65535, kMaxMr, 65535};
-    for (int i = 0; i < static_cast<int>(Limit::count); ++i) {
-      max[i] = dflt[i];
-      if (const char* v = std::getenv(env[i])) {
-        const long n = std::atol(v);
-        if (n > 0 && n < dflt[i]) max[i] = static_cast<int>(n);  // lower only
-      }
-    }
+    // In Limit's order. Each may only lower the device's own limit (its range's top).
+    const settings::Setting* env[] = {
+        &SV_SETTING("SOFTVERBS_MAX_QP"),  &SV_SETTING("SOFTVERBS_MAX_CQ"),
+        &SV_SETTING("SOFTVERBS_MAX_PD"),  &SV_SETTING("SOFTVERBS_MAX_MR"),
+        &SV_SETTING("SOFTVERBS_MAX_SRQ"), &SV_SETTING("SOFTVERBS_MAX_MW"),
+        &SV_SETTING("SOFTVERBS_MAX_AH")};
+    static_assert(std::size(env) == static_cast<size_t>(Limit::count));
+    for (int i = 0; i < static_cast<int>(Limit::count); ++i)
+      max[i] = static_cast<int>(settings::uint_value(*env[i]));
   }
 };
 
 // Per process generation: a forked child owns none of its parent's objects.
 ForkLocal<Limits> g_limits;
+
+// The settings' defaults are the device's limits.
+static_assert(settings::find("SOFTVERBS_MAX_QP")->dflt == kMaxQp);
+static_assert(settings::find("SOFTVERBS_MAX_MR")->dflt == kMaxMr);
+static_assert(settings::find("SOFTVERBS_MAX_MW")->dflt == kMaxMr);
 
 }  // namespace
 

@@ -19,6 +19,7 @@
 #include "engine/peer_guard.h"
 #include "engine/qp.h"
 #include "util/fork_local.h"
+#include "util/settings.h"
 #include "wire/be.h"
 
 namespace sv::engine {
@@ -57,9 +58,7 @@ ForkLocal<LiveEndpoints> g_live;
 
 std::chrono::milliseconds Endpoint::handshake_timeout() {
   static const long ms = [] {
-    const char* e = std::getenv("SOFTVERBS_MPA_TIMEOUT_MS");
-    const long v = e ? std::strtol(e, nullptr, 10) : 0;
-    return v > 0 ? v : 10000L;
+    return static_cast<long>(settings::uint_value(SV_SETTING("SOFTVERBS_MPA_TIMEOUT_MS")));
   }();
   return std::chrono::milliseconds(ms);
 }
@@ -211,8 +210,7 @@ bool Endpoint::read_frame(MpaKind) {
 // SOFTVERBS_RFC7306=0 makes this process a plain RFC 5040/5041/5044/6581 peer (as siw
 // is): it neither announces nor accepts the softverbs extensions (atomics, immediate).
 static bool extensions_enabled() {
-  const char* e = std::getenv("SOFTVERBS_RFC7306");
-  return !(e && e[0] == '0');
+  return settings::flag_value(SV_SETTING("SOFTVERBS_RFC7306"));
 }
 
 // IB's completion rule: between softverbs peers, Sends and Writes complete once the
@@ -220,8 +218,7 @@ static bool extensions_enabled() {
 bool ib_completion_wanted(const Qp* qp) {
   if (!extensions_enabled()) return false;
   if (qp && qp->ib_completion_pref >= 0) return qp->ib_completion_pref == 1;
-  const char* e = std::getenv("SOFTVERBS_IB_COMPLETION");
-  return e && e[0] == '1';
+  return settings::flag_value(SV_SETTING("SOFTVERBS_IB_COMPLETION"));
 }
 
 static std::vector<std::byte> encode_frame(const MpaFrame& f) {
@@ -446,10 +443,7 @@ Registry& reg() {
 }
 
 bool crc_wanted() {
-  static const bool on = [] {
-    const char* e = std::getenv("SOFTVERBS_MPA_CRC");
-    return e && *e && *e != '0';
-  }();
+  static const bool on = settings::flag_value(SV_SETTING("SOFTVERBS_MPA_CRC"));
   return on;
 }
 

@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "util/settings.h"
+
 namespace sv {
 
 std::optional<LogLevel> parse_log_level(const char* s) {
@@ -32,16 +34,11 @@ const char* log_level_name(LogLevel l) {
 }
 
 LogLevel log_level() {
+  // A SOFTVERBS_LOG that names no level is error, as unset (engine/settings.cc says so).
   static const LogLevel level = [] {
-    if (const char* s = std::getenv("SOFTVERBS_LOG")) {
-      if (auto l = parse_log_level(s)) return *l;
-      std::fprintf(stderr,
-                   "softverbs: warning: SOFTVERBS_LOG=%s is not none|error|warn|info|debug "
-                   "(or 0-4); using error\n",
-                   s);
-      return LogLevel::error;
-    }
-    return std::getenv("SOFTVERBS_DEBUG") ? LogLevel::debug : LogLevel::error;
+    if (const char* s = settings::text_value(SV_SETTING("SOFTVERBS_LOG")))
+      return parse_log_level(s).value_or(LogLevel::error);
+    return settings::flag_value(SV_SETTING("SOFTVERBS_DEBUG")) ? LogLevel::debug : LogLevel::error;
   }();
   return level;
 }

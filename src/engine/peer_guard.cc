@@ -12,6 +12,7 @@
 
 #include "engine/log.h"
 #include "util/fork_local.h"
+#include "util/settings.h"
 
 namespace sv::engine::peer_guard {
 namespace {
@@ -19,15 +20,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxPeers = 4096;  // the table's bound: recovered peers are dropped first
 
-double env_or(const char* name, double dflt) {
-  const char* e = std::getenv(name);
-  const double v = e ? std::strtod(e, nullptr) : 0;
-  return v > 0 ? v : dflt;
-}
-
 struct Limits {
-  double burst = env_or("SOFTVERBS_PROT_ERR_BURST", 32);
-  double per_sec = env_or("SOFTVERBS_PROT_ERR_PER_SEC", 4);
+  double burst = settings::real_value(SV_SETTING("SOFTVERBS_PROT_ERR_BURST"));
+  double per_sec = settings::real_value(SV_SETTING("SOFTVERBS_PROT_ERR_PER_SEC"));
 };
 const Limits& limits() {
   static const Limits l;

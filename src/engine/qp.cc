@@ -19,6 +19,7 @@
 #include "engine/linger.h"
 #include "engine/log.h"
 #include "util/clock.h"
+#include "util/settings.h"
 
 namespace sv::engine {
 namespace {
@@ -597,7 +598,7 @@ int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing
 namespace {
 // SOFTVERBS_TX_BATCH_US (default 10, 0: off): the doorbell batching window.
 uint64_t tx_batch_ns() {
-  static const uint64_t ns = sv::env_us_as_ns("SOFTVERBS_TX_BATCH_US", 10);
+  static const uint64_t ns = sv::setting_us_as_ns(SV_SETTING("SOFTVERBS_TX_BATCH_US"));
   return ns;
 }
 
@@ -721,7 +722,7 @@ void tx_post_locked(Qp* qp) {
 // pass's messages share one ack.
 void tx_ack_locked(Qp* qp, bool requested, bool no_one_answer) {
   // SOFTVERBS_ACK_HOLD_US (default 50, 0: never held): how long that ack waits for the answer.
-  static const uint64_t hold_ns = sv::env_us_as_ns("SOFTVERBS_ACK_HOLD_US", 50);
+  static const uint64_t hold_ns = sv::setting_us_as_ns(SV_SETTING("SOFTVERBS_ACK_HOLD_US"));
   constexpr uint64_t kLazyAckDelay = 200 * 1000;  // ns
   if (requested && (tl_polling == nullptr || hold_ns == 0 || no_one_answer)) {
     tx_run_locked(qp);
@@ -998,10 +999,8 @@ void qp_attach_conn(Qp* qp) {
   stats::set_peer(qp->stats, transport::peer_addr(qp->conn.fd), qp->attr.dest_qp_num);
   // SOFTVERBS_SNDBUF=bytes fixes the socket's send buffer (the kernel's autotuning otherwise):
   // a knob for tuning, and for tests that need a transmit that stops when the peer stops reading.
-  if (const char* b = std::getenv("SOFTVERBS_SNDBUF")) {
-    const int v = std::atoi(b);
-    if (v > 0) setsockopt(qp->conn.fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v);
-  }
+  static const int sndbuf = static_cast<int>(settings::uint_value(SV_SETTING("SOFTVERBS_SNDBUF")));
+  if (sndbuf > 0) setsockopt(qp->conn.fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
   transport::set_nonblock(qp->conn.fd, true);
   transport::set_nodelay(qp->conn.fd);
   SV_INFO("qp %u connected fd %d crc %d sv %d acks out %d in %d", qp->qpn(), qp->conn.fd,

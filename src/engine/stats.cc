@@ -19,6 +19,7 @@
 #include "util/fork_local.h"
 #include "util/private_dir.h"
 #include "util/proc.h"
+#include "util/settings.h"
 
 namespace sv::engine::stats {
 
@@ -48,8 +49,8 @@ struct File {
 ForkLocal<File> g_file;
 
 std::string stats_dir() {
-  const char* d = std::getenv("SOFTVERBS_STATS_DIR");
-  return d && *d ? d : "/dev/shm/softverbs-stats-" + std::to_string(geteuid());
+  const char* d = settings::text_value(SV_SETTING("SOFTVERBS_STATS_DIR"));
+  return d ? d : "/dev/shm/softverbs-stats-" + std::to_string(geteuid());
 }
 
 std::string comm() {
@@ -83,11 +84,9 @@ void remove_at_exit() {
 }
 
 File::File() {
-  const char* env = std::getenv("SOFTVERBS_STATS");
-  if (env && std::strcmp(env, "0") == 0) return;
-  uint32_t qps = 1024;
-  if (const char* q = std::getenv("SOFTVERBS_STATS_QPS"))
-    qps = static_cast<uint32_t>(std::clamp(std::atol(q), 1L, long{wire::kStatsMaxSlots} - 1));
+  if (!settings::flag_value(SV_SETTING("SOFTVERBS_STATS"))) return;
+  static_assert(settings::find("SOFTVERBS_STATS_QPS")->hi < wire::kStatsMaxSlots);
+  const auto qps = static_cast<uint32_t>(settings::uint_value(SV_SETTING("SOFTVERBS_STATS_QPS")));
   const std::string dir = stats_dir();
   if (!own_private_dir(dir)) {
     SV_WARN("stats: %s is not a private directory of ours; not publishing", dir.c_str());

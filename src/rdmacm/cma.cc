@@ -31,6 +31,7 @@
 #include "engine/qp.h"
 #include "util/fork_local.h"
 #include "util/raw_socket.h"
+#include "util/settings.h"
 #include "wire/ud.h"
 
 #define SV_EXPORT extern "C" __attribute__((visibility("default")))
@@ -331,8 +332,7 @@ void Listener::on_event(uint32_t) {
 }
 
 bool crc_wanted() {
-  const char* e = std::getenv("SOFTVERBS_MPA_CRC");
-  return e && *e && *e != '0';
+  return sv::settings::flag_value(SV_SETTING("SOFTVERBS_MPA_CRC"));
 }
 
 int fail(int e) {

@@ -17,6 +17,7 @@
 
 #include "rds/rds_impl.h"
 #include "softverbs/rds.h"
+#include "util/settings.h"
 
 #define SV_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -265,8 +266,7 @@ SV_EXPORT int svrds_poll_ready(struct pollfd* fds, nfds_t n) {
 }
 
 SV_EXPORT void svrds_shim_attach(void) {
-  const char* e = std::getenv("SOFTVERBS_RDS_LAZY_TOKEN");
-  if (!(e && std::strcmp(e, "0") == 0)) g_lazy_tokens.store(true);
+  if (sv::settings::flag_value(SV_SETTING("SOFTVERBS_RDS_LAZY_TOKEN"))) g_lazy_tokens.store(true);
 }
 
 SV_EXPORT int svrds_lazy_tokens(void) {

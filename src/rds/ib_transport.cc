@@ -29,6 +29,7 @@
 
 #include "rds/rds_impl.h"
 #include "util/fork_local.h"
+#include "util/settings.h"
 
 namespace sv::rds {
 namespace {
@@ -42,10 +43,8 @@ using PrivBytes = std::array<std::byte, wire::kRdsConnPrivLen>;
 int g_max_send_sge = 16;
 int g_max_read_sge = 16;
 // SOFTVERBS_RDS_TEST_LATE_ESTABLISHED=1 (tests only): the passive side ignores ESTABLISHED.
-const bool g_test_late_established = [] {
-  const char* e = std::getenv("SOFTVERBS_RDS_TEST_LATE_ESTABLISHED");
-  return e && e[0] == '1';
-}();
+const bool g_test_late_established =
+    settings::flag_value(SV_SETTING("SOFTVERBS_RDS_TEST_LATE_ESTABLISHED"));
 // softverbs_cq_busy_poll (softverbs/verbs_ext.h), null on another provider: our CQ stays
 // armed for the completion handler, so the device cannot tell a busy poller by itself.
 int (*g_cq_busy_poll)(ibv_cq*, int) = nullptr;
@@ -132,8 +131,8 @@ int setup_rdma_qp(rdma_cm_id* id) {
   if (rdma_create_qp(id, G.pd, &a)) return -errno;
   // Only one-sided ops and fences run here, so no Send of the peer's can hold its acks back (RNR).
   // SOFTVERBS_RDS_CONFIRM_READ=1 keeps the confirming Read (the rule of any iWARP peer).
-  const char* e = std::getenv("SOFTVERBS_RDS_CONFIRM_READ");
-  if (g_qp_set_ib_completion && !(e && e[0] == '1')) g_qp_set_ib_completion(id->qp, 1);
+  if (g_qp_set_ib_completion && !settings::flag_value(SV_SETTING("SOFTVERBS_RDS_CONFIRM_READ")))
+    g_qp_set_ib_completion(id->qp, 1);
   return 0;
 }
 
@@ -195,10 +194,8 @@ void start_connect(Conn* c) {
 }
 
 int idle_close_ms() {
-  static const int ms = [] {
-    const char* e = std::getenv("SOFTVERBS_RDS_IDLE_MS");
-    return e && *e ? static_cast<int>(std::strtol(e, nullptr, 10)) : kIdleCloseMs;
-  }();
+  static_assert(settings::find("SOFTVERBS_RDS_IDLE_MS")->dflt == kIdleCloseMs);
+  static const int ms = static_cast<int>(settings::uint_value(SV_SETTING("SOFTVERBS_RDS_IDLE_MS")));
   return ms;
 }
 
@@ -850,10 +847,9 @@ int transport_start() {
   // On softverbs, take completions on the device's progress thread (SOFTVERBS_RDS_CQ_HANDLER=0:
   // always through the engine thread, as on any other verbs provider).
   using SetHandler = int (*)(ibv_cq*, bool (*)(ibv_cq*, void*), void*);
-  const char* h = std::getenv("SOFTVERBS_RDS_CQ_HANDLER");
   if (auto* set =
           reinterpret_cast<SetHandler>(dlsym(RTLD_DEFAULT, "softverbs_cq_set_comp_handler"));
-      set && !(h && std::strcmp(h, "0") == 0))
+      set && settings::flag_value(SV_SETTING("SOFTVERBS_RDS_CQ_HANDLER")))
     set(G.cq, on_cq_ready, nullptr);
   g_cq_busy_poll =
       reinterpret_cast<int (*)(ibv_cq*, int)>(dlsym(RTLD_DEFAULT, "softverbs_cq_busy_poll"));
@@ -862,12 +858,11 @@ int transport_start() {
   g_qp_ib_completion =
       reinterpret_cast<int (*)(ibv_qp*)>(dlsym(RTLD_DEFAULT, "softverbs_qp_ib_completion"));
   ibv_req_notify_cq(G.cq, 0);
-  const char* w = std::getenv("SOFTVERBS_RDS_WAIT_RX");
   g_cq_block = reinterpret_cast<int (*)(ibv_cq*, int)>(dlsym(RTLD_DEFAULT, "softverbs_cq_block"));
   g_cq_quiet = reinterpret_cast<int (*)(ibv_cq*, int)>(dlsym(RTLD_DEFAULT, "softverbs_cq_quiet"));
   if (auto* wait_fd =
           reinterpret_cast<int (*)(ibv_cq*)>(dlsym(RTLD_DEFAULT, "softverbs_cq_wait_fd"));
-      wait_fd && g_cq_block && !(w && std::strcmp(w, "0") == 0))
+      wait_fd && g_cq_block && settings::flag_value(SV_SETTING("SOFTVERBS_RDS_WAIT_RX")))
     G.cq_wait_fd.store(wait_fd(G.cq), std::memory_order_release);
   if (rdma_create_id(G.cm_ch, &G.listen_id, nullptr, RDMA_PS_TCP)) return -errno;
   sockaddr_in any{};

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "rds/rds_impl.h"
+#include "util/settings.h"
 
 namespace sv::rds {
 
@@ -65,10 +66,7 @@ uint64_t masked_result(const RdmaOp* op, uint64_t v) {
 }
 
 bool fences_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("SOFTVERBS_RDS_FENCE");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = settings::flag_value(SV_SETTING("SOFTVERBS_RDS_FENCE"));
   return on;
 }
 

@@ -20,6 +20,8 @@
 #include <iterator>
 #include <vector>
 
+#include "util/settings.h"
+
 #define SHIM extern "C" __attribute__((visibility("default")))
 
 namespace {
@@ -197,8 +199,8 @@ bool readiness_calls_are_ours() {
 }
 
 __attribute__((constructor)) void init_poll() {
-  const char* e = std::getenv("SOFTVERBS_RDS_BUSY_POLL_US");
-  g_busy_poll_us = e ? std::strtol(e, nullptr, 10) : 0L;
+  g_busy_poll_us =
+      static_cast<long>(sv::settings::uint_value(SV_SETTING("SOFTVERBS_RDS_BUSY_POLL_US")));
   g_real_poll = next<int (*)(pollfd*, nfds_t, int)>("poll");
   g_real_ppoll = next<decltype(g_real_ppoll)>("ppoll");
   g_real_select = next<decltype(g_real_select)>("select");

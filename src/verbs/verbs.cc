@@ -18,6 +18,7 @@
 #include "engine/device.h"
 #include "engine/mr.h"
 #include "engine/qp.h"
+#include "engine/settings.h"
 #include "softverbs/verbs_ext.h"
 #include "verbs/cq_ex.h"
 #include "verbs/handles.h"
@@ -169,6 +170,7 @@ SV_EXPORT int ibv_get_device_index(ibv_device*) {
 }
 
 SV_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
+  sv::engine::check_settings();  // once per process: a bad SOFTVERBS_* value is named
   auto* c = new (std::nothrow) Context();
   if (!c) {
     errno = ENOMEM;
