@@ -3,6 +3,7 @@
 // queues, -s send queues, -t retransmit queues, -I IB (RC) connections; none = everything.
 // Written against <linux/rds.h> and the socket API; linked with the softverbs shim.
 #include <arpa/inet.h>
+#include <getopt.h>
 #include <linux/rds.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -62,11 +63,19 @@ void messages(int fd, int id, const char* title) {
   });
 }
 
+constexpr const char kUsage[] =
+    "usage: rds-info [-c] [-k] [-n] [-r] [-s] [-t] [-I] [-v]\n"
+    "  -c  counters        -k  sockets          -n  connections\n"
+    "  -r  receive queues  -s  send queues      -t  retransmit queues\n"
+    "  -I  IB/RDMA connections                  -v  (accepted, ignored)\n"
+    "With no option: all of them, from this host's softverbs RDS stacks.\n";
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool c = false, k = false, n = false, r = false, s = false, t = false, ib = false;
-  for (int o; (o = getopt(argc, argv, "cknrstIv")) != -1;) {
+  static const option longopts[] = {{"help", no_argument, nullptr, 'h'}, {}};
+  for (int o; (o = getopt_long(argc, argv, "cknrstIvh", longopts, nullptr)) != -1;) {
     switch (o) {
       case 'I':
         ib = true;
@@ -91,8 +100,11 @@ int main(int argc, char** argv) {
         break;
       case 'v':
         break;
+      case 'h':
+        std::fputs(kUsage, stdout);
+        return 0;
       default:
-        std::fprintf(stderr, "usage: rds-info [-c] [-k] [-n] [-r] [-s] [-t] [-I] [-v]\n");
+        std::fputs(kUsage, stderr);
         return 2;
     }
   }

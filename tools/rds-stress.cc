@@ -1097,17 +1097,18 @@ uint32_t parse_addr(const char* s) {
   return a;
 }
 
-[[noreturn]] void usage() {
+[[noreturn]] void usage(FILE* to = stderr, int rc = 2) {
   std::fprintf(
-      stderr,
+      to,
       "usage: rds-stress [-r addr] [-p port]                      (passive)\n"
       "       rds-stress -s addr [-r addr] [-p port] [-q bytes] [-a bytes] [-d depth]\n"
       "                  [-t tasks] [-T secs] [-D bytes] [-I bufs] [-M 0|1|2] [-o] [-v]\n"
       "                  [-z] [--rdma-use-once 0|1] [--rdma-use-get-mr 0|1]\n"
       "                  [--rdma-use-fence 0|1] [--rdma-cache-mrs 0|1]\n"
       "                  [--rdma-alignment n] [--use-cong-monitor 0|1]\n"
-      "                  [--connect-retries n] [--show-params] [--control v1|v2|json[:VER]]\n");
-  std::exit(2);
+      "                  [--connect-retries n] [--show-params] [--control v1|v2|json[:VER]]\n"
+      "       rds-stress -h|--help\n");
+  std::exit(rc);
 }
 
 }  // namespace
@@ -1152,6 +1153,7 @@ int main(int argc, char** argv) {
                                     {"connect-retries", required_argument, nullptr, OPT_RETRIES},
                                     {"show-params", no_argument, nullptr, OPT_PARAMS},
                                     {"control", required_argument, nullptr, OPT_CONTROL},
+                                    {"help", no_argument, nullptr, 'h'},
                                     {nullptr, 0, nullptr, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "+r:p:s:a:q:od:t:T:D:I:M:vVzh", longopts, nullptr)) != -1) {
@@ -1226,6 +1228,8 @@ int main(int argc, char** argv) {
       case OPT_PARAMS:
         o.show_params = 1;
         break;
+      case 'h':
+        usage(stdout, 0);
       case OPT_CONTROL:
         control = optarg;
         if (control != "v1" && control.rfind("v2", 0) != 0 && control.rfind("json", 0) != 0)

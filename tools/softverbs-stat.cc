@@ -1,11 +1,13 @@
 // softverbs-stat: what ibstat, ibv_devinfo and `rdma resource|statistic` show for a kernel
 // device, for softverbs, whose QPs live inside the processes that use them.
 //
-//   softverbs-stat [-p PID] [-q] [dev|qp|stat]...     (default: dev qp stat)
+//   softverbs-stat [-h] [-p PID] [-c COMM] [-q] [dev|qp|stat]...  (default: dev qp stat)
 //     dev   devices, ports and GID tables
 //     qp    every live QP of every softverbs process of this user: QPN, state, peer
 //     stat  counters per process (destroyed QPs included), or per QP with -q; completions
-//           by status (wc_<STATUS>), errors first among them
+//           by status, errors first among them, each one snake_case key (wc_wr_flush_err)
+//   -p and -c keep one process, or the processes of one command name (as `pgrep -x`); a
+//   filter that matches no softverbs process is an error (exit 1), as `ps -p` of a stranger.
 //
 // Processes publish their QPs and counters in /dev/shm/softverbs-stats-<uid>/<pid>
 // (SOFTVERBS_STATS_DIR; format and limits in src/wire/stats_file.h). A file whose process is
@@ -19,6 +21,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -55,6 +59,9 @@ const char* qp_state(uint32_t s) {
   static const char* const names[] = {"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"};
   return s < sizeof names / sizeof names[0] ? names[s] : "UNKNOWN";
 }
+
+// The statistics file's order is ibv_wc_status's; wc_status_name relies on it.
+static_assert(IBV_WC_TM_RNDV_INCOMPLETE + 1 == sv::wire::kWcStatusCount);
 
 std::string gid_text(const ibv_gid& g) {
   char b[INET6_ADDRSTRLEN];
@@ -127,8 +134,14 @@ bool load(const std::string& path, std::vector<std::byte>& buf) {
   return true;
 }
 
-// Every live process's statistics, by pid.
-std::vector<StatsView> processes(long only_pid) {
+struct Filter {
+  long pid = 0;      // 0: any
+  std::string comm;  // empty: any
+  bool any() const { return pid == 0 && comm.empty(); }
+};
+
+// Every live process's statistics that the filter keeps, by pid.
+std::vector<StatsView> processes(const Filter& f) {
   std::vector<StatsView> out;
   const std::string dir = stats_dir();
   DIR* d = opendir(dir.c_str());
@@ -137,7 +150,7 @@ std::vector<StatsView> processes(long only_pid) {
   while (dirent* e = readdir(d)) {
     char* end = nullptr;
     const long pid = std::strtol(e->d_name, &end, 10);
-    if (pid <= 0 || *end != '\0' || (only_pid && pid != only_pid)) continue;
+    if (pid <= 0 || *end != '\0' || (f.pid && pid != f.pid)) continue;
     if (!load(dir + "/" + e->d_name, buf)) continue;
     StatsView v;
     const auto err = sv::wire::decode_stats(buf, v);
@@ -149,6 +162,7 @@ std::vector<StatsView> processes(long only_pid) {
     if (v.pid != static_cast<uint32_t>(pid) || sv::proc_start_time(static_cast<pid_t>(pid)) == 0 ||
         sv::proc_start_time(static_cast<pid_t>(pid)) != v.start_time)
       continue;
+    if (!f.comm.empty() && v.comm != f.comm) continue;
     out.push_back(std::move(v));
   }
   closedir(d);
@@ -160,8 +174,14 @@ std::string peer_text(const QpStatsView& q) {
   if (q.family != AF_INET && q.family != AF_INET6) return "-";
   char b[INET6_ADDRSTRLEN];
   inet_ntop(q.family, q.addr.data(), b, sizeof b);
-  return (q.family == AF_INET6 ? "[" + std::string(b) + "]" : std::string(b)) + ":" +
-         std::to_string(ntohs(q.port));
+  // Built by appends: GCC 12's -Wrestrict misfires on a chain of operator+ here.
+  std::string s;
+  if (q.family == AF_INET6) s += '[';
+  s += b;
+  if (q.family == AF_INET6) s += ']';
+  s += ':';
+  s += std::to_string(ntohs(q.port));
+  return s;
 }
 
 void show_qps(const std::vector<StatsView>& ps) {
@@ -185,9 +205,9 @@ void print_counters(const QpStatsView& q) {
   std::printf(" wc_errors %llu", static_cast<unsigned long long>(errors));
   for (size_t s = 1; s < kWcStatusCount; ++s)
     if (q.wc[s])
-      std::printf(" wc_%s %llu", ibv_wc_status_str(static_cast<ibv_wc_status>(s)),
+      std::printf(" %s %llu", sv::wire::wc_status_name(s),
                   static_cast<unsigned long long>(q.wc[s]));
-  std::printf(" wc_success %llu\n", static_cast<unsigned long long>(q.wc[0]));
+  std::printf(" %s %llu\n", sv::wire::wc_status_name(0), static_cast<unsigned long long>(q.wc[0]));
 }
 
 void show_stats(const std::vector<StatsView>& ps, bool per_qp) {
@@ -209,44 +229,90 @@ void show_stats(const std::vector<StatsView>& ps, bool per_qp) {
   }
 }
 
-int usage() {
-  std::fprintf(stderr, "usage: softverbs-stat [-p pid] [-q] [dev|qp|stat]...\n");
-  return 2;
+constexpr const char kUsage[] =
+    "usage: softverbs-stat [-h] [-p PID] [-c COMM] [-q] [dev|qp|stat]...\n"
+    "  dev      devices, ports and GID tables\n"
+    "  qp       live QPs of this user's softverbs processes: QPN, type, state, peer\n"
+    "  stat     counters per process (destroyed QPs included); completions by status\n"
+    "           (wc_success, wc_wr_flush_err, ...)\n"
+    "  -p PID   only process PID (exit 1 if it is not a softverbs process)\n"
+    "  -c COMM  only processes whose command name is COMM, as pgrep -x (exit 1 if none)\n"
+    "  -q       stat per QP instead of per process\n"
+    "  -h       this help\n"
+    "With no command: dev qp stat. Statistics are read from $SOFTVERBS_STATS_DIR\n"
+    "(default /dev/shm/softverbs-stats-<uid>).\n";
+
+int usage(FILE* to, int rc) {
+  std::fputs(kUsage, to);
+  return rc;
+}
+
+// Why a filter found nothing: the process is not running, or publishes no statistics.
+int no_match(const Filter& f) {
+  if (f.pid) {
+    if (kill(static_cast<pid_t>(f.pid), 0) != 0 && errno == ESRCH)
+      std::fprintf(stderr, "softverbs-stat: no process %ld\n", f.pid);
+    else
+      std::fprintf(stderr,
+                   "softverbs-stat: process %ld is not a softverbs process of this user "
+                   "(no statistics in %s; SOFTVERBS_STATS=0 also hides one)\n",
+                   f.pid, stats_dir().c_str());
+  } else {
+    std::fprintf(stderr, "softverbs-stat: no softverbs process named '%s' (statistics in %s)\n",
+                 f.comm.c_str(), stats_dir().c_str());
+  }
+  return 1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  long pid = 0;
+  Filter filter;
   bool per_qp = false;
-  for (int o; (o = getopt(argc, argv, "p:qh")) != -1;) {
+  static const option longopts[] = {{"help", no_argument, nullptr, 'h'}, {}};
+  for (int o; (o = getopt_long(argc, argv, "p:c:qh", longopts, nullptr)) != -1;) {
     switch (o) {
       case 'p': {
         char* end = nullptr;
-        pid = std::strtol(optarg, &end, 10);
-        if (pid <= 0 || *end) return usage();
+        errno = 0;
+        filter.pid = std::strtol(optarg, &end, 10);
+        if (filter.pid <= 0 || *end || errno) {
+          std::fprintf(stderr, "softverbs-stat: -p %s: not a process id\n", optarg);
+          return usage(stderr, 2);
+        }
         break;
       }
+      case 'c':
+        filter.comm = optarg;
+        break;
       case 'q':
         per_qp = true;
         break;
+      case 'h':
+        return usage(stdout, 0);
       default:
-        return usage();
+        return usage(stderr, 2);
     }
   }
   std::vector<std::string> what(argv + optind, argv + argc);
   if (what.empty()) what = {"dev", "qp", "stat"};
   for (const auto& w : what)
-    if (w != "dev" && w != "qp" && w != "stat") return usage();
+    if (w != "dev" && w != "qp" && w != "stat") {
+      std::fprintf(stderr, "softverbs-stat: unknown command '%s'\n", w.c_str());
+      return usage(stderr, 2);
+    }
   int rc = 0;
   for (const auto& w : what) {
     if (w == "dev") {
       rc |= show_devices();
-    } else if (w == "qp") {
-      show_qps(processes(pid));
-    } else {
-      show_stats(processes(pid), per_qp);
+      continue;
     }
+    const auto ps = processes(filter);
+    if (ps.empty() && !filter.any()) return no_match(filter);
+    if (w == "qp")
+      show_qps(ps);
+    else
+      show_stats(ps, per_qp);
   }
   return rc;
 }

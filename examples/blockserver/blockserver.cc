@@ -297,17 +297,27 @@ int client(const Opts& o) {
 
 }  // namespace
 
+constexpr const char kUsage[] =
+    "usage: blockserver serve [--addr A] [--port P] [--file F] [--blocks N] [--block-size B]\n"
+    "       blockserver client [--server A] [--addr A] [--port P] [--blocks N] [--block-size B]\n"
+    "                          [--ops N]\n"
+    "       blockserver -h|--help\n";
+
 int main(int argc, char** argv) {
+  if (argc >= 2 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
   if (argc < 2) {
-    std::fprintf(stderr, "usage: blockserver serve|client [options]\n");
+    std::fputs(kUsage, stderr);
     return 2;
   }
   Opts o;
   const std::string mode = argv[1];
-  static option opts[] = {{"addr", 1, nullptr, 'a'},   {"server", 1, nullptr, 's'},
-                          {"port", 1, nullptr, 'p'},   {"file", 1, nullptr, 'f'},
-                          {"blocks", 1, nullptr, 'n'}, {"block-size", 1, nullptr, 'b'},
-                          {"ops", 1, nullptr, 'o'},    {nullptr, 0, nullptr, 0}};
+  static option opts[] = {
+      {"addr", 1, nullptr, 'a'}, {"server", 1, nullptr, 's'}, {"port", 1, nullptr, 'p'},
+      {"file", 1, nullptr, 'f'}, {"blocks", 1, nullptr, 'n'}, {"block-size", 1, nullptr, 'b'},
+      {"ops", 1, nullptr, 'o'},  {"help", 0, nullptr, 'h'},   {nullptr, 0, nullptr, 0}};
   optind = 2;
   for (int c; (c = getopt_long(argc, argv, "", opts, nullptr)) != -1;) {
     switch (c) {
@@ -332,7 +342,11 @@ int main(int argc, char** argv) {
       case 'o':
         o.ops = std::atoi(optarg);
         break;
+      case 'h':
+        std::fputs(kUsage, stdout);
+        return 0;
       default:
+        std::fputs(kUsage, stderr);
         return 2;
     }
   }
@@ -342,6 +356,6 @@ int main(int argc, char** argv) {
   }
   if (mode == "serve") return serve(o);
   if (mode == "client") return client(o);
-  std::fprintf(stderr, "usage: blockserver serve|client [options]\n");
+  std::fputs(kUsage, stderr);
   return 2;
 }

@@ -45,6 +45,36 @@ void decode_slot(const std::byte* s, uint32_t ncounters, uint32_t nwc, QpStatsVi
 
 }  // namespace
 
+const char* wc_status_name(size_t s) {
+  static constexpr const char* kNames[kWcStatusCount] = {
+      "wc_success",
+      "wc_loc_len_err",
+      "wc_loc_qp_op_err",
+      "wc_loc_eec_op_err",
+      "wc_loc_prot_err",
+      "wc_wr_flush_err",
+      "wc_mw_bind_err",
+      "wc_bad_resp_err",
+      "wc_loc_access_err",
+      "wc_rem_inv_req_err",
+      "wc_rem_access_err",
+      "wc_rem_op_err",
+      "wc_retry_exc_err",
+      "wc_rnr_retry_exc_err",
+      "wc_loc_rdd_viol_err",
+      "wc_rem_inv_rd_req_err",
+      "wc_rem_abort_err",
+      "wc_inv_eecn_err",
+      "wc_inv_eec_state_err",
+      "wc_fatal_err",
+      "wc_resp_timeout_err",
+      "wc_general_err",
+      "wc_tm_err",
+      "wc_tm_rndv_incomplete",
+  };
+  return s < kWcStatusCount ? kNames[s] : "wc_unknown";
+}
+
 const char* ctr_name(Ctr c) {
   switch (c) {
     case Ctr::sent_pkts:

@@ -38,7 +38,7 @@ enum class Ctr : uint8_t {
   rcvd_atomics,
   sent_terminates,
   rcvd_terminates,
-  rnr_waits,  // a Send arrived with no receive posted (we stop reading: RNR)
+  rnr_waits,   // a Send arrived with no receive posted (we stop reading: RNR)
   ud_dropped,  // UD datagrams dropped: malformed, Q_Key/P_Key/QPN mismatch, QP not ready
   count
 };
@@ -46,6 +46,10 @@ inline constexpr size_t kCtrCount = static_cast<size_t>(Ctr::count);
 const char* ctr_name(Ctr c);
 
 inline constexpr size_t kWcStatusCount = 24;  // IBV_WC_SUCCESS .. IBV_WC_TM_RNDV_INCOMPLETE
+// The key of completions of status `s` (ibv_wc_status's order): the enum's name without
+// IBV_, lower case ("wc_wr_flush_err"), so key/value readers can take the output;
+// ibv_wc_status_str's texts have spaces. "wc_unknown" past the table.
+const char* wc_status_name(size_t s);
 
 inline constexpr char kStatsMagic[8] = {'S', 'V', 'S', 'T', 'A', 'T', 'S', '1'};
 inline constexpr uint32_t kStatsVersion = 1;

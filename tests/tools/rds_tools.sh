@@ -62,14 +62,44 @@ timeout 30 "$BIN/rds-stress" -s 127.0.0.2 -r 127.0.0.1 -p $PORT -T 4 >"$TMP/a.lo
 pids+=($!)
 sleep 2.5
 if timeout 20 "$BIN/rds-ping" -c 5 -i 0.2 127.0.0.2 >"$TMP/ping.log" 2>&1 &&
-   [ "$(grep -c 'usec' "$TMP/ping.log")" -eq 5 ]; then
+   [ "$(grep -cE '^ *[0-9]+: [0-9]+ usec$' "$TMP/ping.log")" -eq 5 ] &&
+   grep -q '^5 sent, 5 received, 0% loss' "$TMP/ping.log" &&
+   grep -Eq '^rtt min/avg/max = [0-9]+/[0-9]+/[0-9]+ usec$' "$TMP/ping.log"; then
   pass=$((pass + 1))
-  echo "PASS rds-ping: $(tail -1 "$TMP/ping.log")"
+  echo "PASS rds-ping: $(grep -E '^[0-9]+ sent' "$TMP/ping.log")"
 else
   fail=$((fail + 1))
   echo "FAIL rds-ping"
   cat "$TMP/ping.log"
 fi
+# rds-ping where nothing answers (no RDS socket bound at 127.0.0.9): as iputils ping, a
+# summary that says so, and exit 1.
+timeout 20 "$BIN/rds-ping" -c 3 -i 0.2 127.0.0.9 >"$TMP/ping0.log" 2>&1
+prc=$?
+if [ $prc = 1 ] && grep -Eq '^3 sent, 0 received(, \+[0-9]+ errors)?, 100% loss' "$TMP/ping0.log"; then
+  pass=$((pass + 1))
+  echo "PASS rds-ping, nothing answers: exit 1, $(grep -E '^[0-9]+ sent' "$TMP/ping0.log")"
+else
+  fail=$((fail + 1))
+  echo "FAIL rds-ping, nothing answers (rc=$prc)"
+  cat "$TMP/ping0.log"
+fi
+# Every tool: -h and --help print usage on stdout and exit 0; an unknown option exits 2.
+for tool in rds-ping rds-info rds-stress blockserver; do
+  for h in -h --help; do
+    out=$("$BIN/$tool" $h 2>/dev/null)
+    rc=$?
+    if [ $rc = 0 ] && echo "$out" | grep -q "^usage: $tool"; then
+      pass=$((pass + 1))
+    else
+      fail=$((fail + 1))
+      echo "FAIL $tool $h: rc=$rc, stdout: $out"
+    fi
+  done
+  "$BIN/$tool" --no-such-option >/dev/null 2>&1
+  rc=$?
+  if [ $rc = 2 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL $tool --no-such-option: rc=$rc"; fi
+done
 # rds-info while the pair runs: its RC connections both ways (-I), the connection table (-n)
 # and the sockets (-k), each socket with its own inode.
 "$BIN/rds-info" -I >"$TMP/info_I.log" 2>&1

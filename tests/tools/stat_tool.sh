@@ -84,6 +84,34 @@ check "stat: the client's sends counted and moving" "$W/stat2.log" "pid $cpid co
 "$STAT" -q stat >"$W/statq.log" 2>/dev/null
 check "stat -q: per QP, the server's receives" "$W/statq.log" \
   "lqpn [0-9]+ pid [0-9]+ comm ib_send_bw .* rcvd_sends [1-9]"
+# Every line of stat is "link softverbs0/1" then key/value pairs, each key snake_case (a
+# key/value parser takes it whole), each value a number but comm's.
+bad=$(awk '{ for (i = 3; i < NF; i += 2) if ($i !~ /^[a-z0-9_]+$/ || ($i != "comm" && $(i+1) !~ /^[0-9]+$/)) print "bad pair: " $i " " $(i+1) }' \
+  "$W/statq.log" "$W/stat2.log" | head -3)
+echo "${bad:-pairs ok}" >"$W/pairs.log"
+check "stat: key/value pairs, snake_case keys" "$W/pairs.log" "^pairs ok$"
+# Filters: -c by command name (as pgrep -x); a filter that matches nothing is an error.
+"$STAT" -c ib_send_bw qp >"$W/comm.log" 2>/dev/null
+echo "rc $? lines $(grep -c . "$W/comm.log")" >>"$W/comm.log"
+check "-c ib_send_bw: both QPs" "$W/comm.log" "^rc 0 lines 2$"
+"$STAT" -c no_such_prog qp >"$W/comm0.log" 2>&1
+echo "rc $?" >>"$W/comm0.log"
+check "-c of a command nobody runs: exit 1, said" "$W/comm0.log" "no softverbs process named 'no_such_prog'" "^rc 1$"
+"$STAT" -p 1 stat >"$W/p1.log" 2>&1
+echo "rc $?" >>"$W/p1.log"
+check "-p of a process that is not softverbs: exit 1, said" "$W/p1.log" \
+  "process 1 is not a softverbs process" "^rc 1$"
+"$STAT" -p 2147483000 qp >"$W/pgone.log" 2>&1
+echo "rc $?" >>"$W/pgone.log"
+check "-p of no process: exit 1, said" "$W/pgone.log" "no process 2147483000" "^rc 1$"
+for h in -h --help; do
+  "$STAT" $h >"$W/help.log" 2>/dev/null
+  echo "rc $?" >>"$W/help.log"
+  check "softverbs-stat $h: usage on stdout, exit 0" "$W/help.log" "^usage: softverbs-stat" "^rc 0$"
+done
+"$STAT" --bogus >"$W/bogus.log" 2>&1
+echo "rc $?" >>"$W/bogus.log"
+check "softverbs-stat --bogus: usage, exit 2" "$W/bogus.log" "usage: softverbs-stat" "^rc 2$"
 
 wait $tpid
 for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done

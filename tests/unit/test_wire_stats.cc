@@ -3,10 +3,13 @@
 // its end. Also /proc start times (util/proc.h), which tell a live writer from a reused pid.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <infiniband/verbs.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -73,6 +76,24 @@ TEST(StatsFile, WhatTheWriterLaysOutDecodes) {
 TEST(StatsFile, EveryCounterHasAName) {
   for (size_t i = 0; i < kCtrCount; ++i)
     EXPECT_STRNE(ctr_name(static_cast<Ctr>(i)), "?") << "counter " << i;
+}
+
+// softverbs-stat prints "key value" pairs: each completion status has one snake_case key,
+// its ibv_wc_status name without IBV_ (ibv_wc_status_str's texts have spaces).
+TEST(StatsFile, EveryCompletionStatusHasOneSnakeCaseKey) {
+  std::set<std::string> seen;
+  for (size_t s = 0; s < kWcStatusCount; ++s) {
+    const std::string k = wc_status_name(s);
+    EXPECT_EQ(k.rfind("wc_", 0), 0u) << k;
+    for (char c : k) EXPECT_TRUE(std::islower(static_cast<unsigned char>(c)) || c == '_') << k;
+    EXPECT_TRUE(seen.insert(k).second) << "duplicate " << k;
+  }
+  EXPECT_STREQ(wc_status_name(IBV_WC_SUCCESS), "wc_success");
+  EXPECT_STREQ(wc_status_name(IBV_WC_WR_FLUSH_ERR), "wc_wr_flush_err");
+  EXPECT_STREQ(wc_status_name(IBV_WC_REM_ACCESS_ERR), "wc_rem_access_err");
+  EXPECT_STREQ(wc_status_name(IBV_WC_RNR_RETRY_EXC_ERR), "wc_rnr_retry_exc_err");
+  EXPECT_STREQ(wc_status_name(IBV_WC_TM_RNDV_INCOMPLETE), "wc_tm_rndv_incomplete");
+  EXPECT_STREQ(wc_status_name(kWcStatusCount), "wc_unknown");
 }
 
 TEST(StatsFile, ShortOrForeignFilesAreRefused) {
