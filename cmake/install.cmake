@@ -14,6 +14,15 @@
 #   <libdir>/pkgconfig/softverbs-rds.pc, softverbs-verbs.pc
 # Every installed file finds its neighbours relative to itself ($ORIGIN RUNPATHs, launchers
 # and .pc files computed from their own location), so any --prefix works.
+# Debian's multiarch library directory (lib/x86_64-linux-gnu), as debhelper sets it, whatever
+# the prefix: GNUInstallDirs picks it only for prefix /usr, so a build with the default
+# prefix would otherwise package its libraries in /usr/lib. A CMAKE_INSTALL_LIBDIR given on
+# the command line wins.
+if(NOT DEFINED CMAKE_INSTALL_LIBDIR AND CMAKE_LIBRARY_ARCHITECTURE
+   AND EXISTS /etc/debian_version)
+  set(CMAKE_INSTALL_LIBDIR lib/${CMAKE_LIBRARY_ARCHITECTURE} CACHE PATH
+      "Object code libraries (Debian multiarch)")
+endif()
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 

@@ -52,13 +52,14 @@ mkdir -p "$SOFTVERBS_RDS_DIR"
 unset LD_LIBRARY_PATH LD_PRELOAD
 
 build() {
-  # Prefix /usr as Debian builds use it: GNUInstallDirs then picks the multiarch libdir that
-  # the package needs; the install below still goes to the scratch prefix.
-  cmake -S "$SRC" -B "$W/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF \
-    -DCMAKE_INSTALL_PREFIX=/usr &&
-    cmake --build "$W/build" -j "$(nproc)" && cmake --install "$W/build" --prefix "$P"
+  # As the README says, with the default prefix: the package must still use Debian's
+  # multiarch libdir. The build must print no warning (GCC 12, Release: -O2 finds more).
+  cmake -S "$SRC" -B "$W/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF &&
+    cmake --build "$W/build" -j "$(nproc)" >"$W/build.log" 2>&1 || { cat "$W/build.log"; return 1; }
+  if grep -E "warning:" "$W/build.log"; then return 1; fi
+  cmake --install "$W/build" --prefix "$P"
 }
-check "Release build, default generator, BUILD_TESTING=OFF, cmake --install" build
+check "Release build, default generator, BUILD_TESTING=OFF, no warnings, cmake --install" build
 [ $fail -eq 0 ] || finish
 LIBDIR=$(cd "$P" && ls -d lib*/ | head -1)
 LIBDIR=$P/${LIBDIR%/}
@@ -119,6 +120,10 @@ consumer_pkgconfig() {
 check "consumer via pkg-config (softverbs-rds, softverbs-verbs)" consumer_pkgconfig
 
 launcher() {
+  "$P/bin/softverbs-run" --help | grep -q "^usage: softverbs-run" || return 1
+  "$P/bin/softverbs-run" -h | grep -q "^usage: softverbs-run" || return 1
+  "$P/bin/softverbs-demo" --help | grep -q "^usage: softverbs-demo" || return 1
+  "$P/bin/softverbs-stat" --help | grep -q "^usage: softverbs-stat" || return 1
   "$P/bin/softverbs-run" ibv_devinfo | grep -q "hca_id:.*softverbs0" || return 1
   # Without the launcher, ibv_devinfo is rdma-core's and never sees softverbs0.
   ! ibv_devinfo 2>/dev/null | grep -q softverbs0 || return 1
@@ -141,8 +146,13 @@ if [ $DEB = 1 ]; then
     local pkg
     pkg=$(ls "$W"/build/softverbs_*.deb) || return 1
     dpkg-deb -I "$pkg"
-    dpkg-deb -c "$pkg" | grep -q " ./usr/lib/x86_64-linux-gnu/softverbs/libibverbs.so.1" || return 1
+    # Debian's multiarch libdir for every library, the private ABI directory included.
+    dpkg-deb -c "$pkg" >"$W/deb.list"
+    grep -q " ./usr/lib/x86_64-linux-gnu/softverbs/libibverbs.so.1$" "$W/deb.list" || return 1
+    grep -q " ./usr/lib/x86_64-linux-gnu/libsvrds.so" "$W/deb.list" || return 1
+    if grep -E " \./usr/lib/[^/]+\.so" "$W/deb.list"; then echo "library outside multiarch"; return 1; fi
     dpkg -i "$pkg" || return 1
+    dpkg -L softverbs | sort -r >"$W/deb.files"
     # Beside rdma-core: its libibverbs stays the one the loader finds.
     local rc=0
     if dpkg -s libibverbs1 >/dev/null 2>&1; then
@@ -153,6 +163,13 @@ if [ $DEB = 1 ]; then
     [ $rc = 0 ] && timeout -k 5 600 /usr/bin/softverbs-demo | tee "$W/demo.log" | tail -5
     grep -q "demo complete" "$W/demo.log" && grep -q "rdma-ping-9" "$W/demo.log" || rc=1
     dpkg -P softverbs || rc=1
+    # Purged cleanly: none of its files or directories of its own is left.
+    local f
+    while read -r f; do
+      case "$f" in /usr/lib/x86_64-linux-gnu/softverbs* | /usr/include/softverbs* | /usr/lib/x86_64-linux-gnu/cmake/softverbs* | /usr/bin/softverbs-* | /usr/bin/rds-* | /usr/lib/x86_64-linux-gnu/libsvrds*)
+        [ -e "$f" ] && { echo "left after purge: $f"; rc=1; } ;;
+      esac
+    done <"$W/deb.files"
     return $rc
   }
   check "Debian package: built, installed beside rdma-core, demo from installed files" deb
