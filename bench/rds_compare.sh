@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# RDS over softverbs against raw verbs on softverbs, measured in the same run (issue 3's
-# performance goals). Not a test: nothing here passes or fails.
+# RDS over softverbs against raw verbs on softverbs, measured in the same run (the RDS
+# performance goals, docs/benchmarks.md). Not a test: nothing here passes or fails.
 #   1. request/ack round trip: rds-stress -q 64 -a 64 -d 1 -t 1 ("rtt us", average) versus a
 #      raw verbs SEND round trip, 2 x ib_send_lat -s 112 t_avg (112 B = 64 B + the 48-byte
-#      RDS header, what RDS puts on the wire). Goals (issue 9): within 2.0x blocking, 1.2x
+#      RDS header, what RDS puts on the wire). Goals: within 2.0x blocking, 1.2x
 #      busy-polling. ib_send_lat busy-polls its CQ, so the RDS figure is also given with
 #      busy polling (SOFTVERBS_RDS_BUSY_POLL_US).
 #   2. RDMA: rds-stress -D 1M -M 2 -t 1 (write-only RDMA, every request) at depth 1 and 4,

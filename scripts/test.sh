@@ -41,7 +41,8 @@ run_ctest() {  # run_ctest <build-dir> <label> [ctest args...]
 bash scripts/build.sh build || exit 1
 run_ctest build "default build"
 
-# Short libFuzzer runs of every parser target (clang; ~30 s in all). Long campaigns: README.
+# Short libFuzzer runs of every parser target (clang; ~30 s in all). Long campaigns:
+# docs/testing.md, "Fuzzing".
 CC=clang CXX=clang++ cmake -S "$ROOT" -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSV_FUZZ=ON -DSV_WERROR=ON >/dev/null || exit 1
 ninja -C build-fuzz fuzz_frames fuzz_rds fuzz_iw_rx fuzz_mpa fuzz_stats fuzz_rsocket fuzz_ud fuzz_ud_rx || exit 1

@@ -1,4 +1,4 @@
-// The zero-copy disk block server of seed 001 ("what is rdma immediate data"), over RDS.
+// A zero-copy disk block server over RDS, built on RDMA with "immediate data".
 //
 //   blockserver serve  --addr A --port P --file F [--blocks N] [--block-size B]
 //   blockserver client --server A --port P --addr C [--ops K] [--blocks N] [--block-size B]
@@ -153,7 +153,8 @@ int serve(const Opts& o) {
                    fdatasync(disk) < 0) {
           r.status = EIO;
         }
-        // The durability message is separate from the RDMA's immediate data (seed 003).
+        // DURABLE is a message of its own, not the RDMA's immediate data: PULLED went with
+        // the RDMA READ, before the disk was written and synced.
         send_with(fd, pw.client, r, 0, nullptr, 0);
         pulls.erase(it);
       }

@@ -7,7 +7,7 @@
 //
 // SOFTVERBS_PROT_ERR_BURST and SOFTVERBS_PROT_ERR_PER_SEC override the defaults (32, 4/s).
 // On a shared host all local processes share 127.0.0.1: one that keeps guessing slows
-// other local peers' connections too (README, threat model).
+// other local peers' connections too (docs/security.md, "Guessing keys").
 #pragma once
 #include "transport/tcp.h"
 

@@ -35,7 +35,7 @@ void notify(Message* m, RdmaOp* op, int status) {
 }
 
 // An op of m failed: the ones after it do not run (the message is dropped: both or neither),
-// and each still reports (seed 003).
+// and each still reports its status (every RDS RDMA op reports, failures included).
 void fail_rest(Message* m) {
   for (RdmaOp* op : {m->op.get(), m->atomic_op.get()})
     if (op && op->status < 0 && !op->posted) {
@@ -216,7 +216,7 @@ bool op_own_error(ibv_wc_status st) {
 // responder stopped there (RFC 5040 §7: nothing after a Terminate is processed), so the
 // ops flushed behind it never ran and are posted again on the next channel. Without such
 // a culprit the connection was lost under them: Writes and Reads are repeatable, but an
-// atomic may have executed, so it is reported DROPPED (seed 003: it must still report).
+// atomic may have executed, so it is reported DROPPED (every RDS RDMA op must report).
 // Not forever, though: a provider may report an op's own failure as a flush (Linux siw
 // after the peer's Terminate), and the op would go round new channels endlessly; after
 // kMaxOpLosses channels lost under it, it fails (OTHER_ERROR).

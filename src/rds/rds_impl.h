@@ -26,7 +26,11 @@
 //
 // Descriptors: an RDS socket is the application end of an AF_UNIX socketpair. We keep
 // one byte queued toward it while it is readable (POLLIN) and fill its send direction
-// while it has no send space (no POLLOUT), so poll/epoll/select need no interposition.
+// while it has no send space (no POLLOUT), so the kernel's poll/epoll/select work on it
+// as they are. The LD_PRELOAD shim still interposes poll, ppoll, select, pselect and
+// epoll_ctl: its poll() answers from the stack's state (and busy-polls on request), which
+// spares the byte's send and receive per message. The byte is then kept in step only
+// while the kernel may be asked (lazy tokens, sock_update_poll).
 #pragma once
 #include <infiniband/verbs.h>
 #include <linux/rds.h>

@@ -548,7 +548,7 @@ TEST_F(XProc, IbCompletionIsAskedForPerDirection) {
   g_child_env.clear();
   ASSERT_FALSE(HasFatalFailure());
   // The peer can take our SEND: its ack to us must not queue behind a SEND it cannot place
-  // (Placement Acks share the stream; see the README on SOFTVERBS_IB_COMPLETION).
+  // (Placement Acks share the stream; see docs/design.md, "Completion rule").
   ASSERT_EQ(remote->post_recv(8, {sge(0, 64)}), 0);
   ASSERT_EQ(local->post_send(make_send(1, {sge(0, 64)})), 0);
   ASSERT_EQ(remote->post_send(make_send(2, {sge(0, 64)})), 0);

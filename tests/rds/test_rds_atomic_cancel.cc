@@ -1169,7 +1169,7 @@ TEST(RdsCongPoll, WithoutMonitorMapUpdateRaisesPollIn) {
 }
 
 // An atomic whose connection is lost under it may or may not have run at the peer: it reports
-// RDS_RDMA_DROPPED (seed 003: every op reports, failures included), it is not repeated (Writes
+// RDS_RDMA_DROPPED (every RDS RDMA op reports, failures included), it is not repeated (Writes
 // and Reads would be), and its message is not delivered.
 TEST(RdsAtomic, ConnectionLostUnderAnAtomicReportsDropped) {
   const uint16_t pp = port(57), me = port(58);

@@ -1,6 +1,6 @@
-// RDS RDMA as rds-rdma(7) and the seeds describe it: the client registers memory and
-// gets a cookie; the server's message with RDS_CMSG_RDMA_ARGS performs the RDMA and is
-// delivered only after the data landed; notifications report success and failures.
+// RDS RDMA as rds-rdma(7) describes it: the client registers memory and gets a cookie; the
+// server's message with RDS_CMSG_RDMA_ARGS performs the RDMA and is delivered only after the
+// data landed; notifications report success and failures.
 #include <linux/rds.h>
 
 #include <algorithm>
@@ -37,7 +37,7 @@ TEST_P(RdsRdma, WriteLandsBeforeItsMessageAndNotifies) {
   ASSERT_EQ(send_rdma(p.server, p.cport, cookie, true, local, 0, n, 42, "written"), 7);
   std::vector<char> buf(64);
   ASSERT_EQ(recv_one(p.client, buf), 7);
-  // The immediate message never precedes its data (rds-rdma(7), seed 001).
+  // The immediate message never precedes its data (rds-rdma(7): RDMA op before its message).
   EXPECT_EQ(std::memcmp(target.data() + 5, src.data(), n), 0);
   EXPECT_EQ(target[4], 'T');
   EXPECT_EQ(target[5 + n], 'T');
@@ -292,9 +292,9 @@ TEST(RdsRdmaCookie, BadCookieFailsTheOpWithRemoteError) {
   EXPECT_EQ(recv_one(p.client, buf), 5);
 }
 
-// The rule: a bad cookie fails that operation, not the connection other sockets
-// share. Another socket's RDMA op queued right behind it completes (SUCCESS, not DROPPED),
-// no connection is reset, and the failed op's message is never delivered (both or neither).
+// A bad cookie fails that operation, not the connection other sockets share. Another socket's
+// RDMA op queued right behind it completes (SUCCESS, not DROPPED), no connection is reset,
+// and the failed op's message is never delivered (both or neither).
 TEST(RdsRdmaCookie, BadCookieCostsOnlyItsOpNotTheSharedConnection) {
   Pair p(32);
   const int other = bound_socket(port(34));

@@ -9,18 +9,19 @@
 #                   reaches softverbs through UCX's rc_verbs/ud_verbs
 #   UCX 1.13        ucx_perftest tag_lat over ud_verbs and put_bw over rc_verbs,ud_verbs
 # UCX only opens a verbs device whose /dev/infiniband/<dev_name> is an accessible character
-# device. This script gives it one the README's way, in a mount namespace of its own (root:
-# unshare -m): a tmpfs on /dev/infiniband holding uverbs0 with /dev/null's numbers, seen by
-# nothing outside. Every UCX run allows only the verbs transports (and self), and logs
-# softverbs' connection lines, so a run that did not go through softverbs fails.
+# device. This script gives it one as docs/interop.md ("UCX") does, in a mount namespace of
+# its own (root: unshare -m): a tmpfs on /dev/infiniband holding uverbs0 with /dev/null's
+# numbers, seen by nothing outside. Every UCX run allows only the verbs transports (and
+# self), and logs softverbs' connection lines, so a run that did not go through softverbs
+# fails.
 # The ping-pong (tests/tools/mpi_pingpong.c) is built with each MPI's own mpicc and checks
 # every byte both ways. Each case checks the programs' output, not only their exit codes.
 #
 # libfabric's verbs provider lists a device for msg endpoints only if an interface other than
 # the one named "lo" has an address rdma_cm can bind (vrb_getifaddrs skips "lo" by name), so a
 # host with only loopback finds nothing. This script runs in a network namespace of its own
-# (root: unshare -n) with lo and a veth pair, which is the README's recipe for one-host
-# users, and sends the traffic to the veth's address.
+# (root: unshare -n) with lo and a veth pair, which is docs/interop.md's recipe ("libfabric")
+# for one-host users, and sends the traffic to the veth's address.
 #
 # Usage: ecosystem.sh <libdir> [filter-regex]
 set -u

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The RDS host registry on a multi-user host: root and a second user (nobody, via setpriv)
-# share one registry directory. Checks, each of which failed before (issue 8 item 7):
+# share one registry directory. Checks, each of which failed before the registry was made
+# safe for a multi-user host:
 #  1. a directory root creates under umask 077 is 01777, so the other user can bind;
 #  2. a symlink the other user plants where root's entry goes is never followed: the file
 #     it points to is untouched and root's bind still succeeds;

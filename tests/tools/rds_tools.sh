@@ -119,8 +119,8 @@ else
 fi
 wait
 
-# The seed's block server: reads by RDMA WRITE + immediate reply, writes by RDMA READ +
-# PULLED + DURABLE, every block verified end to end by the client.
+# The zero-copy block server example: reads by RDMA WRITE + immediate reply, writes by RDMA
+# READ + PULLED + DURABLE, every block verified end to end by the client.
 "$BIN/blockserver" serve --addr 127.0.0.2 --port $((PORT + 7)) --file "$TMP/blocks.img" \
   --blocks 64 >"$TMP/bs.log" 2>&1 &
 bs=$!
