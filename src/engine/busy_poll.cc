@@ -42,24 +42,25 @@ void schedule_recheck(Qp* qp, uint64_t delay_ns) {
   const uint64_t at = mono_ns() + delay_ns;
   if (qp->yield_timer_at && qp->yield_timer_at <= at) return;
   qp->yield_timer_at = at;
-  Progress::get().post_after(std::chrono::microseconds(delay_ns / 1000 + 1),
-                             [qp, qpn = qp->qpn(), at] {
-                               if (oob::lookup(qpn) != qp) return;  // destroyed meanwhile
-                               if (qp->yield_timer_at == at) qp->yield_timer_at = 0;
-                               recheck(qp);
-                             });
+  Progress::get().post_after(std::chrono::microseconds(delay_ns / 1000 + 1), [ref = QpRef(qp), at] {
+    if (!ref.live()) return;  // destroyed meanwhile
+    Qp* qp = ref.get();
+    if (qp->yield_timer_at == at) qp->yield_timer_at = 0;
+    recheck(qp);
+  });
 }
 
 // A recheck of every QP of cq, soon, on the progress thread (its poller stopped).
 void post_recheck(Cq* cq) {
-  std::vector<std::pair<Qp*, uint32_t>> qps;
+  std::vector<QpRef> qps;
   {
     std::lock_guard lk(cq->qps_mu);
-    for (Qp* qp : cq->qps) qps.emplace_back(qp, qp->qpn());
+    qps.reserve(cq->qps.size());
+    for (Qp* qp : cq->qps) qps.emplace_back(qp);
   }
   Progress::get().post([qps = std::move(qps)] {
-    for (auto [qp, qpn] : qps)
-      if (oob::lookup(qpn) == qp) recheck(qp);
+    for (const QpRef& ref : qps)
+      if (ref.live()) recheck(ref.get());
   });
 }
 
@@ -247,7 +248,7 @@ void wait_set(Qp* qp, bool want) {
 
 void qp_wait_sync(Qp* qp) {
   if (qp->ud) return;  // UD receives on its own socket, driven by the progress thread
-  wait_set(qp, qp->conn.fd >= 0 && qp->conn_up.load() && !qp->rx_stalled.load() &&
+  wait_set(qp, qp->conn.fd >= 0 && qp->conn_up() && !qp->rx_stalled.load() &&
                    qp->state.load() != IBV_QPS_ERR);
 }
 

@@ -494,12 +494,12 @@ void on_request(Endpoint* ep) {
   Qp* qp = it->second;
   const auto st = qp->state.load();
   if ((st == IBV_QPS_RTR || st == IBV_QPS_RTS) && qp->attr.dest_qp_num == h.src_qpn &&
-      !qp->conn_up.load()) {
+      !qp->conn_up()) {
     lk.unlock();
     accept_parked(qp, ep);
     return;
   }
-  if (st == IBV_QPS_ERR || qp->conn_up.load()) {
+  if (st == IBV_QPS_ERR || qp->conn_up()) {
     lk.unlock();
     ep->reject({});
     return;
@@ -604,7 +604,7 @@ bool remote_of(Qp* qp, transport::SockAddr& to) {
 
 void connect_active(uint32_t qpn, int attempt) {
   Qp* qp = lookup(qpn);
-  if (!qp || qp->state.load() == IBV_QPS_ERR || qp->conn_up.load()) return;
+  if (!qp || qp->state.load() == IBV_QPS_ERR || qp->conn_up()) return;
   transport::SockAddr to;
   remote_of(qp, to);
   MpaOffer o;

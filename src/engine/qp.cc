@@ -236,33 +236,15 @@ Qp* qp_create(Context* ctx, Pd* pd, const ibv_qp_init_attr* init, int* err) {
   return qp;
 }
 
-static void close_conn(Qp* qp) {
-  Progress::get().run_sync([qp] {
-    std::lock_guard rx(qp->rx_mu);
-    std::lock_guard tx(qp->tx_mu);
-    if (qp->conn.fd >= 0 && qp->conn.send_acks) {
-      // The peer's last messages were placed: let it complete them before our FIN.
-      qp->conn.ack_to_send = qp->conn.units_rx;
-      tx_run_locked(qp);
-    }
-    qp->conn_up = false;
-    if (qp->conn.fd >= 0) {
-      qp_wait_drop(qp);
-      if (qp->conn.registered) Progress::get().del(qp->conn.fd);
-      qp->conn.registered = false;
-      linger_close(qp->conn.fd);  // FIN after our queued data; no RST for late bytes
-      qp->conn.fd = -1;
-    }
-  });
-}
-
 int qp_destroy(Qp* qp) {
   Progress::get().run_sync([qp] {
+    // On the progress thread, where deferred work runs: none runs on this QP after this.
+    qp->destroyed.store(true, std::memory_order_release);
     oob::forget(qp);
     oob::free_qpn(qp->qpn());
   });
   if (qp->ud) ud_close(qp);
-  close_conn(qp);
+  conn_transition_sync(qp, ConnEvent::destroy);
   qp->scq->detach(qp);
   if (qp->rcq != qp->scq) qp->rcq->detach(qp);
   if (qp->srq) {
@@ -283,7 +265,7 @@ int qp_destroy(Qp* qp) {
   pthread_mutex_destroy(&qp->qpx.qp_base.mutex);
   pthread_cond_destroy(&qp->qpx.qp_base.cond);
   stats::detach(qp->stats);
-  delete qp;
+  qp_put(qp);  // ibv_create_qp's reference; deferred work may still hold one
   return 0;
 }
 
@@ -358,14 +340,9 @@ int qp_modify(Qp* qp, ibv_qp_attr* a, int mask) {
     qp_set_state_locked(qp, IBV_QPS_RESET);
     qp->error_reported = false;
     lk.unlock();
-    close_conn(qp);
+    conn_transition_sync(qp, ConnEvent::reset);
     std::lock_guard rx(qp->rx_mu);
     std::lock_guard tx(qp->tx_mu);
-    Conn fresh;
-    std::swap(qp->conn, fresh);
-    qp->rx_stalled = false;
-    qp->tx_blocked = false;
-    qp->ud_tx_failed = false;
     qp->scq->clean(qp->qpn());
     if (qp->rcq != qp->scq) qp->rcq->clean(qp->qpn());
     if (qp->ud) ud_update_interest(qp);
@@ -470,14 +447,14 @@ static void arm_transport_timer(Qp* qp) {
   const uint64_t us =
       (uint64_t{qp->attr.retry_cnt} + 1) * 4096 * (uint64_t{1} << qp->attr.timeout) / 1000;
   const auto delay = std::chrono::milliseconds(std::max<uint64_t>(us / 1000, 1));
-  Progress::get().post_after(delay, [qp, qpn = qp->qpn()] {
-    if (oob::lookup(qpn) != qp) return;  // destroyed meanwhile
+  Progress::get().post_after(delay, [ref = QpRef(qp)] {
+    if (!ref.live()) return;  // destroyed meanwhile
+    Qp* qp = ref.get();
     bool expired;
     {
       std::lock_guard lk(qp->tx_mu);
       qp->ack_timer_armed = false;
-      expired = !qp->conn_up.load(std::memory_order_acquire) && qp->sq_count &&
-                qp->state.load() != IBV_QPS_ERR;
+      expired = !qp->conn_up() && qp->sq_count && qp->state.load() != IBV_QPS_ERR;
     }
     if (!expired) return;
     SV_INFO("qp %u: peer never reached RTR within the transport timeout", qp->qpn());
@@ -580,7 +557,8 @@ int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing
     ud_tx_locked(qp);  // datagrams leave now; in ERR, the flush below completes them
     return err;
   }
-  if (qp->conn.peer_gone && qp->sq_count && qp->state.load() != IBV_QPS_ERR) {
+  if (qp->conn_state.load() == ConnState::peer_gone && qp->sq_count &&
+      qp->state.load() != IBV_QPS_ERR) {
     // Retries toward a peer that is gone are exhausted (IB spec 9.7.5.1.5 analogue).
     lk.unlock();
     qp_set_error(qp, IBV_WC_RETRY_EXC_ERR, true);
@@ -589,7 +567,7 @@ int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing
   if (qp->state.load() == IBV_QPS_ERR) {
     flush_qp_locked(qp, IBV_WC_WR_FLUSH_ERR);
   } else if (st == IBV_QPS_RTS) {
-    if (!qp->conn_up.load(std::memory_order_acquire) && qp->sq_count) arm_transport_timer(qp);
+    if (!qp->conn_up() && qp->sq_count) arm_transport_timer(qp);
     tx_post_locked(qp);
   }
   return err;
@@ -619,8 +597,7 @@ namespace {
 // Only for a consumer that polls: with either CQ armed it is about to block on a channel
 // (or has a completion handler, as RDS does) and may never poll or arm again to flush.
 bool may_defer(const Qp* qp) {
-  return qp->conn_up.load(std::memory_order_acquire) && !qp->tx_blocked &&
-         !qp->scq->armed.load(std::memory_order_relaxed) &&
+  return qp->conn_up() && !qp->tx_blocked && !qp->scq->armed.load(std::memory_order_relaxed) &&
          !qp->rcq->armed.load(std::memory_order_relaxed);
 }
 
@@ -678,8 +655,9 @@ void tx_defer_locked(Qp* qp, uint64_t window) {
   qp->rcq->tx_deferred.store(true, std::memory_order_release);
   if (qp->tx_flush_timer) return;
   qp->tx_flush_timer = true;
-  Progress::get().post_after(std::chrono::microseconds(window / 1000), [qp, qpn = qp->qpn()] {
-    if (oob::lookup(qpn) != qp) return;  // destroyed meanwhile
+  Progress::get().post_after(std::chrono::microseconds(window / 1000), [ref = QpRef(qp)] {
+    if (!ref.live()) return;  // destroyed meanwhile
+    Qp* qp = ref.get();
     std::lock_guard lk(qp->tx_mu);
     qp->tx_flush_timer = false;
     tx_flush_locked(qp);
@@ -734,13 +712,13 @@ void tx_ack_locked(Qp* qp, bool requested, bool no_one_answer) {
   }
   if (qp->lazy_ack_timer) return;
   qp->lazy_ack_timer = true;
-  Progress::get().post_after(std::chrono::microseconds(kLazyAckDelay / 1000),
-                             [qp, qpn = qp->qpn()] {
-                               if (oob::lookup(qpn) != qp) return;  // destroyed meanwhile
-                               std::lock_guard lk(qp->tx_mu);
-                               qp->lazy_ack_timer = false;
-                               if (qp->conn.ack_to_send != qp->conn.ack_sent) tx_run_locked(qp);
-                             });
+  Progress::get().post_after(std::chrono::microseconds(kLazyAckDelay / 1000), [ref = QpRef(qp)] {
+    if (!ref.live()) return;  // destroyed meanwhile
+    Qp* qp = ref.get();
+    std::lock_guard lk(qp->tx_mu);
+    qp->lazy_ack_timer = false;
+    if (qp->conn.ack_to_send != qp->conn.ack_sent) tx_run_locked(qp);
+  });
 }
 
 void qp_tx_flush(Qp* qp) {
@@ -778,8 +756,9 @@ static void restart_rx(Qp* qp) {
     }
     qp_update_interest(qp);
   } else {
-    Progress::get().post([qp, qpn = qp->qpn()] {
-      if (oob::lookup(qpn) != qp) return;  // destroyed meanwhile
+    Progress::get().post([ref = QpRef(qp)] {
+      if (!ref.live()) return;  // destroyed meanwhile
+      Qp* qp = ref.get();
       std::lock_guard lk(qp->rx_mu);
       qp_rx_locked(qp);
       qp_update_interest(qp);
@@ -843,94 +822,14 @@ int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   return err;
 }
 
-void qp_set_state_locked(Qp* qp, ibv_qp_state s) {
-  qp->state = s;
-  qp->attr.qp_state = s;
-  qp->attr.cur_qp_state = s;
-  qp->qpx.qp_base.state = s;
-  stats::set_state(qp->stats, s);
-}
-
-void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal, ibv_event_type event,
-                  const std::function<void()>& report) {
-  SV_INFO("qp %u: error, cause %s, %u WQEs outstanding", qp->qpn(), ibv_wc_status_str(status),
-          qp->sq_count);
-  bool first = false;
-  {
-    std::lock_guard lk(qp->tx_mu);
-    if (qp->state.load() != IBV_QPS_ERR) {
-      qp_set_state_locked(qp, IBV_QPS_ERR);
-      first = true;
-    }
-    if (report) report();
-    flush_qp_locked(qp, first ? status : IBV_WC_WR_FLUSH_ERR);
-  }
-  if (!first) return;
-  if (fatal && !qp->error_reported) {
-    qp->error_reported = true;
-    ibv_async_event ev{};
-    ev.element.qp = qp->ibqp();
-    ev.event_type = event;
-    qp->ctx->post_async(ev);
-  }
-  // Close the socket so the peer sees the connection end (siw tears down the same way).
-  Progress::get().post([qp, qpn = qp->qpn()] {
-    if (oob::lookup(qpn) != qp) return;  // destroyed meanwhile
-    if (qp->conn.fd >= 0) {
-      qp_wait_drop(qp);
-      if (qp->conn.registered) Progress::get().del(qp->conn.fd);
-      qp->conn.registered = false;
-      shutdown(qp->conn.fd, SHUT_RDWR);
-    }
-  });
-  // Told from the progress thread, with no QP lock held: rdma_cm takes its id lock and
-  // then QP locks on its own paths, and we may be inside RX (rx_mu) here.
-  if (auto fn = qp->on_disconnect.load()) {
-    void* id = qp->cm_id;
-    const uint64_t serial = qp->cm_serial;
-    Progress::get().post([fn, id, serial] { fn(id, serial); });
-  }
-}
-
-void qp_conn_lost(Qp* qp, ibv_wc_status status) {
-  // rdma_cm QPs: the peer's disconnect is normal, everything outstanding is flushed.
-  if (qp->cm_managed) {
-    qp_set_error(qp, IBV_WC_WR_FLUSH_ERR, false);
-    return;
-  }
-  {
-    // An IB RC requester notices a vanished peer only through its retries: with nothing
-    // outstanding the QP stays in RTS and posted receives stay posted (ibv_rc_pingpong's
-    // server may exit before the client reaped its last completions). The next send fails.
-    std::lock_guard lk(qp->tx_mu);
-    if (qp->sq_count == 0 && qp->irq_count == 0 && !qp->conn.have_recv &&
-        qp->state.load() != IBV_QPS_ERR) {
-      qp->conn.peer_gone = true;
-      Progress::get().post([qp, qpn = qp->qpn()] {
-        if (oob::lookup(qpn) != qp) return;
-        std::lock_guard rx(qp->rx_mu);
-        std::lock_guard tx(qp->tx_mu);
-        if (qp->conn.fd < 0) return;
-        qp->conn_up = false;
-        qp_wait_drop(qp);
-        if (qp->conn.registered) Progress::get().del(qp->conn.fd);
-        qp->conn.registered = false;
-        close(qp->conn.fd);
-        qp->conn.fd = -1;
-      });
-      return;
-    }
-  }
-  qp_set_error(qp, status, true);
-}
-
 void qp_update_interest(Qp* qp) {
   if (qp->ud) {
     ud_update_interest(qp);
     return;
   }
   auto apply = [qp] {
-    if (qp->conn.fd < 0) return;
+    // Only a connection that is up is watched (a failed one is shut down, qp_state.cc).
+    if (qp->conn.fd < 0 || !qp->conn_up()) return;
     uint32_t ev = 0;
     if (!qp->rx_stalled && !qp->rx_yielded) ev |= EPOLLIN;
     if (qp->tx_blocked) ev |= EPOLLOUT;
@@ -946,68 +845,12 @@ void qp_update_interest(Qp* qp) {
   if (Progress::get().on_thread()) {
     apply();
   } else {
-    // Every lambda that outlives this call re-finds the QP by number: qp_destroy removes
-    // it from the registry (on the progress thread) before freeing it.
-    Progress::get().post([qp, qpn = qp->qpn(), apply] {
-      if (oob::lookup(qpn) == qp) apply();
+    // Deferred work holds a reference (QpRef): qp_destroy marks the QP on the progress
+    // thread, and frees it only when the last reference goes.
+    Progress::get().post([ref = QpRef(qp), apply] {
+      if (ref.live()) apply();
     });
   }
-}
-
-void qp_take_endpoint(Qp* qp, Endpoint* ep) {
-  const MpaOutcome& o = ep->outcome();
-  std::lock_guard rx(qp->rx_mu);
-  std::lock_guard tx(qp->tx_mu);
-  const ibv_qp_state st = qp->state.load();
-  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE) {
-    // The QP was moved to ERR or RESET while its connection was being set up: the connection
-    // has no QP any more, and the caller's dispose() closes it, so the peer sees it end (as
-    // qp_set_error closes a live one). Attached, its socket stayed registered with this QP's
-    // handler after RESET swapped in a fresh Conn, and events reached the handler once the QP
-    // was freed (a TSan-found use after free).
-    SV_INFO("qp %u: connection set up after the QP left RTR (state %d): closed", qp->qpn(),
-            static_cast<int>(st));
-    return;
-  }
-  Conn& c = qp->conn;
-  c.fd = ep->release_fd();
-  c.crc = o.crc;
-  c.peer_sv = o.peer_sv;
-  c.send_acks = o.send_acks;
-  c.wait_acks = o.wait_acks;
-  c.ird = ep->negotiated_ird();
-  c.ord = ep->negotiated_ord();
-  const bool passive = ep->role() == Endpoint::Role::passive;
-  c.tx_gated = passive;  // RFC 6581 §4 / siw: the responder waits for the first FPDU
-  c.send_rtr = !passive && o.p2p;
-  c.expect_rtr = passive && o.p2p;
-  if (c.peer_sv) {
-    c.max_ulpdu = wire::kMaxUlpduLen & ~7u;
-  } else {
-    // siw sizes whole FPDUs to mss & ~7 and hardware peers want FPDUs <= MSS.
-    const int mss = transport::tcp_mss(c.fd);
-    c.max_ulpdu = static_cast<uint32_t>((mss & ~7) - 2 - 4 - 4);
-  }
-  c.rxbuf.resize(256 * 1024);
-  c.iov.resize(Conn::kMaxIov);
-  c.arena.resize(Conn::kHdrArena);
-  qp->conn_up.store(true, std::memory_order_release);
-  qp_attach_conn(qp);
-}
-
-void qp_attach_conn(Qp* qp) {
-  stats::set_peer(qp->stats, transport::peer_addr(qp->conn.fd), qp->attr.dest_qp_num);
-  // SOFTVERBS_SNDBUF=bytes fixes the socket's send buffer (the kernel's autotuning otherwise):
-  // a knob for tuning, and for tests that need a transmit that stops when the peer stops reading.
-  static const int sndbuf = static_cast<int>(settings::uint_value(SV_SETTING("SOFTVERBS_SNDBUF")));
-  if (sndbuf > 0) setsockopt(qp->conn.fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
-  transport::set_nonblock(qp->conn.fd, true);
-  transport::set_nodelay(qp->conn.fd);
-  SV_INFO("qp %u connected fd %d crc %d sv %d acks out %d in %d", qp->qpn(), qp->conn.fd,
-          qp->conn.crc, qp->conn.peer_sv, qp->conn.send_acks, qp->conn.wait_acks);
-  qp_update_interest(qp);
-  if (qp->state.load() == IBV_QPS_RTS || qp->conn.send_rtr) tx_run_locked(qp);
-  if (qp->state.load() == IBV_QPS_ERR) flush_qp_locked(qp, IBV_WC_WR_FLUSH_ERR);
 }
 
 void qp_progress(Qp* qp) {
@@ -1020,7 +863,7 @@ void qp_progress(Qp* qp) {
     }
     return;
   }
-  if (!qp->conn_up.load(std::memory_order_acquire)) return;
+  if (!qp->conn_up()) return;
   if (qp->rx_mu.try_lock()) {
     rx_run_locked(qp);
     qp->rx_mu.unlock();

@@ -7,9 +7,10 @@
 //   requester (qp_requester.cc): turns SQ WQEs and pending Read/Atomic responses into FPDUs
 //            and writes them to the socket (TX);
 //   responder (qp_responder.cc): validates and executes inbound Send/Write/Read Request/
-//            Atomic/Immediate messages;
-//   completer (qp_completer.cc): matches Read/Atomic responses to the ORQ and retires SQ
-//            WQEs in order into the send CQ.
+//            Atomic/Immediate messages, and matches inbound Read/Atomic responses to the
+//            oldest outstanding request (the ORQ: RFC 5040 §4.5, they arrive in order);
+//   completer (qp_completer.cc): retires SQ WQEs in order into the send CQ, and flushes.
+// qp_state.cc owns the connection's lifecycle and the move to ERR (qp_state.h).
 // iw_rx.cc parses the byte stream (resumable header/data/trailer machine, as siw's
 // SIW_GET_HDR/DATA/TRAILER) and dispatches to the responder or completer.
 //
@@ -37,6 +38,7 @@
 #include "engine/cq.h"
 #include "engine/mr.h"
 #include "engine/progress.h"
+#include "engine/qp_state.h"
 #include "engine/stats.h"
 #include "transport/tcp.h"
 #include "wire/ddp_rdmap.h"
@@ -192,7 +194,6 @@ struct Conn {
   // on transmit (RFC 5040), else a peer that placed them would wait on us and we on it.
   bool acks_unseen = false;
 
-  bool peer_gone = false;   // OOB peer closed while nothing was outstanding
   bool registered = false;  // in the progress thread's epoll set
   uint32_t events = 0;      // current epoll interest
 };
@@ -259,7 +260,10 @@ struct Qp {
   std::mutex rx_mu;
   Conn conn;  // conn.fd is written only on the progress thread holding rx_mu and tx_mu
   // Read without locks by pollers and the progress thread, hence atomics:
-  std::atomic<bool> conn_up{false};     // conn.fd is a live, set-up connection
+  // The connection's lifecycle (qp_state.h): written only by conn_transition_locked.
+  std::atomic<ConnState> conn_state{ConnState::idle};
+  bool conn_up() const { return conn_state.load(std::memory_order_acquire) == ConnState::up; }
+  uint32_t conn_gen = 0;  // rx_mu and tx_mu: connections this QP has taken (qp_take_endpoint)
   std::atomic<bool> rx_stalled{false};  // no receive buffer: stop reading (RNR wait)
   std::atomic<bool> tx_blocked{false};  // socket full: EPOLLOUT armed
   // Busy-poll ownership (busy_poll.h), progress thread only: a poller runs RX, the socket is
@@ -273,17 +277,14 @@ struct Qp {
   // the rcq (bit 1). Progress thread only.
   uint8_t wait_sets = 0;
 
-  // connection set-up
-  std::mutex cm_mu;
+  // connection set-up (qp_state.cc)
   bool cm_managed = false;  // rdma_cm drives transitions and owns set-up
-  bool connecting = false;  // OOB handshake in flight
   bool error_reported = false;
   bool ack_timer_armed = false;  // tx_mu: a transport-timeout check is pending
   void* cm_id = nullptr;         // rdma_cm_id when cm_managed
   uint64_t cm_serial = 0;        // and that id's serial: a later id may reuse its address
   // rdma_cm is told when the connection ends (peer closed or QP error). Cleared by
   // rdma_destroy_qp while the progress thread may be reading it.
-  using DisconnectFn = void (*)(void* cm_id, uint64_t cm_serial);
   std::atomic<DisconnectFn> on_disconnect{nullptr};
   std::unique_ptr<Progress::Handler> io;  // epoll handler for conn.fd
   uint32_t events_reported = 0;           // async events posted for it (qpx.qp_base.mutex)
@@ -302,6 +303,37 @@ struct Qp {
   static Qp* from(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
   uint32_t qpn() const { return qpx.qp_base.qp_num; }
   stats::Slot* stats = nullptr;  // counters, published for softverbs-stat (never null once made)
+
+  // Lifetime, as rxe's kref on its QP (rxe_get/rxe_put): ibv_create_qp's reference, and one
+  // per piece of deferred work (QpRef). qp_destroy tears the QP down, sets `destroyed` on the
+  // progress thread (where deferred work runs), and drops its reference; the memory goes
+  // with the last one, so deferred work never re-finds a QP by number (whose QPN and
+  // address a new QP may have taken meanwhile).
+  std::atomic<uint32_t> refs{1};
+  std::atomic<bool> destroyed{false};
+};
+
+// Frees the QP when the last reference goes (qp_destroy drops ibv_create_qp's).
+inline void qp_put(Qp* qp) {
+  if (qp->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete qp;
+}
+
+// A reference held by deferred work (Progress::post/post_after lambdas). live() is false
+// once qp_destroy has run; the memory stays valid until the reference goes.
+class QpRef {
+ public:
+  explicit QpRef(Qp* qp) : qp_(qp) { qp_->refs.fetch_add(1, std::memory_order_relaxed); }
+  QpRef(const QpRef& o) : QpRef(o.qp_) {}
+  QpRef(QpRef&& o) noexcept : qp_(o.qp_) { o.qp_ = nullptr; }
+  QpRef& operator=(const QpRef&) = delete;
+  ~QpRef() {
+    if (qp_) qp_put(qp_);
+  }
+  Qp* get() const { return qp_; }
+  bool live() const { return !qp_->destroyed.load(std::memory_order_acquire); }
+
+ private:
+  Qp* qp_;
 };
 
 struct Srq {
@@ -328,8 +360,7 @@ int qp_query(Qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init);
 int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing = false);
 int qp_post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
-// Moves the QP to ERR: `status` for the oldest outstanding send WQE (IBV_WC_WR_FLUSH_ERR to
-// flush everything), async event if `fatal`, connection closed.
+// ---- qp_state.cc: the connection lifecycle (qp_state.h) and the move to ERR --------------
 // The one writer of a QP's state: the engine's copy (qp->state, read lock-free), the copy
 // ibv_query_qp reports (attr.qp_state / cur_qp_state), the one the application may read in
 // struct ibv_qp, and the published one (softverbs-stat). Called with tx_mu held.
@@ -342,7 +373,7 @@ void qp_set_state_locked(Qp* qp, ibv_qp_state s);
 // flushed WQEs after it.
 void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal,
                   ibv_event_type event = IBV_EVENT_QP_FATAL,
-                  const std::function<void()>& report = {});
+                  const std::function<void()>& report = {});  // qp_state.cc
 // Runs pending RX and TX without blocking (called by poll_cq and the progress thread).
 void qp_progress(Qp* qp);
 // Connection established: start TX/RX through the progress thread.

@@ -156,8 +156,9 @@ bool read_source_still_valid(Qp* qp, IrqEntry& e, uint32_t chunk) {
   qp->conn.tx_gated = true;  // nothing more is framed; the Terminate below goes first
   const wire::Terminate t =
       access_to_terminate(r == AccessResult::ok ? AccessResult::invalid_key : r, false);
-  Progress::get().post([qp, qpn = qp->qpn(), t] {
-    if (oob::lookup(qpn) != qp) return;
+  Progress::get().post([ref = QpRef(qp), t] {
+    if (!ref.live()) return;
+    Qp* qp = ref.get();
     {
       std::lock_guard lk(qp->tx_mu);
       qp->conn.tx_gated = false;
@@ -202,10 +203,9 @@ bool frame_irq(Qp* qp, Framer& f) {
 void set_error_in_tx(Qp* qp, SendWqe& w, ibv_wc_status st) {
   w.status = st;
   w.state = WqeState::done;
-  const uint32_t qpn = qp->qpn();
   // qp_set_error takes tx_mu, which we hold: finish on the progress thread.
-  Progress::get().post([qp, qpn] {
-    if (oob::lookup(qpn) == qp) qp_set_error(qp, IBV_WC_WR_FLUSH_ERR, true);
+  Progress::get().post([ref = QpRef(qp)] {
+    if (ref.live()) qp_set_error(ref.get(), IBV_WC_WR_FLUSH_ERR, true);
   });
 }
 
@@ -486,9 +486,8 @@ void tx_run_locked(Qp* qp) {
         // The peer is gone; RX sees the same and errors the QP.
         qp->tx_blocked = false;
         c.iov_n = c.iov_pos = 0;
-        const uint32_t qpn = qp->qpn();
-        Progress::get().post([qp, qpn] {
-          if (oob::lookup(qpn) == qp) qp_conn_lost(qp, IBV_WC_RETRY_EXC_ERR);
+        Progress::get().post([ref = QpRef(qp)] {
+          if (ref.live()) qp_conn_lost(ref.get(), IBV_WC_RETRY_EXC_ERR);
         });
         return;
       }

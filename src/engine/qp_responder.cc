@@ -110,8 +110,9 @@ void arm_rnr_timer(Qp* qp, Conn& c) {
   const uint64_t us =
       static_cast<uint64_t>(kRnrTimerUs[qp->attr.min_rnr_timer & 31]) * (qp->attr.rnr_retry + 1u);
   const auto ms = std::chrono::milliseconds(std::max<uint64_t>(1, (us + 999) / 1000));
-  Progress::get().post_after(ms, [qp, qpn = qp->qpn(), gen] {
-    if (oob::lookup(qpn) != qp) return;
+  Progress::get().post_after(ms, [ref = QpRef(qp), gen] {
+    if (!ref.live()) return;
+    Qp* qp = ref.get();
     std::lock_guard lk(qp->rx_mu);
     if (qp->conn.rnr_gen != gen || !qp->rx_stalled || qp->conn.have_recv ||
         qp->state.load() == IBV_QPS_ERR)

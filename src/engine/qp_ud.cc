@@ -246,8 +246,8 @@ void ud_update_interest(Qp* qp) {
   if (Progress::get().on_thread()) {
     apply();
   } else {
-    Progress::get().post([qp, qpn = qp->qpn(), apply] {
-      if (oob::lookup(qpn) == qp) apply();
+    Progress::get().post([ref = QpRef(qp), apply] {
+      if (ref.live()) apply();
     });
   }
 }
@@ -331,8 +331,8 @@ void ud_tx_locked(Qp* qp) {
         w.status = IBV_WC_LOC_PROT_ERR;
         qp->ud_tx_failed = true;
         ++qp->sq_tx;
-        Progress::get().post([qp, qpn = qp->qpn()] {
-          if (oob::lookup(qpn) == qp) qp_set_error(qp, IBV_WC_WR_FLUSH_ERR, true);
+        Progress::get().post([ref = QpRef(qp)] {
+          if (ref.live()) qp_set_error(ref.get(), IBV_WC_WR_FLUSH_ERR, true);
         });
         break;
       }

@@ -212,27 +212,11 @@ socklen_t sa_len(const sockaddr* sa) {
                                     : 0;
 }
 
-// Moves a CM-managed QP through RTR and RTS with the negotiated resources, as iw_cm does
-// when the MPA exchange completes. False if the application moved the QP to ERR or RESET
-// meanwhile: as siw refuses RTS then and fails the connection, the QP stays where it was
-// rather than coming back to life with the socket.
+// The MPA exchange completed: the engine moves the QP through RTR to RTS with the
+// negotiated resources (qp_state.h). False if the application moved the QP to ERR or RESET
+// meanwhile: as siw refuses RTS then, the connection fails.
 bool qp_connect(CmId* id, Endpoint* ep) {
-  Qp* qp = Qp::from(id->id.qp);
-  {
-    std::lock_guard lk(qp->tx_mu);
-    const ibv_qp_state st = qp->state.load();
-    if (st == IBV_QPS_ERR || st == IBV_QPS_RESET) return false;
-    qp->attr.max_rd_atomic = static_cast<uint8_t>(std::max<uint16_t>(ep->negotiated_ord(), 1));
-    qp->attr.max_dest_rd_atomic = static_cast<uint8_t>(std::max<uint16_t>(ep->negotiated_ird(), 1));
-    qp->attr.rnr_retry = 7;
-    qp->attr.retry_cnt = 7;
-    qp->attr.timeout = 14;
-    qp->attr.path_mtu = IBV_MTU_4096;
-    qp->attr.dest_qp_num = 0;
-    qp_set_state_locked(qp, IBV_QPS_RTS);  // through RTR: the connection sets both up
-  }
-  qp_take_endpoint(qp, ep);
-  return true;
+  return qp_cm_established(Qp::from(id->id.qp), ep);
 }
 
 // The QP refused the connection (qp_connect): the socket closes, so the peer sees it end,
@@ -902,11 +886,7 @@ SV_EXPORT int rdma_create_qp_ex(rdma_cm_id* i, ibv_qp_init_attr_ex* attr) {
   ibv_qp* qp = ibv_create_qp(pd, &init);
   if (!qp) return -1;
   attr->cap = init.cap;
-  Qp* q = Qp::from(qp);
-  q->cm_managed = true;
-  q->cm_id = id;
-  q->cm_serial = id->serial;
-  q->on_disconnect = on_qp_disconnect;
+  qp_cm_bind(Qp::from(qp), id, id->serial, on_qp_disconnect);
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
   a.pkey_index = 0;
@@ -975,7 +955,7 @@ SV_EXPORT void rdma_destroy_qp(rdma_cm_id* i) {
     qp = i->qp;
     i->qp = nullptr;
   }
-  Qp::from(qp)->on_disconnect = nullptr;
+  qp_cm_unbind(Qp::from(qp));
   ibv_destroy_qp(qp);
   if (i->send_cq) {
     ibv_destroy_cq(i->send_cq);

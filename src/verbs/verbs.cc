@@ -618,9 +618,7 @@ SV_EXPORT int softverbs_qp_ib_completion(ibv_qp* ibqp) {
     errno = EINVAL;
     return -1;
   }
-  Qp* qp = Qp::from(ibqp);
-  std::lock_guard lk(qp->tx_mu);
-  return qp->conn.wait_acks ? 1 : 0;
+  return qp_ib_completion_in_effect(Qp::from(ibqp)) ? 1 : 0;
 }
 
 SV_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {

@@ -148,7 +148,7 @@ if [ $DEB = 1 ]; then
     dpkg-deb -I "$pkg"
     # Debian's multiarch libdir for every library, the private ABI directory included.
     dpkg-deb -c "$pkg" >"$W/deb.list"
-    grep -q " ./usr/lib/x86_64-linux-gnu/softverbs/libibverbs.so.1$" "$W/deb.list" || return 1
+    grep -Eq " \./usr/lib/x86_64-linux-gnu/softverbs/libibverbs\.so\.1( -> |$)" "$W/deb.list" || return 1
     grep -q " ./usr/lib/x86_64-linux-gnu/libsvrds.so" "$W/deb.list" || return 1
     if grep -E " \./usr/lib/[^/]+\.so" "$W/deb.list"; then echo "library outside multiarch"; return 1; fi
     dpkg -i "$pkg" || return 1

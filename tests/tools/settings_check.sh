@@ -52,7 +52,7 @@ else
 fi
 case_ SOFTVERBS_MPA_CRC=yes "SOFTVERBS_MPA_CRC=yes is not 0 or 1; using 0" "hca_id"
 case_ SOFTVERBS_PROT_ERR_BURST=-1 "SOFTVERBS_PROT_ERR_BURST=-1 is not a positive number; using 32" "hca_id"
-case_ SOFTVERBS_TX_BATCH_US=10us "SOFTVERBS_TX_BATCH_US=10us is not an integer in 0\.\.1000000; using 10" "hca_id"
+case_ SOFTVERBS_TX_BATCH_US=10us "SOFTVERBS_TX_BATCH_US=10us is not an integer in 0\.\.60000000; using 10" "hca_id"
 case_ SOFTVERBS_MAXQP=1 "SOFTVERBS_MAXQP is not a softverbs setting \(docs/configuration\.md\); ignored" "${Q}65024$"
 case_ SOFTVERBS_MAX_QP= - "${Q}65024$"
 echo "$pass passed, $fail failed"
