@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 
 #include "engine/progress.h"
+#include "engine/qp.h"
 
 namespace sv::engine {
 
@@ -134,6 +136,54 @@ void Cq::detach(Qp* qp) {
   std::lock_guard lk(qps_mu);
   qps.erase(std::remove(qps.begin(), qps.end(), qp), qps.end());
   nqps.store(static_cast<int>(qps.size()), std::memory_order_release);
+}
+
+void Cq::progress_qps() {
+  std::lock_guard lk(qps_mu);
+  tl_polling = this;
+  for (Qp* qp : qps) qp_progress(qp);
+  tl_polling = nullptr;
+}
+
+void Cq::flush_deferred_tx() {
+  if (!tx_deferred.load(std::memory_order_acquire)) return;
+  tx_deferred.store(false, std::memory_order_relaxed);
+  std::lock_guard lk(qps_mu);
+  for (Qp* qp : qps) qp_tx_flush(qp);
+}
+
+void Cq::set_comp_handler(bool (*handler)(ibv_cq*, void*), void* arg) {
+  {
+    std::lock_guard lk(mu);
+    comp_handler = handler;
+    comp_arg = arg;
+  }
+  // A notification deferred under the old handler must not reach the new one's arg.
+  if (!handler) Progress::get().run_sync([this] { Progress::get().forget_cq(this); });
+}
+
+uint32_t Cq::pending() {
+  std::lock_guard lk(mu);
+  return count;
+}
+
+int Cq::resize(int new_cqe) {
+  std::lock_guard lk(mu);
+  if (static_cast<uint32_t>(new_cqe) < count) return EINVAL;
+  std::vector<ibv_wc> moved_ring(static_cast<size_t>(new_cqe) + 1);
+  for (uint32_t i = 0; i < count; ++i) moved_ring[i] = ring[(head + i) % ring.size()];
+  ring.swap(moved_ring);
+  // Completion times move with their completions (extended CQs that asked for them).
+  for (auto* t : {&ts, &wall}) {
+    if (t->empty()) continue;
+    std::vector<uint64_t> moved(ring.size());
+    for (uint32_t i = 0; i < count; ++i) moved[i] = (*t)[(head + i) % t->size()];
+    t->swap(moved);
+  }
+  head = 0;
+  cqe = new_cqe;
+  cqx.cqe = new_cqe;
+  return 0;
 }
 
 }  // namespace sv::engine

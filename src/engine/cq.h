@@ -109,6 +109,22 @@ struct Cq {
   void clean(uint32_t qpn);
   void attach(Qp* qp);
   void detach(Qp* qp);
+
+  // For the verbs layer, which takes no engine lock itself:
+  // Runs the attached QPs' receive path on this thread (an empty ibv_poll_cq), as its
+  // poller (tl_polling).
+  void progress_qps();
+  // Sends what doorbell batching holds on the attached QPs (a poll came up empty, or an arm).
+  void flush_deferred_tx();
+  // softverbs_cq_set_comp_handler; a null handler also drops a deferred notification.
+  void set_comp_handler(bool (*handler)(ibv_cq*, void*), void* arg);
+  // Completions in the ring now.
+  uint32_t pending();
+  // ibv_resize_cq: EINVAL if the CQ holds more than cqe completions.
+  int resize(int new_cqe);
+  // ibv_start_poll .. ibv_end_poll (cq_ex.cc): pollers of one CQ take turns.
+  void lock_poll() { poll_mu.lock(); }
+  void unlock_poll() { poll_mu.unlock(); }
 };
 
 }  // namespace sv::engine

@@ -124,7 +124,14 @@ Terminate rdmap_prot_term(RdmapEcode e) {
               static_cast<uint8_t>(e));
 }
 
-ibv_wc_status terminate_to_wc_status(const Terminate& t) {
+ibv_wc_status terminate_to_wc_status(const Terminate& t, bool head_is_atomic) {
+  // RFC 7306 names no Terminate code for a misaligned Atomic: softverbs' responder answers
+  // it with Remote Operation / Catastrophic (Stream), and an Atomic at the head of the SQ
+  // reports it as IB does, IBV_WC_REM_INV_REQ_ERR (rxe: RESPST_ERR_MISALIGNED_ATOMIC).
+  if (head_is_atomic && t.layer == TermLayer::rdmap &&
+      t.etype == static_cast<uint8_t>(RdmapEtype::remote_operation) &&
+      t.ecode == static_cast<uint8_t>(RdmapEcode::catastrophic_stream))
+    return IBV_WC_REM_INV_REQ_ERR;
   switch (t.layer) {
     case TermLayer::rdmap:
       if (t.etype == static_cast<uint8_t>(RdmapEtype::remote_protection)) {

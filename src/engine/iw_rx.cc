@@ -255,7 +255,7 @@ bool rx_run_locked(Qp* qp) {
                                   c.ulpdu_len, c.seg);
         if (e != wire::DdpError::ok) {
           SV_WARN("qp %u: bad segment header: %s", qp->qpn(), wire::to_string(e));
-          rx_fail(qp, ddp_error_term(e), true, IBV_WC_REM_OP_ERR, IBV_WC_REM_OP_ERR);
+          rx_fail(qp, ddp_error_term(e), RxBlame::peer, IBV_WC_REM_OP_ERR);
           return false;
         }
         if (c.crc) c.crc_state = wire::crc32c_update(wire::kCrc32cInit, c.hdr.data(), c.hdr_have);
@@ -306,8 +306,7 @@ bool rx_run_locked(Qp* qp) {
           uint32_t s = wire::crc32c_update(c.crc_state, c.trailer.data(), pad);
           if (wire::crc32c_final(s) != wire::load_le32(&c.trailer[pad])) {
             SV_WARN("qp %u: MPA CRC error", qp->qpn());
-            rx_fail(qp, llp_term(wire::LlpEcode::crc_error), true, IBV_WC_RETRY_EXC_ERR,
-                    IBV_WC_WR_FLUSH_ERR);
+            rx_fail(qp, llp_term(wire::LlpEcode::crc_error), RxBlame::stream);
             return false;
           }
         }

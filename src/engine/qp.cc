@@ -822,6 +822,47 @@ int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   return err;
 }
 
+int srq_modify(Srq* s, const ibv_srq_attr* attr, int mask) {
+  std::lock_guard lk(s->mu);
+  if (mask & IBV_SRQ_MAX_WR) {
+    if (attr->max_wr == 0 || attr->max_wr > static_cast<uint32_t>(kMaxSrqWr) ||
+        attr->max_wr < s->count)
+      return EINVAL;
+    std::vector<RecvWqe> ring(attr->max_wr);
+    std::vector<ibv_sge> sge(static_cast<size_t>(attr->max_wr) * s->max_sge);
+    for (uint32_t i = 0; i < attr->max_wr; ++i) ring[i].sge = &sge[i * s->max_sge];
+    for (uint32_t i = 0; i < s->count; ++i) {
+      const RecvWqe& o = s->ring[(s->head + i) % s->max_wr];
+      RecvWqe& n = ring[i];
+      n.wr_id = o.wr_id;
+      n.num_sge = o.num_sge;
+      n.length = o.length;
+      std::copy(o.sge, o.sge + o.num_sge, n.sge);
+    }
+    s->ring.swap(ring);
+    s->sge.swap(sge);
+    s->head = 0;
+    s->max_wr = attr->max_wr;
+  }
+  if (mask & IBV_SRQ_LIMIT) {
+    if (attr->srq_limit > s->max_wr) return EINVAL;
+    s->limit = attr->srq_limit;
+  }
+  return 0;
+}
+
+void srq_query(Srq* s, ibv_srq_attr* attr) {
+  std::lock_guard lk(s->mu);
+  attr->max_wr = s->max_wr;
+  attr->max_sge = s->max_sge;
+  attr->srq_limit = s->limit;
+}
+
+bool srq_in_use(Srq* s) {
+  std::lock_guard lk(s->qps_mu);
+  return !s->qps.empty();
+}
+
 void qp_update_interest(Qp* qp) {
   if (qp->ud) {
     ud_update_interest(qp);

@@ -360,6 +360,11 @@ int qp_query(Qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init);
 int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing = false);
 int qp_post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
+// ibv_modify_srq (mask already checked to be MAX_WR and/or LIMIT) and ibv_query_srq.
+int srq_modify(Srq* srq, const ibv_srq_attr* attr, int mask);
+void srq_query(Srq* srq, ibv_srq_attr* attr);
+// A QP still uses it (ibv_destroy_srq: EBUSY).
+bool srq_in_use(Srq* srq);
 // ---- qp_state.cc: the connection lifecycle (qp_state.h) and the move to ERR --------------
 // The one writer of a QP's state: the engine's copy (qp->state, read lock-free), the copy
 // ibv_query_qp reports (attr.qp_state / cur_qp_state), the one the application may read in
@@ -437,7 +442,9 @@ void qp_rx_locked(Qp* qp);
 bool rx_run_locked(Qp* qp);
 
 // ---- errors.cc ------------------------------------------------------------------------
-ibv_wc_status terminate_to_wc_status(const wire::Terminate& t);
+// The status of the WQE a Terminate fails; `head_is_atomic`: the oldest outstanding WQE is
+// an Atomic (a Terminate that can only answer one says so).
+ibv_wc_status terminate_to_wc_status(const wire::Terminate& t, bool head_is_atomic = false);
 wire::Terminate access_to_terminate(AccessResult r, bool tagged);
 wire::Terminate ddp_error_term(wire::DdpError e);         // a DDP/RDMAP header we refuse
 wire::Terminate untagged_term(wire::DdpUntaggedEcode e);  // DDP untagged buffer errors

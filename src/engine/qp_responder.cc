@@ -117,22 +117,19 @@ void arm_rnr_timer(Qp* qp, Conn& c) {
     if (qp->conn.rnr_gen != gen || !qp->rx_stalled || qp->conn.have_recv ||
         qp->state.load() == IBV_QPS_ERR)
       return;  // a receive arrived meanwhile
-    rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::no_buffer), true, IBV_WC_WR_FLUSH_ERR,
-            IBV_WC_WR_FLUSH_ERR);
+    rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::no_buffer), RxBlame::peer);
   });
 }
 
 RxAction on_send(Qp* qp, Conn& c) {
   const auto& s = c.seg;
   if (s.msn != c.recv_msn) {
-    rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::msn_range), true, IBV_WC_REM_OP_ERR,
-            IBV_WC_WR_FLUSH_ERR);
+    rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::msn_range), RxBlame::peer);
     return RxAction::dead;
   }
   if (!c.have_recv) {
     if (s.mo != 0) {
-      rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::invalid_mo), true, IBV_WC_REM_OP_ERR,
-              IBV_WC_WR_FLUSH_ERR);
+      rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::invalid_mo), RxBlame::peer);
       return RxAction::dead;
     }
     if (!take_recv(qp, c.cur_recv, c.cur_sge)) {
@@ -142,18 +139,16 @@ RxAction on_send(Qp* qp, Conn& c) {
     c.have_recv = true;
     if (!recv_keys_ok(qp, c.cur_recv)) {
       // The sender sees IBV_WC_REM_OP_ERR, as an IB requester does for this (rxe, mlx5).
-      rx_fail(qp, ddp_catastrophic_term(), true, IBV_WC_REM_OP_ERR, IBV_WC_LOC_PROT_ERR);
+      rx_fail(qp, ddp_catastrophic_term(), RxBlame::peer, IBV_WC_LOC_PROT_ERR);
       return RxAction::dead;
     }
   } else if (s.mo != c.place.offset) {
-    rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::invalid_mo), true, IBV_WC_REM_OP_ERR,
-            IBV_WC_WR_FLUSH_ERR);
+    rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::invalid_mo), RxBlame::peer);
     return RxAction::dead;
   }
   if (static_cast<uint64_t>(s.mo) + s.payload_len > c.cur_recv.length) {
     // RFC 5041 §7.3 "message too long"; the local receive fails with LOC_LEN_ERR.
-    rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::too_long), true, IBV_WC_REM_INV_REQ_ERR,
-            IBV_WC_LOC_LEN_ERR);
+    rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::too_long), RxBlame::peer, IBV_WC_LOC_LEN_ERR);
     return RxAction::dead;
   }
   c.place.kind = Placement::Kind::sgl;
@@ -176,7 +171,7 @@ RxAction on_write(Qp* qp, Conn& c) {
   }
   if (r != AccessResult::ok) {
     SV_INFO("qp %u: write to stag %#x denied", qp->qpn(), s.stag);
-    rx_fail(qp, access_to_terminate(r, true), true, IBV_WC_REM_ACCESS_ERR, IBV_WC_WR_FLUSH_ERR);
+    rx_fail(qp, access_to_terminate(r, true), RxBlame::peer);
     return RxAction::dead;
   }
   c.place.kind = Placement::Kind::contiguous;
@@ -203,8 +198,7 @@ bool irq_overrun_locked(Qp* qp, Conn& c) {
 RxAction on_read_request(Qp* qp, Conn& c) {
   const auto& s = c.seg;
   if (s.msn != c.rreq_msn) {
-    rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::msn_range), true, IBV_WC_REM_OP_ERR,
-            IBV_WC_WR_FLUSH_ERR);
+    rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::msn_range), RxBlame::peer);
     return RxAction::dead;
   }
   const wire::ReadRequest rr = wire::decode_read_request(&c.hdr[2 + wire::kDdpUntaggedHdrLen]);
@@ -220,7 +214,7 @@ RxAction on_read_request(Qp* qp, Conn& c) {
     }
   }
   if (r != AccessResult::ok) {
-    rx_fail(qp, access_to_terminate(r, false), true, IBV_WC_REM_ACCESS_ERR, IBV_WC_WR_FLUSH_ERR);
+    rx_fail(qp, access_to_terminate(r, false), RxBlame::peer);
     return RxAction::dead;
   }
   std::lock_guard lk(qp->tx_mu);
@@ -242,20 +236,17 @@ RxAction on_read_request(Qp* qp, Conn& c) {
 RxAction on_atomic_request(Qp* qp, Conn& c) {
   const auto& s = c.seg;
   if (!c.peer_sv || s.msn != c.rreq_msn) {
-    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), true, IBV_WC_REM_OP_ERR,
-            IBV_WC_WR_FLUSH_ERR);
+    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), RxBlame::peer);
     return RxAction::dead;
   }
   wire::AtomicRequest ar;
   if (!wire::decode_atomic_request(&c.hdr[2 + wire::kDdpUntaggedHdrLen], ar)) {
-    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), true, IBV_WC_REM_OP_ERR,
-            IBV_WC_WR_FLUSH_ERR);
+    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), RxBlame::peer);
     return RxAction::dead;
   }
   if (ar.to & 7) {
     // Misaligned target: an invalid request (IB spec o10-31 / C9-40 analogue).
-    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::catastrophic_stream), true, IBV_WC_REM_INV_REQ_ERR,
-            IBV_WC_WR_FLUSH_ERR);
+    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::catastrophic_stream), RxBlame::peer);
     return RxAction::dead;
   }
   {
@@ -270,7 +261,7 @@ RxAction on_atomic_request(Qp* qp, Conn& c) {
     r = kt.check(ar.stag, qp->pd, ar.to, 8, IBV_ACCESS_REMOTE_ATOMIC, true, &p, qp);
   if (r != AccessResult::ok) {
     g.unlock();
-    rx_fail(qp, access_to_terminate(r, false), true, IBV_WC_REM_ACCESS_ERR, IBV_WC_WR_FLUSH_ERR);
+    rx_fail(qp, access_to_terminate(r, false), RxBlame::peer);
     return RxAction::dead;
   }
   const uint64_t orig = app_atomic(reinterpret_cast<uint64_t*>(p), ar);
@@ -320,8 +311,7 @@ RxAction on_atomic_response(Qp* qp, Conn& c) {
   SendWqe* w = oldest_awaiting(qp, true);
   if (!w || w->msn != ar.req_id) {
     qp->tx_mu.unlock();
-    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), true, IBV_WC_BAD_RESP_ERR,
-            IBV_WC_WR_FLUSH_ERR);
+    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), RxBlame::response);
     qp->tx_mu.lock();
     return RxAction::dead;
   }
@@ -344,8 +334,7 @@ void count_peer_message(Qp* qp, Conn& c) {
 RxAction on_imm(Qp* qp, Conn& c) {
   const auto& s = c.seg;
   if (!c.peer_sv || s.msn != c.recv_msn) {
-    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), true, IBV_WC_REM_OP_ERR,
-            IBV_WC_WR_FLUSH_ERR);
+    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), RxBlame::peer);
     return RxAction::dead;
   }
   const std::byte* body = &c.hdr[2 + wire::kDdpUntaggedHdrLen];
@@ -355,8 +344,7 @@ RxAction on_imm(Qp* qp, Conn& c) {
   const unsigned se = s.opcode == RdmapOpcode::imm_data_se ? (1u << 31) : 0;
   if (attached) {
     if (!c.imm_pending) {
-      rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), true, IBV_WC_REM_OP_ERR,
-              IBV_WC_WR_FLUSH_ERR);
+      rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), RxBlame::peer);
       return RxAction::dead;
     }
     c.imm_pending = false;
@@ -388,8 +376,7 @@ RxAction on_sv_ack(Qp* qp, Conn& c) {
     SV_WARN("qp %u: bad Placement Ack %u (had %u, sent %u)", qp->qpn(), n, c.peer_acked,
             c.units_tx);
     lk.unlock();  // rx_fail takes tx_mu to send its Terminate
-    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), true, IBV_WC_REM_OP_ERR,
-            IBV_WC_WR_FLUSH_ERR);
+    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), RxBlame::peer);
     return RxAction::dead;
   }
   c.peer_acked = n;
@@ -400,14 +387,13 @@ RxAction on_sv_ack(Qp* qp, Conn& c) {
 
 }  // namespace
 
-void rx_fail(Qp* qp, const Terminate& t, bool send_term, ibv_wc_status send_status,
-             ibv_wc_status recv_status) {
+void rx_fail(Qp* qp, const Terminate& t, RxBlame blame, ibv_wc_status recv_status) {
   Conn& c = qp->conn;
+  const bool remote_access = terminate_to_wc_status(t) == IBV_WC_REM_ACCESS_ERR;
   // A remote access error is the peer guessing (or misusing) our STags: it counts against
   // its address, and enough of them keep it from reconnecting for a while (peer_guard.h).
-  if (send_status == IBV_WC_REM_ACCESS_ERR && c.fd >= 0)
-    peer_guard::protection_error(transport::peer_addr(c.fd));
-  if (send_term) {
+  if (remote_access && c.fd >= 0) peer_guard::protection_error(transport::peer_addr(c.fd));
+  {
     std::lock_guard lk(qp->tx_mu);
     // What was placed before this is acked ahead of the Terminate (softverbs peers).
     if (c.send_acks) c.ack_to_send = c.units_rx;
@@ -417,22 +403,18 @@ void rx_fail(Qp* qp, const Terminate& t, bool send_term, ibv_wc_status send_stat
   // An access violation here (a peer's bad STag, bounds or rights; our own receive buffer
   // failing its check) is the IB spec's Local Access Violation Work Queue Error (11.6.2):
   // IBV_EVENT_QP_ACCESS_ERR, as siw raises; anything else is QP_FATAL.
-  const bool access = send_status == IBV_WC_REM_ACCESS_ERR || recv_status == IBV_WC_LOC_PROT_ERR;
-  // The requester side learns of the failure from our Terminate; locally, outstanding
-  // requests complete with the status the caller chose.
-  qp_set_error(qp,
-               send_status == IBV_WC_REM_OP_ERR || send_status == IBV_WC_REM_ACCESS_ERR ||
-                       send_status == IBV_WC_REM_INV_REQ_ERR
-                   ? IBV_WC_WR_FLUSH_ERR
-                   : send_status,
-               true, access ? IBV_EVENT_QP_ACCESS_ERR : IBV_EVENT_QP_FATAL, [&] {
-                 // The failed receive completes once the QP is in ERR, ahead of the flush: a
-                 // poller that sees its status and queries the QP finds ERR (siw moves the QP
-                 // before it reports the WQE).
-                 if (!c.have_recv) return;
-                 complete_recv(qp, c.cur_recv, recv_status, 0, IBV_WC_RECV, 0, 0, 0);
-                 c.have_recv = false;
-               });
+  const bool access = remote_access || recv_status == IBV_WC_LOC_PROT_ERR;
+  const ibv_wc_status ours = blame == RxBlame::response ? IBV_WC_BAD_RESP_ERR
+                             : blame == RxBlame::stream ? IBV_WC_RETRY_EXC_ERR
+                                                        : IBV_WC_WR_FLUSH_ERR;
+  qp_set_error(qp, ours, true, access ? IBV_EVENT_QP_ACCESS_ERR : IBV_EVENT_QP_FATAL, [&] {
+    // The failed receive completes once the QP is in ERR, ahead of the flush: a poller that
+    // sees its status and queries the QP finds ERR (siw moves the QP before it reports the
+    // WQE).
+    if (!c.have_recv) return;
+    complete_recv(qp, c.cur_recv, recv_status, 0, IBV_WC_RECV, 0, 0, 0);
+    c.have_recv = false;
+  });
 }
 
 RxAction rx_on_header(Qp* qp) {
@@ -468,18 +450,13 @@ RxAction rx_on_header(Qp* qp) {
         c.have_recv = false;
       }
       qp->rx_stalled = true;
-      ibv_wc_status st = terminate_to_wc_status(t);
-      // RFC 7306 names no Terminate code for a misaligned Atomic: softverbs' responder answers
-      // it with Remote Operation / Catastrophic (Stream), and an Atomic at the head of the SQ
-      // reports it as IB does, IBV_WC_REM_INV_REQ_ERR (rxe: RESPST_ERR_MISALIGNED_ATOMIC).
-      if (st == IBV_WC_REM_OP_ERR &&
-          t.ecode == static_cast<uint8_t>(wire::RdmapEcode::catastrophic_stream)) {
+      bool head_is_atomic;
+      {
         std::lock_guard lk(qp->tx_mu);
         const SendWqe* w = oldest_awaiting(qp, true);
-        if (w && qp->sq_count && w == &qp->sq[qp->sq_head & (qp->cap.max_send_wr - 1)])
-          st = IBV_WC_REM_INV_REQ_ERR;
+        head_is_atomic = w && qp->sq_count && w == &qp->sq[qp->sq_head & (qp->cap.max_send_wr - 1)];
       }
-      qp_set_error(qp, st, true);
+      qp_set_error(qp, terminate_to_wc_status(t, head_is_atomic), true);
       return RxAction::dead;
     }
   }
@@ -504,8 +481,8 @@ bool rx_on_segment_end(Qp* qp) {
         // RFC 5040 §7.2 "STag cannot be invalidated" (siw's Terminate too); the receive
         // completes with IBV_WC_REM_INV_REQ_ERR, as on rxe and siw (IB class J).
         SV_INFO("qp %u: Send with Invalidate of stag %#x refused", qp->qpn(), s.rsvd_ulp);
-        rx_fail(qp, rdmap_prot_term(wire::RdmapEcode::cannot_invalidate), true,
-                IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_INV_REQ_ERR);
+        rx_fail(qp, rdmap_prot_term(wire::RdmapEcode::cannot_invalidate), RxBlame::peer,
+                IBV_WC_REM_INV_REQ_ERR);
         return false;
       }
       c.have_recv = false;

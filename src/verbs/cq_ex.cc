@@ -37,14 +37,14 @@ void make_current(ibv_cq_ex* c) {
 int start_poll(ibv_cq_ex* c, ibv_poll_cq_attr* attr) {
   if (attr && attr->comp_mask) return EINVAL;
   Cq* cq = of(c);
-  cq->poll_mu.lock();
+  cq->lock_poll();
   if (cq->pop_current()) {
     cq_busy_poll_found(cq);
   } else {
     // As ibv_poll_cq: an empty CQ runs its QPs' receive path before saying so.
     drive_empty_cq(cq);
     if (!cq->pop_current()) {
-      cq->poll_mu.unlock();
+      cq->unlock_poll();
       return ENOENT;
     }
     cq_busy_poll_found(cq);  // the pass's completions end the empty streak (op_poll_cq)
@@ -60,7 +60,7 @@ int next_poll(ibv_cq_ex* c) {
 }
 
 void end_poll(ibv_cq_ex* c) {
-  of(c)->poll_mu.unlock();
+  of(c)->unlock_poll();
 }
 
 ibv_wc_opcode read_opcode(ibv_cq_ex* c) {

@@ -48,12 +48,7 @@ void drive_empty_cq(Cq* cq) {
   cq_busy_poll_empty(cq);
   // Empty: run the attached QPs' receive path here rather than waiting for the
   // progress thread to wake up (a cross-core wake-up costs ~30 us on this class of VM).
-  {
-    std::lock_guard lk(cq->qps_mu);
-    tl_polling = cq;
-    for (Qp* qp : cq->qps) qp_progress(qp);
-    tl_polling = nullptr;
-  }
+  cq->progress_qps();
 }
 }  // namespace sv::verbs
 
@@ -62,10 +57,7 @@ namespace {
 // Posts that doorbell batching held back leave when a poll comes up empty or the CQ is
 // armed, so a caller waiting for their completions never waits for the batch timer.
 void flush_deferred_tx(Cq* cq) {
-  if (!cq->tx_deferred.load(std::memory_order_acquire)) return;
-  cq->tx_deferred.store(false, std::memory_order_relaxed);
-  std::lock_guard lk(cq->qps_mu);
-  for (Qp* qp : cq->qps) qp_tx_flush(qp);
+  cq->flush_deferred_tx();
 }
 
 int op_poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
@@ -547,14 +539,7 @@ SV_EXPORT ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_context,
 SV_EXPORT int softverbs_cq_set_comp_handler(ibv_cq* ibcq, bool (*handler)(ibv_cq*, void*),
                                             void* arg) {
   if (!handle_ok(HKind::cq, ibcq) || !ibcq->channel) return EINVAL;
-  Cq* cq = Cq::from(ibcq);
-  {
-    std::lock_guard lk(cq->mu);
-    cq->comp_handler = handler;
-    cq->comp_arg = arg;
-  }
-  // A notification deferred under the old handler must not reach the new one's arg.
-  if (!handler) Progress::get().run_sync([cq] { Progress::get().forget_cq(cq); });
+  Cq::from(ibcq)->set_comp_handler(handler, arg);
   return 0;
 }
 
@@ -577,9 +562,7 @@ SV_EXPORT int softverbs_cq_quiet(ibv_cq* ibcq, int on) {
     // Those the caller has not polled already: a consumer that drained the CQ during its
     // quiet spell (RDS's busy poller does) then does not poll again, an empty poll that
     // would drive the receive path once more for nothing.
-    Cq* cq = Cq::from(ibcq);
-    std::lock_guard lk(cq->mu);
-    return std::min(tl_quiet_made, static_cast<int>(cq->count));
+    return std::min(tl_quiet_made, static_cast<int>(Cq::from(ibcq)->pending()));
   }
   if (tl_quiet) {  // one CQ at a time
     errno = EBUSY;
@@ -639,24 +622,8 @@ SV_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {
 
 SV_EXPORT int ibv_resize_cq(ibv_cq* ibcq, int cqe) {
   if (!handle_ok(HKind::cq, ibcq)) return EINVAL;
-  Cq* cq = Cq::from(ibcq);
   if (cqe < 1 || cqe > kMaxCqe) return EINVAL;
-  std::lock_guard lk(cq->mu);
-  if (static_cast<uint32_t>(cqe) < cq->count) return EINVAL;
-  std::vector<ibv_wc> ring(static_cast<size_t>(cqe) + 1);
-  for (uint32_t i = 0; i < cq->count; ++i) ring[i] = cq->ring[(cq->head + i) % cq->ring.size()];
-  cq->ring.swap(ring);
-  // Completion times move with their completions (extended CQs that asked for them).
-  for (auto* t : {&cq->ts, &cq->wall}) {
-    if (t->empty()) continue;
-    std::vector<uint64_t> moved(cq->ring.size());
-    for (uint32_t i = 0; i < cq->count; ++i) moved[i] = (*t)[(cq->head + i) % t->size()];
-    t->swap(moved);
-  }
-  cq->head = 0;
-  cq->cqe = cqe;
-  ibcq->cqe = cqe;
-  return 0;
+  return Cq::from(ibcq)->resize(cqe);
 }
 
 SV_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
@@ -787,51 +754,19 @@ SV_EXPORT int ibv_modify_srq(ibv_srq* srq, ibv_srq_attr* attr, int mask) {
   auto* s = reinterpret_cast<Srq*>(srq);
   if (!handle_ok(HKind::srq, srq) || !attr || (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)))
     return EINVAL;
-  std::lock_guard lk(s->mu);
-  if (mask & IBV_SRQ_MAX_WR) {
-    if (attr->max_wr == 0 || attr->max_wr > static_cast<uint32_t>(kMaxSrqWr) ||
-        attr->max_wr < s->count)
-      return EINVAL;
-    std::vector<RecvWqe> ring(attr->max_wr);
-    std::vector<ibv_sge> sge(static_cast<size_t>(attr->max_wr) * s->max_sge);
-    for (uint32_t i = 0; i < attr->max_wr; ++i) ring[i].sge = &sge[i * s->max_sge];
-    for (uint32_t i = 0; i < s->count; ++i) {
-      const RecvWqe& o = s->ring[(s->head + i) % s->max_wr];
-      RecvWqe& n = ring[i];
-      n.wr_id = o.wr_id;
-      n.num_sge = o.num_sge;
-      n.length = o.length;
-      std::copy(o.sge, o.sge + o.num_sge, n.sge);
-    }
-    s->ring.swap(ring);
-    s->sge.swap(sge);
-    s->head = 0;
-    s->max_wr = attr->max_wr;
-  }
-  if (mask & IBV_SRQ_LIMIT) {
-    if (attr->srq_limit > s->max_wr) return EINVAL;
-    s->limit = attr->srq_limit;
-  }
-  return 0;
+  return srq_modify(s, attr, mask);
 }
 
 SV_EXPORT int ibv_query_srq(ibv_srq* srq, ibv_srq_attr* attr) {
   if (!handle_ok(HKind::srq, srq) || !attr) return EINVAL;
-  auto* s = reinterpret_cast<Srq*>(srq);
-  std::lock_guard lk(s->mu);
-  attr->max_wr = s->max_wr;
-  attr->max_sge = s->max_sge;
-  attr->srq_limit = s->limit;
+  srq_query(reinterpret_cast<Srq*>(srq), attr);
   return 0;
 }
 
 SV_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
   if (!handle_ok(HKind::srq, srq)) return EINVAL;
   auto* s = reinterpret_cast<Srq*>(srq);
-  {
-    std::lock_guard lk(s->qps_mu);
-    if (!s->qps.empty()) return EBUSY;
-  }
+  if (srq_in_use(s)) return EBUSY;
   handle_remove(HKind::srq, srq);
   pthread_mutex_lock(&srq->mutex);
   const uint32_t reported = s->events_reported;

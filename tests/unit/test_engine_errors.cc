@@ -103,6 +103,17 @@ TEST(ErrorMapping, EveryDetectedErrorHasItsTerminateAndPeerStatus) {
   }
 }
 
+// A misaligned Atomic: RFC 7306 has no code for it, so the responder sends Remote Operation /
+// Catastrophic (Stream); the requester's Atomic at the head of its SQ reports IB's
+// IBV_WC_REM_INV_REQ_ERR (rxe), anything else the Terminate's own status.
+TEST(ErrorMapping, AMisalignedAtomicIsAnInvalidRequestOnlyForAnAtomic) {
+  const Terminate t = rdmap_op_term(RdmapEcode::catastrophic_stream);
+  EXPECT_EQ(terminate_to_wc_status(t, true), IBV_WC_REM_INV_REQ_ERR);
+  EXPECT_EQ(terminate_to_wc_status(t, false), IBV_WC_REM_OP_ERR);
+  EXPECT_EQ(terminate_to_wc_status(rdmap_op_term(RdmapEcode::unexpected_opcode), true),
+            IBV_WC_REM_OP_ERR);
+}
+
 // A Terminate with a layer or type nobody sends still maps to an error, never to success.
 TEST(ErrorMapping, UnknownTerminatesAreErrors) {
   for (int layer = 0; layer < 4; ++layer)
