@@ -88,7 +88,7 @@ void sock_update_poll(Sock* s) {
       !g_lazy_tokens.load(std::memory_order_relaxed) || s->exposed || s->sleepers > 0;
   if (readable && !s->token && kernel_asks) {
     const char b = 1;
-    count("poll_token_writes");
+    count(Ctr::poll_token_writes);
     if (raw_send(s->lib_fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1) s->token = true;
   } else if (!readable && s->token) {
     char b;
@@ -178,7 +178,7 @@ void free_mr(Sock* s, uint32_t rkey) {
   ibv_dereg_mr(it->second);
   s->mrs.erase(it);
   s->mr_flags.erase(rkey);
-  count("rdma_mr_free");
+  count(Ctr::rdma_mr_free);
 }
 
 // Drops this socket's messages to dest (all if dest is null): queued ones vanish, sent

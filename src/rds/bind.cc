@@ -91,7 +91,7 @@ int open_own_entry(const std::string& p) {
       close(rfd);
       if (live) return -EADDRINUSE;
     }
-    count("registry_foreign_entry");
+    count(Ctr::registry_foreign_entry);
     if (unlink(p.c_str()) != 0) return -EADDRINUSE;
   }
   return -EADDRINUSE;

@@ -32,7 +32,7 @@ void cong_send_map(Conn* c) {
   // Not sequenced and never retransmitted: a newer map supersedes it (net/rds send.c).
   c->send_q.push_front(m);
   c->map_queued = false;
-  count("cong_update_queued");
+  count(Ctr::cong_update_queued);
   conn_kick(c);
 }
 
@@ -55,7 +55,7 @@ void cong_rcvbuf_delta(Sock* s) {
 
 void cong_map_received(Conn* c, const std::byte* map, size_t len) {
   if (len != kCongMapBytes) return;
-  count("cong_update_received");
+  count(Ctr::cong_update_received);
   const uint64_t portmask = wire::rds_cong_update(c->fcong, map, len);
   for (auto& [fd, s] : g().socks) {
     if (s->cong_monitor && (s->cong_mask & portmask)) {

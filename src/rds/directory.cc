@@ -67,7 +67,7 @@ void finish(Lookup& l, uint16_t cm_port, uint64_t gen) {
   std::vector<Conn*> kick;
   for (Message* m : l.waiting) {
     if (!cm_port) {
-      count("send_drop_no_sock");
+      count(Ctr::send_drop_no_sock);
       release_message(m);
       continue;
     }
@@ -94,7 +94,7 @@ void retry_later(Lookup& l) {
   if (getrandom(&r, sizeof r, 0) != sizeof r) r = 7;
   l.retry_at = std::chrono::steady_clock::now() +
                std::chrono::milliseconds(r % static_cast<uint32_t>(l.backoff_ms) + 1);
-  count("dir_lookup_retry");
+  count(Ctr::dir_lookup_retry);
 }
 
 void start_lookup(Lookup& l) {
@@ -107,7 +107,7 @@ void start_lookup(Lookup& l) {
   D().by_id[l.id] = key_of(l.dest);
   sockaddr_in dir = l.dest;
   dir.sin_port = htons(kRdsCmPort);
-  count("dir_lookup");
+  count(Ctr::dir_lookup);
   if (rdma_resolve_addr(l.id, nullptr, reinterpret_cast<sockaddr*>(&dir), 2000)) retry_later(l);
 }
 
@@ -165,7 +165,7 @@ void serve(rdma_cm_event* ev) {
     d.sin_addr.s_addr = q.ip;
     d.sin_port = q.port;
     r.cm_port = registry_lookup(d, &r.gen);
-    count("dir_lookup_served");
+    count(Ctr::dir_lookup_served);
   }
   std::byte pd[wire::kRdsDirPrivLen];
   wire::rds_dir_priv_encode(r, pd);
@@ -250,7 +250,7 @@ void directory_tick() {
     D().dir_id = nullptr;
     return;
   }
-  count("dir_serving");
+  count(Ctr::dir_serving);
 }
 
 }  // namespace sv::rds

@@ -24,9 +24,11 @@
 #include <chrono>
 #include <cstring>
 #include <set>
+#include <string>
 #include <string_view>
 #include <thread>
 
+#include "engine/log.h"
 #include "rds/rds_impl.h"
 #include "util/fork_local.h"
 #include "util/settings.h"
@@ -65,7 +67,14 @@ uint64_t now_ms() {
 }
 
 void conn_down(Conn* c, const char* why);
-void rdma_chan_down(Conn* c);
+void rdma_chan_down(Conn* c, const char* why);
+
+// The address of a connection's end, for the log (RDS connections are between addresses).
+std::string addr_text(const sockaddr_in& a) {
+  char ip[INET_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
+  return ip;
+}
 
 // The engine thread recomputes its poll() timeout (a new timer, or an ack due sooner).
 void wake_engine() {
@@ -183,7 +192,7 @@ void start_connect(Conn* c) {
   c->state = ConnState::connecting;
   c->active = true;
   ++c->reconnects;
-  count("conn_connect_attempts");
+  count(Ctr::conn_connect_attempts);
   // From our address: the peer checks that the connection comes from where it claims.
   sockaddr_in src = c->local;
   src.sin_port = 0;
@@ -209,8 +218,8 @@ void idle_sweep() {
     if (!c->send_q.empty() || !c->retrans.empty() || !c->rdma_q.empty() || c->ack_needed ||
         c->rinflight || c->rx.in_msg)
       continue;
-    count("conn_idle_close");
-    if (c->rid) rdma_chan_down(c);
+    count(Ctr::conn_idle_close);
+    if (c->rid) rdma_chan_down(c, "idle");
     conn_down(c, "idle");
   }
 }
@@ -218,14 +227,15 @@ void idle_sweep() {
 void conn_up(Conn* c, const wire::RdsConnPriv& peer) {
   // The accept acks what the peer has of ours; more than we ever sent is a lie.
   if (!on_ack(c, peer.ack_seq)) {
-    count("recv_bad_ack");
+    count(Ctr::recv_bad_ack);
     conn_down(c, "bad ack");
     return;
   }
   c->state = ConnState::up;
   c->backoff_ms = 0;
   c->last_active = std::chrono::steady_clock::now();
-  count("conn_up");
+  count(Ctr::conn_up);
+  SV_INFO("rds: connection %s -> %s up", addr_text(c->local).c_str(), addr_text(c->peer).c_str());
   cong_send_map(c);  // every (re)connection carries our current map (threads.c)
   xmit(c);
 }
@@ -240,7 +250,7 @@ void handle_wc(const ibv_wc& wc);
 void comm_established(Conn* c) {
   wire::RdsConnPriv p;
   p.ack_seq = 0;  // as ESTABLISHED on this side: nothing acked, the request carried it
-  count("conn_up_by_receive");
+  count(Ctr::conn_up_by_receive);
   conn_up(c, p);
 }
 
@@ -276,14 +286,15 @@ void release_buffers(Conn* c) {
 }
 
 void conn_down(Conn* c, const char* why) {
-  (void)why;
   if (c->tearing_down || (c->state == ConnState::down && !c->id)) return;
+  SV_INFO("rds: connection %s -> %s down: %s", addr_text(c->local).c_str(),
+          addr_text(c->peer).c_str(), why);
   // Completions generated before the disconnect event (the error that caused it, with
   // the failing op's status) must be seen before the queues are reset.
   c->tearing_down = true;
   drain_cq_locked();
   c->tearing_down = false;
-  count("conn_reset");
+  count(Ctr::conn_reset);
   // A connect that never came up: the process we looked up may be gone.
   if (c->state == ConnState::connecting && c->active) {
     directory_forget(c->peer_gen);
@@ -317,15 +328,17 @@ bool cm_id_lost(rdma_cm_event_type e) {
   }
 }
 
-void rdma_chan_down(Conn* c) {
+void rdma_chan_down(Conn* c, const char* why) {
   if (c->rtearing_down || (c->rstate == ConnState::down && !c->rid)) return;
+  SV_INFO("rds: RDMA channel %s -> %s down: %s", addr_text(c->local).c_str(),
+          addr_text(c->peer).c_str(), why);
   c->rstate = ConnState::down;
   // Drain first: the failing op's own completion names the culprit, and the flushed ops
   // behind it must be seen before the QP is destroyed.
   c->rtearing_down = true;
   drain_cq_locked();
   c->rtearing_down = false;
-  count("rdma_chan_reset");
+  count(Ctr::rdma_chan_reset);
   if (c->rid) {
     rdma_cm_id* id = c->rid;
     c->rid = nullptr;
@@ -348,23 +361,23 @@ void rdma_chan_connect(Conn* c) {
   g().rid_conn[c->rid] = c;
   c->rstate = ConnState::connecting;
   ++c->rconnects;
-  count("rdma_chan_connect_attempts");
+  count(Ctr::rdma_chan_connect_attempts);
   sockaddr_in src = c->local;
   src.sin_port = 0;
   if (rdma_resolve_addr(c->rid, reinterpret_cast<sockaddr*>(&src),
                         reinterpret_cast<sockaddr*>(&c->peer), 2000))
-    rdma_chan_down(c);
+    rdma_chan_down(c, "resolve_addr");
 }
 
 void handle_rdma_cm(Conn* c, rdma_cm_event* ev) {
   rdma_cm_id* id = ev->id;
   switch (ev->event) {
     case RDMA_CM_EVENT_ADDR_RESOLVED:
-      if (rdma_resolve_route(id, 2000)) rdma_chan_down(c);
+      if (rdma_resolve_route(id, 2000)) rdma_chan_down(c, "resolve_route");
       break;
     case RDMA_CM_EVENT_ROUTE_RESOLVED: {
       if (setup_rdma_qp(id)) {
-        rdma_chan_down(c);
+        rdma_chan_down(c, "setup_qp");
         break;
       }
       const PrivBytes p = make_priv(c, kChanRdma);
@@ -375,14 +388,16 @@ void handle_rdma_cm(Conn* c, rdma_cm_event* ev) {
       cp.initiator_depth = kRdmaDepth;
       cp.retry_count = 7;
       cp.rnr_retry_count = 7;
-      if (rdma_connect(id, &cp)) rdma_chan_down(c);
+      if (rdma_connect(id, &cp)) rdma_chan_down(c, "connect");
       break;
     }
     case RDMA_CM_EVENT_ESTABLISHED: {
       c->rstate = ConnState::up;
       c->rplaced = g_qp_ib_completion && g_qp_ib_completion(id->qp) == 1;
       c->rbackoff_ms = 0;
-      count("rdma_chan_up");
+      count(Ctr::rdma_chan_up);
+      SV_INFO("rds: RDMA channel %s -> %s up", addr_text(c->local).c_str(),
+              addr_text(c->peer).c_str());
       // The accept says which of our fences the peer has: those ops are not redone.
       wire::RdsConnPriv p;
       if (wire::rds_conn_priv_decode(static_cast<const std::byte*>(ev->param.conn.private_data),
@@ -393,7 +408,7 @@ void handle_rdma_cm(Conn* c, rdma_cm_event* ev) {
       break;
     }
     default:
-      if (cm_id_lost(ev->event)) rdma_chan_down(c);
+      if (cm_id_lost(ev->event)) rdma_chan_down(c, rdma_event_str(ev->event));
       break;
   }
 }
@@ -449,7 +464,7 @@ void accept_rdma_chan(rdma_cm_id* id, Conn* pc) {
   }
   g().fence_chans[f->key] = f.get();
   g().passive_rids[id] = std::move(f);
-  count("rdma_chan_accepted");
+  count(Ctr::rdma_chan_accepted);
 }
 
 // A receive on a peer's RDMA channel: a fence, or a lie that costs the peer its channel.
@@ -462,11 +477,11 @@ void on_fence_wc(const ibv_wc& wc) {
   wire::RdsFence fe;
   if (slot >= static_cast<uint32_t>(kFenceRecvs) ||
       !wire::rds_fence_decode(f->buf[slot], wc.byte_len, fe) || !on_fence(f->c, fe)) {
-    count("recv_fence_bad");
+    count(Ctr::recv_fence_bad);
     rdma_disconnect(f->id);
     return;
   }
-  count("recv_fence");
+  count(Ctr::recv_fence);
   post_fence_recv(f, slot);
 }
 
@@ -509,7 +524,7 @@ void handle_cm(rdma_cm_event* ev) {
       if (!wire::rds_conn_priv_decode(static_cast<const std::byte*>(ev->param.conn.private_data),
                                       ev->param.conn.private_data_len, pv)) {
         rdma_reject(id, nullptr, 0);
-        count("conn_reject_bad_priv");
+        count(Ctr::conn_reject_bad_priv);
         break;
       }
       const wire::RdsConnPriv* p = &pv;
@@ -520,7 +535,7 @@ void handle_cm(rdma_cm_event* ev) {
       if (from->sin_family != AF_INET || to->sin_family != AF_INET ||
           from->sin_addr.s_addr != p->ip) {
         rdma_reject(id, nullptr, 0);
-        count("conn_reject_bad_addr");
+        count(Ctr::conn_reject_bad_addr);
         break;
       }
       sockaddr_in peer{};
@@ -542,14 +557,14 @@ void handle_cm(rdma_cm_event* ev) {
       // adopting it would drop our unacked messages as delivered.
       if (p->ack_seq >= pc->next_tx_seq) {
         rdma_reject(id, nullptr, 0);
-        count("recv_bad_ack");
+        count(Ctr::recv_bad_ack);
         break;
       }
       // Both ends connecting at once: the connection the process with the smaller
       // generation number initiated is kept, the other refused (by it) or replaced.
       if (theirs != mine && pc->state == ConnState::connecting && pc->active && mine < theirs) {
         rdma_reject(id, nullptr, 0);
-        count("conn_connect_raced");
+        count(Ctr::conn_connect_raced);
         break;
       }
       // A new connection from this peer replaces whatever we had (a rebooted or
@@ -593,7 +608,7 @@ void handle_cm(rdma_cm_event* ev) {
                        ev->param.conn.private_data_len, p)) {
           conn_up(c, p);
         } else {
-          count("conn_reject_bad_priv");
+          count(Ctr::conn_reject_bad_priv);
           conn_down(c, "bad accept");
         }
       }
@@ -617,7 +632,7 @@ void handle_wc(const ibv_wc& wc) {
   Conn* c = it->second;
   // A completion of a QP already destroyed: its op or buffer was dealt with then.
   if (wr_inc(wc.wr_id) != (kind == kRdma ? c->rinc : c->inc)) {
-    count("wc_stale");
+    count(Ctr::wc_stale);
     return;
   }
   c->last_active = std::chrono::steady_clock::now();
@@ -629,7 +644,7 @@ void handle_wc(const ibv_wc& wc) {
     if (c->state == ConnState::connecting && !c->active) comm_established(c);
     if (!on_frag(c, &c->rbuf[static_cast<size_t>(idx) * kBufSize], wc.byte_len)) {
       // A protocol error (net/rds drops the connection: "disconnecting and reconnecting").
-      count("recv_protocol_error");
+      count(Ctr::recv_protocol_error);
       conn_down(c, "protocol error");
       return;
     }
@@ -646,7 +661,7 @@ void handle_wc(const ibv_wc& wc) {
     return;
   }
   if (kind == kRdma) {
-    if (on_rdma_complete(c, wc.wr_id, wc.status)) rdma_chan_down(c);
+    if (on_rdma_complete(c, wc.wr_id, wc.status)) rdma_chan_down(c, ibv_wc_status_str(wc.status));
     return;
   }
   on_send_complete(c, wc.wr_id, wc.status);
@@ -678,7 +693,7 @@ bool on_cq_ready(ibv_cq* cq, void*) {
     G.cq_declined.fetch_add(1, std::memory_order_relaxed);  // counters need G.mu
     return false;
   }
-  count("cq_handler_runs");
+  count(Ctr::cq_handler_runs);
   drain_cq_locked();
   ibv_req_notify_cq(cq, 0);
   drain_cq_locked();  // what came between the drain and the arm raised no notification
@@ -731,7 +746,7 @@ void engine_loop() {
       void* ctx;
       if (ibv_get_cq_event(G.cq_ch, &cq, &ctx) == 0) {
         ibv_ack_cq_events(cq, 1);
-        count("engine_cq_events");
+        count(Ctr::engine_cq_events);
       }
       ibv_req_notify_cq(G.cq, 0);
     }
@@ -813,13 +828,8 @@ Global& g() {
   return g_stack.get();
 }
 
-void count(const char* name, uint64_t n) {
-  auto& m = g().counters;
-  const std::string_view k(name);
-  if (auto it = m.find(k); it != m.end())
-    it->second += n;
-  else
-    m.emplace(k, n);
+void count(Ctr c, uint64_t n) {
+  g().counters[static_cast<size_t>(c)] += n;
 }
 
 int transport_start() {
@@ -909,7 +919,7 @@ Conn* conn_get(uint64_t peer_gen, in_addr laddr, const sockaddr_in& faddr, uint1
   g().conn_by_id[id] = c;
   g().id_of[c] = id;
   G.conns[key] = c;
-  count("conn_created");
+  count(Ctr::conn_created);
   return c;
 }
 
@@ -951,7 +961,7 @@ void conn_send_ack(Conn* c) {
   c->ack_needed = c->ack_now = false;
   c->ack_due = {};
   c->unacked = 0;
-  count("ib_ack_sent");
+  count(Ctr::ib_ack_sent);
 }
 
 int post_data_send(Conn* c, ibv_send_wr* wr) {
@@ -1011,7 +1021,7 @@ void flush_acks_at_exit_locked() {
     if (last.empty() || std::chrono::steady_clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  count(last.empty() ? "exit_acks_sent" : "exit_acks_timed_out");
+  count(last.empty() ? Ctr::exit_acks_sent : Ctr::exit_acks_timed_out);
 }
 
 QuietPosts::QuietPosts() {
@@ -1050,7 +1060,7 @@ extern "C" __attribute__((visibility("default"))) int svrds_busy_poll() {
   if (sv::rds::g_cq_busy_poll) sv::rds::g_cq_busy_poll(G.cq, 1);
   const int n = sv::rds::drain_cq_locked();
   if (n) {
-    sv::rds::count("busy_poll_completions",
+    sv::rds::count(sv::rds::Ctr::busy_poll_completions,
                    static_cast<uint64_t>(n));  // taken on a caller's thread
     sv::rds::after_completions_locked();
   }

@@ -152,7 +152,7 @@ void remote_records(int optname, int each, std::vector<char>& out) {
     if (wire::info_blob_records(blob, optname, each, recs))
       out.insert(out.end(), recs.begin(), recs.end());
     else
-      count("info_snapshot_malformed");
+      count(Ctr::info_snapshot_malformed);
   }
   closedir(d);
 }
@@ -204,18 +204,14 @@ int local_records(int optname, std::vector<char>& out, int* each) {
   Global& G = g();
   switch (optname) {
     case RDS_INFO_COUNTERS: {
-      std::vector<rds_info_counter> v;
-      for (auto& [name, val] : G.counters) {
-        rds_info_counter r{};
-        std::strncpy(reinterpret_cast<char*>(r.name), name.c_str(), sizeof r.name - 1);
-        r.value = val;
-        v.push_back(r);
-      }
-      if (const uint64_t d = G.cq_declined.load(std::memory_order_relaxed)) {
-        rds_info_counter r{};
-        std::strncpy(reinterpret_cast<char*>(r.name), "cq_handler_declined", sizeof r.name - 1);
-        r.value = d;
-        v.push_back(r);
+      // Every counter, zeros included, as the kernel's rds_stat_names.
+      Counters now = G.counters;
+      now[static_cast<size_t>(Ctr::cq_handler_declined)] +=
+          G.cq_declined.load(std::memory_order_relaxed);
+      std::vector<rds_info_counter> v(kCtrCount);
+      for (size_t i = 0; i < kCtrCount; ++i) {
+        std::strncpy(reinterpret_cast<char*>(v[i].name), kCtrNames[i], sizeof v[i].name - 1);
+        v[i].value = now[i];
       }
       return as_bytes(v, out, each);
     }

@@ -107,7 +107,7 @@ bool post_op(Conn* c, Message* m) {
     c->rdma_owner[wid] = m;
     ++c->rinflight;
     op->posted = true;
-    count("send_rdma_verdict");
+    count(Ctr::send_rdma_verdict);
     return true;
   }
   ibv_send_wr wr{};
@@ -185,7 +185,7 @@ bool post_op(Conn* c, Message* m) {
     op->status = RDS_RDMA_OTHER_ERROR;
     notify(m, op, op->status);
     fail_rest(m);
-    count("send_rdma_refused");
+    count(Ctr::send_rdma_refused);
     if (op->fenced) {  // a repost: the peer may hold the message, and must hear the verdict
       op->verdict_due = true;
       return false;
@@ -198,10 +198,10 @@ bool post_op(Conn* c, Message* m) {
   if (fence && !op->fenced) {
     op->fenced = true;
     m->h.ext_fenced = true;  // from now on the message need not wait for the op
-    count("send_rdma_fenced");
+    count(Ctr::send_rdma_fenced);
   }
-  count(op->atomic ? "send_atomic" : "send_rdma");
-  if (!op->atomic) count("send_rdma_bytes", op->bytes);
+  count(op->atomic ? Ctr::send_atomic : Ctr::send_rdma);
+  if (!op->atomic) count(Ctr::send_rdma_bytes, op->bytes);
   return true;
 }
 
@@ -232,7 +232,7 @@ void op_unfinished(Conn* c, Message* m) {
     op->status = op->atomic ? RDS_RDMA_DROPPED : RDS_RDMA_OTHER_ERROR;
     notify(m, op, op->status);
     fail_rest(m);
-    count(op->atomic ? "send_rdma_dropped" : "send_rdma_gave_up");
+    count(op->atomic ? Ctr::send_rdma_dropped : Ctr::send_rdma_gave_up);
   }
 }
 
@@ -256,7 +256,7 @@ bool op_in_flight(Message* m) {
 bool park_unsettled(Conn* c, Message* m) {
   if (!m->op || !m->op->fenced || !chan_op(m)) return false;
   c->op_wait.push_back(m);
-  count("send_rdma_acked_unsettled");
+  count(Ctr::send_rdma_acked_unsettled);
   return true;
 }
 
@@ -277,7 +277,7 @@ void rdma_fence_acked(Conn* c, uint64_t seq) {
       if (op->notify) notify(m, op, op->status);
     }
     op->verdict_due = false;
-    count("send_rdma_fence_acked");
+    count(Ctr::send_rdma_fence_acked);
     it = c->rdma_q.erase(it);
     done.push_back(m);
   }
@@ -344,7 +344,7 @@ bool on_rdma_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
       op->guess = old;
       op->posted = false;
       c->rdma_q.push_front(m);
-      count("send_atomic_masked_retry");
+      count(Ctr::send_atomic_masked_retry);
       rdma_post_pending(c);
       return false;
     }
@@ -403,7 +403,7 @@ int map_region_locked(Sock* s, const rds_iovec& v, uint64_t flags, uint64_t* coo
   s->mrs[mr->rkey] = mr;
   s->mr_flags[mr->rkey] = flags;
   *cookie = mr->rkey | ((v.addr - base) << 32);
-  count("rdma_mr_alloc");
+  count(Ctr::rdma_mr_alloc);
   return 0;
 }
 

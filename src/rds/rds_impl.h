@@ -52,6 +52,7 @@
 #include <string>
 #include <vector>
 
+#include "rds/counters.h"
 #include "wire/rds_hdr.h"
 #include "wire/rds_rx.h"
 
@@ -354,8 +355,7 @@ struct Global {
   bool started = false;
   // Our congestion map: one bit per port, little-endian bit order (net/rds cong.c).
   std::vector<uint8_t> lcong = std::vector<uint8_t>(kCongMapBytes, 0);
-  // counters (rds-info -c); looked up by string_view, so counting allocates nothing
-  std::map<std::string, uint64_t, std::less<>> counters;
+  Counters counters{};  // rds-info -c (counters.h)
   // ib_transport.cc: connection ids (in wr ids), reconnect timers (connection, channel),
   // RDMA channels: ours (active, by id) and the peers' (passive: we only respond on them).
   std::map<uint32_t, Conn*> conn_by_id;
@@ -376,7 +376,6 @@ inline int fail(int e) {
   errno = e;
   return -1;
 }
-void count(const char* name, uint64_t n = 1);
 
 // A sendmsg's posts (held under the stack lock) made quiet with softverbs_cq_quiet: what
 // completes at once (a Send TCP took) raises no CQ event, which would wake the engine thread

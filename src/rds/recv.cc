@@ -29,7 +29,7 @@ void queue_pong(Conn* c, uint16_t to_port) {
   m->h.sport = 0;
   m->h.dport = to_port;
   conn_enqueue(c, m);
-  count("send_pong");
+  count(Ctr::send_pong);
 }
 
 // A message to its socket, in sequence order.
@@ -37,7 +37,7 @@ void deliver(Conn* c, const wire::RdsHeader& h, std::vector<std::byte>&& data, u
   const uint64_t start_ns = mono_ns();
   Sock* s = find_bound(c->local.sin_addr, h.dport);
   if (!s || s->closing) {
-    count("recv_drop_no_sock");
+    count(Ctr::recv_drop_no_sock);
     return;
   }
   if (h.ext_rdma_rkey) {
@@ -62,7 +62,7 @@ void deliver(Conn* c, const wire::RdsHeader& h, std::vector<std::byte>&& data, u
   s->rcv_bytes += in.data.size();
   s->rq.push_back(std::move(in));
   cong_rcvbuf_delta(s);
-  count("recv_delivered");
+  count(Ctr::recv_delivered);
   sock_update_poll(s);
   sock_wake(s);
 }
@@ -76,7 +76,7 @@ void release_held(Conn* c) {
     c->held.pop_front();
     c->held_bytes -= x.data.size();
     if (x.failed) {
-      count("recv_drop_rdma_failed");
+      count(Ctr::recv_drop_rdma_failed);
       continue;
     }
     deliver(c, x.h, std::move(x.data), x.hdr_ns);
@@ -94,7 +94,7 @@ bool arrive(Conn* c, const wire::RdsHeader& h, std::vector<std::byte>&& data, ui
   if (++c->unacked >= kAckEvery || (h.flags & wire::kRdsFlagAckRequired)) c->ack_now = true;
   if (h.dport == 0) {
     // Ping to port 0: the "kernel" answers from port 0 (net/rds recv.c, rds_send_pong).
-    count("recv_ping");
+    count(Ctr::recv_ping);
     if (h.sport != 0) queue_pong(c, h.sport);
     ping_claim(c->local.sin_addr);  // the holder is gone: answer here from now on
     return true;
@@ -102,7 +102,7 @@ bool arrive(Conn* c, const wire::RdsHeader& h, std::vector<std::byte>&& data, ui
   // Verdicts for messages before this one that never came (dropped unsent) are moot.
   c->fence_failed.erase(c->fence_failed.begin(), c->fence_failed.lower_bound(h.sequence));
   if (h.ext_fenced && h.sequence <= c->fence_seq && c->fence_failed.erase(h.sequence)) {
-    count("recv_drop_rdma_failed");  // its Write failed: both or neither (rds-rdma(7))
+    count(Ctr::recv_drop_rdma_failed);  // its Write failed: both or neither (rds-rdma(7))
     return true;
   }
   if (c->held.empty() && !(h.ext_fenced && h.sequence > c->fence_seq)) {
@@ -114,7 +114,7 @@ bool arrive(Conn* c, const wire::RdsHeader& h, std::vector<std::byte>&& data, ui
     c->held_bytes = 0;
     return false;
   }
-  count("recv_held_for_fence");
+  count(Ctr::recv_held_for_fence);
   c->held_bytes += data.size();
   c->held.push_back(Held{h, std::move(data), hdr_ns, false});
   return true;
@@ -159,19 +159,19 @@ bool on_frag(Conn* c, const std::byte* buf, uint32_t len) {
     case RdsFrag::short_frag:
       return false;
     case RdsFrag::bad_csum:
-      count("recv_drop_bad_csum");
+      count(Ctr::recv_drop_bad_csum);
       return false;
     case RdsFrag::bad_ack:
-      count("recv_bad_ack");
+      count(Ctr::recv_bad_ack);
       return false;
     case RdsFrag::bad_len:
-      count("recv_drop_bad_len");
+      count(Ctr::recv_drop_bad_len);
       return false;
     case RdsFrag::bad_seq:
-      count("recv_drop_bad_seq");
+      count(Ctr::recv_drop_bad_seq);
       return false;
     case RdsFrag::bad_frag:
-      count("recv_drop_bad_frag");  // out of order, more than the message has left, or empty
+      count(Ctr::recv_drop_bad_frag);  // out of order, more than the message has left, or empty
       return false;
     default:
       break;
@@ -187,7 +187,7 @@ bool on_frag(Conn* c, const std::byte* buf, uint32_t len) {
       if (starts) c->cur_hdr_ns = mono_ns();
       return true;
     case RdsFrag::duplicate:
-      count("recv_drop_old_seq");
+      count(Ctr::recv_drop_old_seq);
       c->ack_needed = c->ack_now = true;  // the peer is retransmitting: tell it at once
       c->rx.data = {};
       return true;
@@ -196,7 +196,7 @@ bool on_frag(Conn* c, const std::byte* buf, uint32_t len) {
   }
   if (starts) c->cur_hdr_ns = mono_ns();
   if (!arrive(c, c->rx.cur, std::move(c->rx.data), c->cur_hdr_ns)) {
-    count("recv_held_too_much");
+    count(Ctr::recv_held_too_much);
     return false;
   }
   c->rx.data = {};
@@ -357,7 +357,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
   if (!(flags & MSG_PEEK)) {
     s->rcv_bytes -= in.data.size();
     s->rq.pop_front();
-    count("recv_delivered_to_app");
+    count(Ctr::recv_delivered_to_app);
     cong_rcvbuf_delta(s);
   }
   sock_update_poll(s);

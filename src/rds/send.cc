@@ -65,7 +65,7 @@ void xmit(Conn* c) {
       if (const RdmaOp* op = pending_op(m); op && !op->fenced) return;
       if (ops_failed(m)) {
         c->send_q.pop_front();
-        count("send_rdma_failed");
+        count(Ctr::send_rdma_failed);
         if (!park_unsettled(c, m)) release_message(m);  // its verdict is still owed
         continue;
       }
@@ -125,7 +125,7 @@ void xmit(Conn* c) {
       continue;
     }
     c->retrans.push_back(m);
-    count("send_queued");
+    count(Ctr::send_queued);
   }
 }
 
@@ -134,7 +134,7 @@ bool on_ack(Conn* c, uint64_t ack) {
   while (!c->retrans.empty() && c->retrans.front()->h.sequence <= ack) {
     Message* m = c->retrans.front();
     c->retrans.pop_front();
-    count("send_drop_acked");
+    count(Ctr::send_drop_acked);
     if (park_unsettled(c, m)) continue;  // its fenced Write reports when settled
     ops_report(m, RDS_RDMA_SUCCESS);
     release_message(m);
@@ -342,7 +342,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   }
   if (!cm_port && !ask_directory) {
     // Nobody is bound there: Linux RDS sends it and the peer drops it silently.
-    count("send_drop_no_sock");
+    count(Ctr::send_drop_no_sock);
     ops_release(m.get());
     if (zcopy) queue_zcookie(s, *zcookie);  // its buffers are free at once
     return static_cast<ssize_t>(len);
@@ -354,18 +354,18 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
     if (nonblocking(s, flags)) {
       if (s->cong_monitor) s->cong_mask |= RDS_CONG_MONITOR_MASK(dport);
       s->seen_congestion = true;
-      count("cong_send_error");
+      count(Ctr::cong_send_error);
       undo_map();
       return fail(ENOBUFS);
     }
-    count("cong_send_blocked");
+    count(Ctr::cong_send_blocked);
     s->cv.wait(lk);
     if (s->closing) return fail(EBADF);
   }
   // 9. send buffer: accepted while snd_bytes < sndbuf (the last one may overshoot).
   while (s->snd_bytes >= s->sndbuf) {
     if (nonblocking(s, flags)) {
-      count("send_queue_full");
+      count(Ctr::send_queue_full);
       undo_map();
       return fail(EAGAIN);
     }
@@ -394,7 +394,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
       m->zsge.push_back({reinterpret_cast<uint64_t>(msg->msg_iov[i].iov_base),
                          static_cast<uint32_t>(msg->msg_iov[i].iov_len), mr->lkey});
     }
-    count("send_zcopy");
+    count(Ctr::send_zcopy);
   } else {
     m->payload.resize(len);
     size_t off = 0;
@@ -407,7 +407,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   s->snd_bytes += len;
   if (s->snd_bytes >= s->sndbuf / 2) m->h.flags |= sv::wire::kRdsFlagAckRequired;
   if (map) *reinterpret_cast<uint64_t*>(map->cookie_addr) = mapped_cookie;
-  count("send_queued_by_sock");
+  count(Ctr::send_queued_by_sock);
   sock_update_poll(s);
   if (!c) {
     directory_defer(m.release());  // sequenced when it joins the connection

@@ -72,6 +72,16 @@ else
   echo "FAIL rds-ping"
   cat "$TMP/ping.log"
 fi
+# RDS logs through SOFTVERBS_LOG: at info, the connection coming up.
+SOFTVERBS_LOG=info timeout 20 "$BIN/rds-ping" -c 1 -i 0.2 127.0.0.2 >"$TMP/pinglog.log" 2>&1
+if grep -q "^softverbs: info: rds: connection 127\.0\.0\.1 -> 127\.0\.0\.2 up$" "$TMP/pinglog.log"; then
+  pass=$((pass + 1))
+  echo "PASS RDS logs its connections at SOFTVERBS_LOG=info"
+else
+  fail=$((fail + 1))
+  echo "FAIL RDS connection log"
+  cat "$TMP/pinglog.log"
+fi
 # rds-ping where nothing answers (no RDS socket bound at 127.0.0.9): as iputils ping, a
 # summary that says so, and exit 1.
 timeout 20 "$BIN/rds-ping" -c 3 -i 0.2 127.0.0.9 >"$TMP/ping0.log" 2>&1
