@@ -31,9 +31,6 @@ namespace sv::rsock {
 
 namespace {
 
-constexpr int kMaxFds = 1 << 16;
-std::atomic<Rs*> g_table[kMaxFds];
-
 Rs* make_socket(int domain) {
   const int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (fd < 0) return nullptr;
@@ -46,15 +43,6 @@ Rs* make_socket(int domain) {
   s->fd = fd;
   s->domain = domain;
   return s;
-}
-
-void publish(Rs* s) {
-  g_table[s->fd].store(s, std::memory_order_release);
-}
-
-int fail(int e) {
-  errno = e;
-  return -1;
 }
 
 bool open_cm(Rs* s) {
@@ -175,7 +163,7 @@ void inherit(Rs* child, const Rs* l) {
 void free_socket(Rs* s) {
   destroy_ep(s);
   close_cm(s);
-  g_table[s->fd].store(nullptr, std::memory_order_release);
+  unpublish(s);
   close(s->fd);
   delete s;
 }
@@ -264,52 +252,6 @@ void connect_poll_locked(Rs* s) {
   rdma_cm_event* ev = nullptr;
   while (s->state == State::connecting && rdma_get_cm_event(s->cm_ch, &ev) == 0)
     connect_step(s, ev);
-}
-
-Rs* get(int fd) {
-  if (fd < 0 || fd >= kMaxFds) return nullptr;
-  return g_table[fd].load(std::memory_order_acquire);
-}
-
-void signal_waiters(Rs* s) {
-  const uint64_t one = 1;
-  ssize_t r = write(s->fd, &one, sizeof one);
-  (void)r;
-}
-
-void arm_locked(Rs* s) {
-  if (s->cq) ibv_req_notify_cq(s->cq, 0);
-}
-
-nfds_t enter_sleep_locked(Rs* s, pollfd out[kSleepFds]) {
-  nfds_t n = 0;
-  out[n++] = {s->fd, POLLIN, 0};
-  // While connecting, completions (a grant the peer sent at once) wait for the connect.
-  if (s->cc && s->state != State::connecting) out[n++] = {s->cc->fd, POLLIN, 0};
-  if (s->cm_ch) out[n++] = {s->cm_ch->fd, POLLIN, 0};
-  ++s->waiters;
-  return n;
-}
-
-void leave_sleep_locked(Rs* s) {
-  // The last sleeper out clears the wake-up, so none misses one (rdma-core's pollcnt).
-  if (--s->waiters == 0) {
-    uint64_t v;
-    ssize_t r = read(s->fd, &v, sizeof v);
-    (void)r;
-  }
-}
-
-int sleep_once(Rs* s, std::unique_lock<std::mutex>& lk, int timeout_ms) {
-  pollfd p[kSleepFds];
-  const nfds_t n = enter_sleep_locked(s, p);
-  lk.unlock();
-  const int r = poll(p, n, timeout_ms);
-  const int e = errno;
-  lk.lock();
-  leave_sleep_locked(s);
-  if (r < 0 && e == EINTR) return fail(EINTR);
-  return 0;
 }
 
 }  // namespace sv::rsock
@@ -472,6 +414,14 @@ SV_EXPORT int rgetpeername(int fd, sockaddr* addr, socklen_t* addrlen) {
     return fail(ENOTCONN);
   copy_addr(rdma_get_peer_addr(s->cm), addr, addrlen);
   return 0;
+}
+
+// rrecv (rsocket_data.cc) with the peer's address, which a stream socket's is.
+SV_EXPORT ssize_t rrecvfrom(int fd, void* buf, size_t len, int flags, sockaddr* src,
+                            socklen_t* addrlen) {
+  const ssize_t n = rrecv(fd, buf, len, flags);
+  if (n >= 0 && src && addrlen) rgetpeername(fd, src, addrlen);
+  return n;
 }
 
 SV_EXPORT int rgetsockname(int fd, sockaddr* addr, socklen_t* addrlen) {

@@ -607,13 +607,6 @@ SV_EXPORT ssize_t rrecv(int fd, void* buf, size_t len, int flags) {
   return recv_iov(fd, &v, 1, flags);
 }
 
-SV_EXPORT ssize_t rrecvfrom(int fd, void* buf, size_t len, int flags, sockaddr* src,
-                            socklen_t* addrlen) {
-  const ssize_t n = rrecv(fd, buf, len, flags);
-  if (n >= 0 && src && addrlen) rgetpeername(fd, src, addrlen);
-  return n;
-}
-
 SV_EXPORT ssize_t rrecvmsg(int fd, msghdr* msg, int flags) {
   if (!msg) return errno = EFAULT, -1;
   msg->msg_controllen = 0;

@@ -7,7 +7,9 @@
 //   rsocket.cc       descriptors, connection set-up (rconnect, rlisten, raccept), options,
 //                    shutdown and close;
 //   rsocket_data.cc  the data path: completions, credits and SGL grants, rsend/rrecv, iomaps;
-//   rpoll.cc         rpoll and rselect over rsockets and ordinary fds together.
+//   rpoll.cc         rpoll and rselect over rsockets and ordinary fds together;
+//   rsocket_table.cc the descriptor table and the wait helpers, which the others call down
+//                    into (no two files call each other).
 //
 // Progress is driven by the calling threads, as in rdma-core: every call polls the socket's CQ
 // under the socket's lock; a thread that must wait arms the CQ and sleeps in poll() on the
@@ -116,9 +118,14 @@ struct Rs {
   std::vector<PeerIomap> peer_iomaps;  // our target-iomap slots (iomap_size of them)
 };
 
-// Descriptor table (rsocket.cc). get() is lock-free: an application that closes a descriptor
-// while another of its threads uses it is racing itself, as with close(2).
+// ---- rsocket_table.cc: the descriptor table and the wait helpers ---------------------------
+// get() is lock-free: an application that closes a descriptor while another of its threads
+// uses it is racing itself, as with close(2).
+inline constexpr int kMaxFds = 1 << 16;  // descriptors beyond are refused (EMFILE)
 Rs* get(int fd);
+void publish(Rs* s);    // get(s->fd) finds it from now on
+void unpublish(Rs* s);  // ... no more
+int fail(int e);        // errno = e; -1
 
 // rsocket_data.cc
 bool create_ep(Rs* s);  // CQ, QP, buffers, receives posted (before connect/accept)
@@ -137,16 +144,18 @@ bool post_ctrl_locked(Rs* s, rs::Ctrl c);
 bool sends_idle_locked(const Rs* s);
 void fail_locked(Rs* s, int err);
 
-// rsocket.cc: sleep until `ready` holds (or nonblocking: -1/EAGAIN). Arms the CQ and polls
-// again before sleeping, so no completion is missed. 0, or -1 with errno.
+// Sleep until `ready` holds (or nonblocking: -1/EAGAIN). Arms the CQ and polls again before
+// sleeping, so no completion is missed. 0, or -1 with errno. Below, with its helpers
+// (rsocket_table.cc).
 template <typename Pred>
 int wait_locked(Rs* s, std::unique_lock<std::mutex>& lk, Pred ready, bool nonblock);
+// rsocket.cc: a connect's queued rdma_cm events, without blocking (rpoll).
 void connect_poll_locked(Rs* s);
 // A sleeper's fds for this socket (its eventfd, completion channel, rdma_cm channel), counted
 // in waiters; leave_sleep_locked uncounts it and clears the wake-up after the last one.
 inline constexpr int kSleepFds = 3;
 nfds_t enter_sleep_locked(Rs* s, pollfd out[kSleepFds]);
-void leave_sleep_locked(Rs* s);  // a connect's queued rdma_cm events, without blocking
+void leave_sleep_locked(Rs* s);
 int sleep_once(Rs* s, std::unique_lock<std::mutex>& lk, int timeout_ms);
 void arm_locked(Rs* s);
 void signal_waiters(Rs* s);

@@ -393,6 +393,20 @@ class QuietPosts {
 };
 
 // af_rds.cc
+// ---- sock.cc: the socket table and poll tokens -------------------------------------------
+// Which descriptors are RDS sockets, readable without the global lock: the LD_PRELOAD shim
+// asks on every socket call, including calls the library itself makes while holding g.mu.
+// 1: ours; kInherited: inherited across fork() (sock_fork_release).
+inline constexpr int kMaxFd = 1 << 16;
+inline constexpr uint8_t kInherited = 2;
+extern std::atomic<uint8_t> g_is_rds[kMaxFd];
+// Set once, by the LD_PRELOAD shim when its poll() is the process' (svrds_shim_attach).
+extern std::atomic<bool> g_lazy_tokens;
+// Our own I/O on the socketpair, straight to the kernel (under the shim, send/recv on app_fd
+// would be taken for RDS calls).
+ssize_t raw_send(int fd, const void* b, size_t n, int flags);
+ssize_t raw_recv(int fd, void* b, size_t n, int flags);
+int raw_close(int fd);
 Sock* sock_of(int fd);
 // errno for a descriptor sock_of does not know: EBADFD if it is an RDS socket inherited
 // across fork() (it belongs to the parent's stack and only close() works on it), else EBADF.
