@@ -170,10 +170,10 @@ void destroy_id(Conn* c) {
 
 // Randomised exponential backoff (net/rds threads.c rds_queue_reconnect).
 void schedule_reconnect(Conn* c, uint16_t chan = kChanData) {
-  int& backoff = chan == kChanData ? c->backoff_ms : c->rbackoff_ms;
-  const uint64_t attempts = chan == kChanData ? c->reconnects : c->rconnects;
+  int& backoff = chan == kChanData ? c->backoff_ms : c->chan_backoff_ms;
+  const uint64_t attempts = chan == kChanData ? c->reconnects : c->chan_connects;
   backoff = backoff ? std::min(backoff * 2, kMaxBackoffMs) : kMinBackoffMs;
-  (chan == kChanData ? c->reconnect_pending : c->rreconnect_pending) = true;
+  (chan == kChanData ? c->reconnect_pending : c->chan_reconnect_pending) = true;
   uint32_t r;
   if (getrandom(&r, sizeof r, 0) != sizeof r) r = 7;
   const int delay = attempts == 0 ? 0 : static_cast<int>(r % static_cast<uint32_t>(backoff)) + 1;
@@ -216,10 +216,10 @@ void idle_sweep() {
   for (auto& [k, c] : g().conns) {
     if (c->state != ConnState::up || now - c->last_active < std::chrono::milliseconds(ms)) continue;
     if (!c->send_q.empty() || !c->retrans.empty() || !c->rdma_q.empty() || c->ack_needed ||
-        c->rinflight || c->rx.in_msg)
+        c->chan_inflight || c->rx.in_msg)
       continue;
     count(Ctr::conn_idle_close);
-    if (c->rid) rdma_chan_down(c, "idle");
+    if (c->chan_id) rdma_chan_down(c, "idle");
     conn_down(c, "idle");
   }
 }
@@ -329,42 +329,42 @@ bool cm_id_lost(rdma_cm_event_type e) {
 }
 
 void rdma_chan_down(Conn* c, const char* why) {
-  if (c->rtearing_down || (c->rstate == ConnState::down && !c->rid)) return;
+  if (c->chan_tearing_down || (c->chan_state == ConnState::down && !c->chan_id)) return;
   SV_INFO("rds: RDMA channel %s -> %s down: %s", addr_text(c->local).c_str(),
           addr_text(c->peer).c_str(), why);
-  c->rstate = ConnState::down;
+  c->chan_state = ConnState::down;
   // Drain first: the failing op's own completion names the culprit, and the flushed ops
   // behind it must be seen before the QP is destroyed.
-  c->rtearing_down = true;
+  c->chan_tearing_down = true;
   drain_cq_locked();
-  c->rtearing_down = false;
+  c->chan_tearing_down = false;
   count(Ctr::rdma_chan_reset);
-  if (c->rid) {
-    rdma_cm_id* id = c->rid;
-    c->rid = nullptr;
-    g().rid_conn.erase(id);
+  if (c->chan_id) {
+    rdma_cm_id* id = c->chan_id;
+    c->chan_id = nullptr;
+    g().chan_conn.erase(id);
     if (id->qp) rdma_destroy_qp(id);
     rdma_destroy_id(id);
   }
-  ++c->rinc;
+  ++c->chan_inc;
   rdma_chan_reset_ops(c);
   if (!c->rdma_q.empty()) schedule_reconnect(c, kChanRdma);
 }
 
 void rdma_chan_connect(Conn* c) {
-  if (c->rstate != ConnState::down) return;
-  if (rdma_create_id(g().cm_ch, &c->rid, nullptr, RDMA_PS_TCP)) {
-    c->rid = nullptr;
+  if (c->chan_state != ConnState::down) return;
+  if (rdma_create_id(g().cm_ch, &c->chan_id, nullptr, RDMA_PS_TCP)) {
+    c->chan_id = nullptr;
     schedule_reconnect(c, kChanRdma);
     return;
   }
-  g().rid_conn[c->rid] = c;
-  c->rstate = ConnState::connecting;
-  ++c->rconnects;
+  g().chan_conn[c->chan_id] = c;
+  c->chan_state = ConnState::connecting;
+  ++c->chan_connects;
   count(Ctr::rdma_chan_connect_attempts);
   sockaddr_in src = c->local;
   src.sin_port = 0;
-  if (rdma_resolve_addr(c->rid, reinterpret_cast<sockaddr*>(&src),
+  if (rdma_resolve_addr(c->chan_id, reinterpret_cast<sockaddr*>(&src),
                         reinterpret_cast<sockaddr*>(&c->peer), 2000))
     rdma_chan_down(c, "resolve_addr");
 }
@@ -392,9 +392,9 @@ void handle_rdma_cm(Conn* c, rdma_cm_event* ev) {
       break;
     }
     case RDMA_CM_EVENT_ESTABLISHED: {
-      c->rstate = ConnState::up;
-      c->rplaced = g_qp_ib_completion && g_qp_ib_completion(id->qp) == 1;
-      c->rbackoff_ms = 0;
+      c->chan_state = ConnState::up;
+      c->chan_placed = g_qp_ib_completion && g_qp_ib_completion(id->qp) == 1;
+      c->chan_backoff_ms = 0;
       count(Ctr::rdma_chan_up);
       SV_INFO("rds: RDMA channel %s -> %s up", addr_text(c->local).c_str(),
               addr_text(c->peer).c_str());
@@ -488,7 +488,7 @@ void on_fence_wc(const ibv_wc& wc) {
 void handle_cm(rdma_cm_event* ev) {
   Global& G = g();
   if (directory_handles(ev)) return;
-  if (auto it = g().rid_conn.find(ev->id); it != g().rid_conn.end()) {
+  if (auto it = g().chan_conn.find(ev->id); it != g().chan_conn.end()) {
     handle_rdma_cm(it->second, ev);
     return;
   }
@@ -631,7 +631,7 @@ void handle_wc(const ibv_wc& wc) {
   if (it == g().conn_by_id.end()) return;
   Conn* c = it->second;
   // A completion of a QP already destroyed: its op or buffer was dealt with then.
-  if (wr_inc(wc.wr_id) != (kind == kRdma ? c->rinc : c->inc)) {
+  if (wr_inc(wc.wr_id) != (kind == kRdma ? c->chan_inc : c->inc)) {
     count(Ctr::wc_stale);
     return;
   }
@@ -767,7 +767,7 @@ void engine_loop() {
     while (!g().timers.empty() && g().timers.begin()->first <= now) {
       auto [c, chan] = g().timers.begin()->second;
       g().timers.erase(g().timers.begin());
-      (chan == kChanData ? c->reconnect_pending : c->rreconnect_pending) = false;
+      (chan == kChanData ? c->reconnect_pending : c->chan_reconnect_pending) = false;
       if (chan == kChanRdma) {
         if (!c->rdma_q.empty()) rdma_chan_connect(c);
       } else if (c->state == ConnState::down && !c->send_q.empty()) {
@@ -895,7 +895,7 @@ int transport_start() {
     // leave (tcp_close). rdma_disconnect closes it after what it holds (engine/linger.h).
     for (auto& [k, c] : g().conns) {
       if (c->state == ConnState::up && c->id) rdma_disconnect(c->id);
-      if (c->rstate == ConnState::up && c->rid) rdma_disconnect(c->rid);
+      if (c->chan_state == ConnState::up && c->chan_id) rdma_disconnect(c->chan_id);
     }
   });
   std::thread(engine_loop).detach();
@@ -927,7 +927,8 @@ Conn* conn_get(uint64_t peer_gen, in_addr laddr, const sockaddr_in& faddr, uint1
 // peer_guard after our ops' protection errors) a connect per message (net/rds
 // RDS_RECONNECT_PENDING).
 void rdma_chan_kick(Conn* c) {
-  if (c->rstate == ConnState::down && !c->rid && !c->rreconnect_pending) rdma_chan_connect(c);
+  if (c->chan_state == ConnState::down && !c->chan_id && !c->chan_reconnect_pending)
+    rdma_chan_connect(c);
 }
 
 void conn_kick(Conn* c) {

@@ -95,17 +95,17 @@ bool post_fence(Conn* c, uint64_t wid, uint64_t seq, bool ok) {
   wr.sg_list = &sge;
   wr.num_sge = 1;
   ibv_send_wr* bad;
-  return ibv_post_send(c->rid->qp, &wr, &bad) == 0;
+  return ibv_post_send(c->chan_id->qp, &wr, &bad) == 0;
 }
 
 bool post_op(Conn* c, Message* m) {
   RdmaOp* op = chan_op(m);
-  const uint64_t wid = make_wr_id(conn_id_of(c), c->rinc, kRdma, c->next_rdma_wr++);
+  const uint64_t wid = make_wr_id(conn_id_of(c), c->chan_inc, kRdma, c->next_rdma_wr++);
   if (op->verdict_due) {
     // The peer holds this message for its fence: tell it the Write failed.
     if (!post_fence(c, wid, m->h.sequence, false)) return false;
     c->rdma_owner[wid] = m;
-    ++c->rinflight;
+    ++c->chan_inflight;
     op->posted = true;
     count(Ctr::send_rdma_verdict);
     return true;
@@ -145,8 +145,8 @@ bool post_op(Conn* c, Message* m) {
   ibv_sge fsge{reinterpret_cast<uint64_t>(fb), static_cast<uint32_t>(sizeof fb), 0};
   // Fenced: a Write alone in its message, to a peer that completes Writes once placed (IB's
   // rule, Conn::rplaced), so that the fence's own completion means the peer has it.
-  const bool fence =
-      op->fenced || (op->write && !op->atomic && !m->atomic_op && c->rplaced && fences_enabled());
+  const bool fence = op->fenced || (op->write && !op->atomic && !m->atomic_op && c->chan_placed &&
+                                    fences_enabled());
   if (fence) {
     // Write (unsignaled: an error completes it anyway), then the fence, whose completion
     // settles the op. A Send is delivered only after the Writes before it were placed
@@ -160,7 +160,7 @@ bool post_op(Conn* c, Message* m) {
     confirm.sg_list = &fsge;
     confirm.num_sge = 1;
     wr.next = &confirm;
-  } else if (op->write && !op->atomic && !c->rplaced) {
+  } else if (op->write && !op->atomic && !c->chan_placed) {
     // Over iWARP a Write completes once TCP has it, and a bad cookie only comes back
     // as a Terminate. A zero-length Read behind it completes only after the peer placed
     // the Write (RFC 5040 §5.4: Read Responses are not passed by earlier Writes), or fails
@@ -178,7 +178,7 @@ bool post_op(Conn* c, Message* m) {
     wr.next = &confirm;
   }
   ibv_send_wr* bad;
-  if (const int e = ibv_post_send(c->rid->qp, &wr, &bad)) {
+  if (const int e = ibv_post_send(c->chan_id->qp, &wr, &bad)) {
     if (e == ENOMEM) return false;  // send queue full: try again after completions
     // The device refuses the op itself (e.g. a misaligned atomic target, which a NIC would
     // fail at completion): it fails alone, OTHER_ERROR, rather than block the queue.
@@ -193,7 +193,7 @@ bool post_op(Conn* c, Message* m) {
     return true;
   }
   c->rdma_owner[wid] = m;
-  ++c->rinflight;
+  ++c->chan_inflight;
   op->posted = true;
   if (fence && !op->fenced) {
     op->fenced = true;
@@ -227,7 +227,7 @@ void op_unfinished(Conn* c, Message* m) {
   op->posted = false;
   // A fenced op stays unsettled: it, or its verdict, goes again on the next channel. Never
   // given up: fenced ops run only between softverbs peers, which name an op's own failure.
-  if (c->rculprit || op->fenced) return;
+  if (c->chan_culprit || op->fenced) return;
   if (op->atomic || ++op->losses >= kMaxOpLosses) {
     op->status = op->atomic ? RDS_RDMA_DROPPED : RDS_RDMA_OTHER_ERROR;
     notify(m, op, op->status);
@@ -307,12 +307,12 @@ void ops_release(Message* m) {
 
 void rdma_post_pending(Conn* c) {
   if (c->rdma_q.empty()) return;
-  if (c->rstate != ConnState::up || !c->rid || !c->rid->qp) {
+  if (c->chan_state != ConnState::up || !c->chan_id || !c->chan_id->qp) {
     rdma_chan_kick(c);
     return;
   }
   bool refused = false;
-  while (!c->rdma_q.empty() && c->rinflight < kRdmaDepth) {
+  while (!c->rdma_q.empty() && c->chan_inflight < kRdmaDepth) {
     Message* m = c->rdma_q.front();
     if (!post_op(c, m)) break;
     c->rdma_q.pop_front();
@@ -326,7 +326,7 @@ bool on_rdma_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
   if (it == c->rdma_owner.end()) return st != IBV_WC_SUCCESS;  // e.g. a Write's confirm
   Message* m = it->second;
   c->rdma_owner.erase(it);
-  --c->rinflight;
+  --c->chan_inflight;
   RdmaOp* op = chan_op(m);
   if (!op) return st != IBV_WC_SUCCESS;
   if (op->verdict_due) {  // a failure verdict's fence
@@ -351,7 +351,7 @@ bool on_rdma_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
   }
   if (st == IBV_WC_SUCCESS || op_own_error(st)) {
     op->status = rdma_status(st);
-    if (op_own_error(st)) c->rculprit = true;
+    if (op_own_error(st)) c->chan_culprit = true;
     // Notify at completion, as net/rds ib_send.c does for NOTIFY_ME; failures too.
     if (op->status != RDS_RDMA_SUCCESS || op->notify) notify(m, op, op->status);
     op->posted = false;
@@ -375,8 +375,8 @@ void rdma_chan_reset_ops(Conn* c) {
   // Ops posted on the old QP whose completions never came are unfinished too.
   for (auto& [wid, m] : c->rdma_owner) op_unfinished(c, m);
   c->rdma_owner.clear();
-  c->rinflight = 0;
-  c->rculprit = false;
+  c->chan_inflight = 0;
+  c->chan_culprit = false;
   // Repost in sequence order (the peer's fences must arrive in it): rebuild the queue from
   // the messages still needing the channel. Fenced ones may have been sent, even acked.
   c->rdma_q.clear();

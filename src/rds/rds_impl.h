@@ -249,8 +249,8 @@ struct Conn {
   uint64_t peer_gen = 0;
   ConnState state = ConnState::down;
   rdma_cm_id* id = nullptr;
-  uint8_t inc = 0;   // data QP incarnation (in its wr ids)
-  uint8_t rinc = 0;  // RDMA channel QP incarnation
+  uint8_t inc = 0;       // data QP incarnation (in its wr ids)
+  uint8_t chan_inc = 0;  // RDMA channel QP incarnation
   bool active = false;
   uint64_t next_tx_seq = 1;
   int unacked = 0;
@@ -278,17 +278,17 @@ struct Conn {
   // send_q until its op has completed, so it is only sent once the op is done, and never if
   // it failed; one with a Write alone is fenced (rdma.cc): it goes once the Write is posted,
   // and the receiver holds it until the fence behind the Write, or drops it on a verdict.
-  rdma_cm_id* rid = nullptr;
-  ConnState rstate = ConnState::down;
-  int rbackoff_ms = 0;
-  bool rreconnect_pending = false;  // a reconnect timer is set (schedule_reconnect)
-  uint64_t rconnects = 0;
-  bool rculprit = false;  // this QP failed on an op's own error: the ops behind it never ran
+  rdma_cm_id* chan_id = nullptr;
+  ConnState chan_state = ConnState::down;
+  int chan_backoff_ms = 0;
+  bool chan_reconnect_pending = false;  // a reconnect timer is set (schedule_reconnect)
+  uint64_t chan_connects = 0;
+  bool chan_culprit = false;  // this QP failed on an op's own error: the ops behind it never ran
   // Its Writes complete once the peer placed them (softverbs peers: IB's completion rule),
   // so a Write's own completion is the op's status and no confirming Read follows it.
-  bool rplaced = false;
-  bool rtearing_down = false;
-  int rinflight = 0;
+  bool chan_placed = false;
+  bool chan_tearing_down = false;
+  int chan_inflight = 0;
   std::deque<Message*> rdma_q;              // messages whose op is still to be posted
   std::map<uint64_t, Message*> rdma_owner;  // wr_id -> message (RDMA channel)
   uint32_t next_rdma_wr = 0;
@@ -362,7 +362,7 @@ struct Global {
   std::map<Conn*, uint32_t> id_of;
   uint32_t next_conn_id = 1;
   std::multimap<std::chrono::steady_clock::time_point, std::pair<Conn*, uint16_t>> timers;
-  std::map<rdma_cm_id*, Conn*> rid_conn;
+  std::map<rdma_cm_id*, Conn*> chan_conn;
   std::map<rdma_cm_id*, std::unique_ptr<FenceChan>> passive_rids;
   std::map<uint32_t, FenceChan*> fence_chans;  // by key (its receives' wr ids)
   uint32_t next_fence_key = 1;
