@@ -20,8 +20,13 @@ using engine::Mw;
 using engine::Pd;
 
 ibv_mw* alloc_mw(ibv_pd* pd, ibv_mw_type type) {
-  // uverbs: a type other than 1 or 2 is EINVAL.
-  if (!handle_ok(HKind::pd, pd) || (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2)) {
+  // uverbs: the PD looked up (ENOENT if its handle names nothing), then a type other than
+  // 1 or 2 is EINVAL.
+  if (const int e = handle_check(HKind::pd, pd)) {
+    errno = e;
+    return nullptr;
+  }
+  if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) {
     errno = EINVAL;
     return nullptr;
   }
@@ -45,14 +50,13 @@ ibv_mw* alloc_mw(ibv_pd* pd, ibv_mw_type type) {
     errno = ENOMEM;
     return nullptr;
   }
-  mw->mw.handle = mw->mw.rkey;
   ++mw->pd->users;
   handle_add(HKind::mw, &mw->mw, pd->context);
   return &mw->mw;
 }
 
 int dealloc_mw(ibv_mw* ibmw) {
-  if (!handle_remove(HKind::mw, ibmw)) return errno = EINVAL;
+  if (const int e = handle_take(HKind::mw, ibmw)) return errno = e;
   auto* mw = reinterpret_cast<Mw*>(ibmw);
   KeyTable::get().remove(mw);  // a bound window is unbound: its rkey stops working now
   --mw->pd->users;

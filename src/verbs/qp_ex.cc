@@ -223,8 +223,12 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr) {
     errno = EOPNOTSUPP;  // XRC domains, create flags, TSO, RSS: not offered
     return nullptr;
   }
-  if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd || attr->pd->context != ctx) {
+  if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd) {
     errno = EINVAL;
+    return nullptr;
+  }
+  if (const int e = handle_check(HKind::pd, attr->pd, ctx)) {
+    errno = e;
     return nullptr;
   }
   const bool ex = attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;

@@ -30,8 +30,10 @@
 
 using namespace sv::engine;
 using sv::verbs::handle_add;
+using sv::verbs::handle_check;
 using sv::verbs::handle_ok;
 using sv::verbs::handle_remove;
+using sv::verbs::handle_take;
 using sv::verbs::HKind;
 
 namespace {
@@ -314,18 +316,16 @@ SV_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
     errno = ENOMEM;
     return nullptr;
   }
-  static std::atomic<uint32_t> handles{1};
   pd->pd.context = ctx;
-  pd->pd.handle = handles++;
   handle_add(HKind::pd, &pd->pd, ctx);
   return &pd->pd;
 }
 
 SV_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
-  if (!handle_ok(HKind::pd, pd)) return errno = EINVAL;
+  if (const int e = handle_check(HKind::pd, pd)) return errno = e;
   auto* p = reinterpret_cast<Pd*>(pd);
   if (p->users.load()) return errno = EBUSY;  // as the kernel (errno too, as the write() sets it)
-  handle_remove(HKind::pd, pd);
+  if (const int e = handle_take(HKind::pd, pd)) return errno = e;
   delete p;
   limit_give(Limit::pd);
   return 0;
@@ -350,7 +350,11 @@ int check_mr_access(int access) {
 
 SV_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
                                    unsigned int access) {
-  if (!handle_ok(HKind::pd, pd) || (!addr && length) || length == 0) {
+  if (const int e = handle_check(HKind::pd, pd)) {
+    errno = e;
+    return nullptr;
+  }
+  if ((!addr && length) || length == 0) {
     errno = EINVAL;
     return nullptr;
   }
@@ -381,7 +385,6 @@ SV_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64
     errno = ENOMEM;
     return nullptr;
   }
-  mr->mr.handle = mr->mr.lkey;
   ++mr->pd->users;
   handle_add(HKind::mr, &mr->mr, pd->context);
   return &mr->mr;
@@ -400,7 +403,7 @@ SV_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_
 }
 
 SV_EXPORT int ibv_dereg_mr(ibv_mr* ibmr) {
-  if (!handle_ok(HKind::mr, ibmr)) return EINVAL;
+  if (const int e = handle_check(HKind::mr, ibmr)) return e;
   auto* mr = reinterpret_cast<Mr*>(ibmr);
   // Windows still bound to the region keep it (IBA 10.6.7.2.6; rxe answers EINVAL).
   if (!KeyTable::get().remove(mr)) return errno = EINVAL;
@@ -425,15 +428,17 @@ SV_EXPORT int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size
     errno = e;
     return IBV_REREG_MR_ERR_CMD;
   };
-  if (!handle_ok(HKind::mr, ibmr) || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED)) return input_error();
+  if (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED) return input_error();
   if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!addr || !length)) return input_error();
   if (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS)) return input_error();
-  auto* mr = reinterpret_cast<Mr*>(ibmr);
   if (!flags) return cmd_error(EINVAL);  // uverbs: nothing to change is EINVAL
+  // Then the kernel looks the region up (ib_uverbs_rereg_mr: uobj_get_write).
+  if (const int e = handle_check(HKind::mr, ibmr)) return cmd_error(e);
+  auto* mr = reinterpret_cast<Mr*>(ibmr);
   if ((flags & IBV_REREG_MR_CHANGE_ACCESS))
     if (int e = check_mr_access(access)) return cmd_error(e);
-  if ((flags & IBV_REREG_MR_CHANGE_PD) && !handle_ok(HKind::pd, pd, ibmr->context))
-    return cmd_error(EINVAL);
+  if (flags & IBV_REREG_MR_CHANGE_PD)
+    if (const int e = handle_check(HKind::pd, pd, ibmr->context)) return cmd_error(e);
   Pd* new_pd = (flags & IBV_REREG_MR_CHANGE_PD) ? reinterpret_cast<Pd*>(pd) : mr->pd;
   const int new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? access & kMrAllowed : mr->access;
   auto& kt = KeyTable::get();
@@ -456,7 +461,6 @@ SV_EXPORT int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size
   mr->mr.length = length;
   mr->iova = reinterpret_cast<uintptr_t>(addr);
   if (!kt.add(mr)) return cmd_error(ENOMEM);
-  mr->mr.handle = mr->mr.lkey;
   return 0;
 }
 
@@ -520,7 +524,6 @@ Cq* cq_new(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channe
   c->channel = channel;
   c->cq_context = cq_context;
   c->cqe = cqe;
-  c->handle = 0;
   pthread_mutex_init(&c->mutex, nullptr);
   pthread_cond_init(&c->cond, nullptr);
   if (channel) ++channel->refcnt;
@@ -605,10 +608,10 @@ SV_EXPORT int softverbs_qp_ib_completion(ibv_qp* ibqp) {
 }
 
 SV_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {
-  if (!handle_ok(HKind::cq, ibcq)) return EINVAL;
+  if (const int e = handle_check(HKind::cq, ibcq)) return e;
   Cq* cq = Cq::from(ibcq);
   if (cq->nqps.load()) return EBUSY;
-  handle_remove(HKind::cq, ibcq);
+  if (const int e = handle_take(HKind::cq, ibcq)) return e;
   // A notification the progress thread deferred must not outlive the CQ.
   if (cq->comp_handler) Progress::get().run_sync([cq] { Progress::get().forget_cq(cq); });
   if (ibcq->channel) --ibcq->channel->refcnt;
@@ -621,7 +624,7 @@ SV_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {
 }
 
 SV_EXPORT int ibv_resize_cq(ibv_cq* ibcq, int cqe) {
-  if (!handle_ok(HKind::cq, ibcq)) return EINVAL;
+  if (const int e = handle_check(HKind::cq, ibcq)) return e;
   if (cqe < 1 || cqe > kMaxCqe) return EINVAL;
   return Cq::from(ibcq)->resize(cqe);
 }
@@ -645,12 +648,15 @@ SV_EXPORT void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
 
 namespace sv::verbs {
 ibv_qp* qp_new(ibv_pd* pd, ibv_qp_init_attr* init) {
-  // The PD, both CQs and the SRQ must be live objects of one context.
-  if (!handle_ok(HKind::pd, pd) || !init ||
-      (init->send_cq && !handle_ok(HKind::cq, init->send_cq, pd->context)) ||
-      (init->recv_cq && !handle_ok(HKind::cq, init->recv_cq, pd->context)) ||
-      (init->srq && !handle_ok(HKind::srq, init->srq, pd->context))) {
-    errno = EINVAL;
+  // The PD, both CQs and the SRQ must be live objects of one context (the kernel looks up
+  // each handle: QP_CREATE's attributes).
+  int e = handle_check(HKind::pd, pd);
+  if (!e && !init) e = EINVAL;
+  if (!e && init->send_cq) e = handle_check(HKind::cq, init->send_cq, pd->context);
+  if (!e && init->recv_cq) e = handle_check(HKind::cq, init->recv_cq, pd->context);
+  if (!e && init->srq) e = handle_check(HKind::srq, init->srq, pd->context);
+  if (e) {
+    errno = e;
     return nullptr;
   }
   if (!limit_take(Limit::qp)) {
@@ -676,26 +682,23 @@ SV_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
 }
 
 SV_EXPORT int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init) {
-  if (!handle_ok(HKind::qp, qp) || !attr) return EINVAL;
+  if (const int e = handle_check(HKind::qp, qp)) return e;
+  if (!attr) return EINVAL;
   return qp_query(Qp::from(qp), attr, mask, init);
 }
 
 SV_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
-  if (!handle_ok(HKind::qp, qp)) return EINVAL;
+  if (const int e = handle_check(HKind::qp, qp)) return e;
   return qp_modify(Qp::from(qp), attr, mask);
 }
 
 SV_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
-  if (!handle_remove(HKind::qp, qp)) return EINVAL;
+  if (const int e = handle_take(HKind::qp, qp)) return e;
   Pd* pd = Qp::from(qp)->pd;
-  const int r = qp_destroy(Qp::from(qp));
-  if (r == 0) {
-    --pd->users;
-    limit_give(Limit::qp);
-  } else {
-    handle_add(HKind::qp, qp, qp->context);  // still alive
-  }
-  return r;
+  qp_destroy(Qp::from(qp));  // cannot fail once the handle is taken
+  --pd->users;
+  limit_give(Limit::qp);
+  return 0;
 }
 
 SV_EXPORT ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp* qp) {
@@ -714,8 +717,11 @@ SV_EXPORT int ibv_query_qp_data_in_order(ibv_qp*, enum ibv_wr_opcode, uint32_t) 
 // ---- SRQs -----------------------------------------------------------------------------
 
 SV_EXPORT ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
-  if (!handle_ok(HKind::pd, pd) || !init || init->attr.max_wr == 0 ||
-      init->attr.max_wr > static_cast<uint32_t>(kMaxSrqWr) ||
+  if (const int e = handle_check(HKind::pd, pd)) {
+    errno = e;
+    return nullptr;
+  }
+  if (!init || init->attr.max_wr == 0 || init->attr.max_wr > static_cast<uint32_t>(kMaxSrqWr) ||
       init->attr.max_sge > static_cast<uint32_t>(kMaxSge) ||
       init->attr.srq_limit > init->attr.max_wr) {
     errno = EINVAL;
@@ -752,22 +758,23 @@ SV_EXPORT ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
 
 SV_EXPORT int ibv_modify_srq(ibv_srq* srq, ibv_srq_attr* attr, int mask) {
   auto* s = reinterpret_cast<Srq*>(srq);
-  if (!handle_ok(HKind::srq, srq) || !attr || (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)))
-    return EINVAL;
+  if (const int e = handle_check(HKind::srq, srq)) return e;
+  if (!attr || (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT))) return EINVAL;
   return srq_modify(s, attr, mask);
 }
 
 SV_EXPORT int ibv_query_srq(ibv_srq* srq, ibv_srq_attr* attr) {
-  if (!handle_ok(HKind::srq, srq) || !attr) return EINVAL;
+  if (const int e = handle_check(HKind::srq, srq)) return e;
+  if (!attr) return EINVAL;
   srq_query(reinterpret_cast<Srq*>(srq), attr);
   return 0;
 }
 
 SV_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
-  if (!handle_ok(HKind::srq, srq)) return EINVAL;
+  if (const int e = handle_check(HKind::srq, srq)) return e;
   auto* s = reinterpret_cast<Srq*>(srq);
   if (srq_in_use(s)) return EBUSY;
-  handle_remove(HKind::srq, srq);
+  if (const int e = handle_take(HKind::srq, srq)) return e;
   pthread_mutex_lock(&srq->mutex);
   const uint32_t reported = s->events_reported;
   pthread_mutex_unlock(&srq->mutex);
@@ -783,7 +790,11 @@ SV_EXPORT int ibv_destroy_srq(ibv_srq* srq) {
 // ---- address handles (UD: engine/qp_ud.cc) -----------------------------------------------
 
 SV_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
-  if (!handle_ok(HKind::pd, pd) || !attr || attr->port_num != 1) {
+  if (const int e = handle_check(HKind::pd, pd)) {
+    errno = e;  // a RoCE port's AH is the kernel's (uverbs CREATE_AH looks the PD up)
+    return nullptr;
+  }
+  if (!attr || attr->port_num != 1) {
     errno = EINVAL;
     return nullptr;
   }
@@ -815,7 +826,7 @@ SV_EXPORT ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
 }
 
 SV_EXPORT int ibv_destroy_ah(ibv_ah* ah) {
-  if (!handle_remove(HKind::ah, ah)) return EINVAL;
+  if (const int e = handle_take(HKind::ah, ah)) return e;
   --reinterpret_cast<Pd*>(ah->pd)->users;
   delete Ah::from(ah);
   limit_give(Limit::ah);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 namespace sv::wire {
 
@@ -73,6 +74,11 @@ const char* wc_status_name(size_t s) {
       "wc_tm_rndv_incomplete",
   };
   return s < kWcStatusCount ? kNames[s] : "wc_unknown";
+}
+
+const char* qp_state_name(uint32_t s) {
+  static constexpr const char* kNames[] = {"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"};
+  return s < std::size(kNames) ? kNames[s] : "UNKNOWN";
 }
 
 const char* ctr_name(Ctr c) {

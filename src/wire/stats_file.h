@@ -50,6 +50,9 @@ inline constexpr size_t kWcStatusCount = 24;  // IBV_WC_SUCCESS .. IBV_WC_TM_RND
 // IBV_, lower case ("wc_wr_flush_err"), so key/value readers can take the output;
 // ibv_wc_status_str's texts have spaces. "wc_unknown" past the table.
 const char* wc_status_name(size_t s);
+// The name of a QP state as the file records it (ibv_qp_state's order: RESET .. ERR), as
+// ibv_devinfo and rdma-tool print them; "UNKNOWN" past the table.
+const char* qp_state_name(uint32_t s);
 
 inline constexpr char kStatsMagic[8] = {'S', 'V', 'S', 'T', 'A', 'T', 'S', '1'};
 inline constexpr uint32_t kStatsVersion = 1;

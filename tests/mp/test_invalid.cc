@@ -157,10 +157,10 @@ TEST_F(LocalVerbs, CreateAhNeedsAGrhOnAnEthernetPort) {
   EXPECT_EQ(ibv_destroy_ah(ah), 0);
 }
 
-// Handles are checked as the kernel checks them (uverbs looks each one up): a garbled
-// pointer, an object already destroyed, or an object of another context is EINVAL, and the
-// object behind a valid handle is not touched.
-TEST_F(LocalVerbs, GarbledOrForeignHandlesAreEinval) {
+// Objects are found as the kernel finds them (uverbs looks each handle up): a garbled
+// pointer or an object already destroyed names no object, ENOENT (Linux 6.1.141 on: every
+// verb); an object of another context is EINVAL; nothing behind a bad one is touched.
+TEST_F(LocalVerbs, GarbledDestroyedOrForeignObjects) {
   // A plausible-looking fake of each object: never dereferenced by a correct library.
   alignas(64) static char junk[4096];
   std::memset(junk, 0x5a, sizeof junk);
@@ -169,35 +169,35 @@ TEST_F(LocalVerbs, GarbledOrForeignHandlesAreEinval) {
   auto* fake_pd = reinterpret_cast<ibv_pd*>(junk);
   auto* fake_mr = reinterpret_cast<ibv_mr*>(junk);
   auto* fake_srq = reinterpret_cast<ibv_srq*>(junk);
-  EXPECT_EQ(ibv_destroy_qp(fake_qp), EINVAL);
-  EXPECT_EQ(ibv_destroy_cq(fake_cq), EINVAL);
-  EXPECT_EQ(ibv_dealloc_pd(fake_pd), EINVAL);
-  EXPECT_EQ(ibv_dereg_mr(fake_mr), EINVAL);
-  EXPECT_EQ(ibv_destroy_srq(fake_srq), EINVAL);
+  EXPECT_EQ(ibv_destroy_qp(fake_qp), ENOENT);
+  EXPECT_EQ(ibv_destroy_cq(fake_cq), ENOENT);
+  EXPECT_EQ(ibv_dealloc_pd(fake_pd), ENOENT);
+  EXPECT_EQ(ibv_dereg_mr(fake_mr), ENOENT);
+  EXPECT_EQ(ibv_destroy_srq(fake_srq), ENOENT);
   ibv_qp_attr qa{};
   ibv_qp_init_attr qi{};
-  EXPECT_EQ(ibv_modify_qp(fake_qp, &qa, IBV_QP_STATE), EINVAL);
-  EXPECT_EQ(ibv_query_qp(fake_qp, &qa, IBV_QP_STATE, &qi), EINVAL);
-  EXPECT_EQ(ibv_resize_cq(fake_cq, 16), EINVAL);
+  EXPECT_EQ(ibv_modify_qp(fake_qp, &qa, IBV_QP_STATE), ENOENT);
+  EXPECT_EQ(ibv_query_qp(fake_qp, &qa, IBV_QP_STATE, &qi), ENOENT);
+  EXPECT_EQ(ibv_resize_cq(fake_cq, 16), ENOENT);
 
   // Creation with a garbled PD or CQ.
   ibv_qp_init_attr ia = rc_attr();
   errno = 0;
   EXPECT_EQ(ibv_create_qp(fake_pd, &ia), nullptr);
-  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(errno, ENOENT);
   ia.send_cq = fake_cq;
   errno = 0;
   EXPECT_EQ(ibv_create_qp(pd, &ia), nullptr);
-  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(errno, ENOENT);
   errno = 0;
   EXPECT_EQ(ibv_reg_mr(fake_pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE), nullptr);
-  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(errno, ENOENT);
   ibv_srq_init_attr sa{};
   sa.attr.max_wr = 4;
   sa.attr.max_sge = 1;
   errno = 0;
   EXPECT_EQ(ibv_create_srq(fake_pd, &sa), nullptr);
-  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(errno, ENOENT);
 
   // Objects of another context: a QP may not mix them.
   int n = 0;
@@ -216,16 +216,199 @@ TEST_F(LocalVerbs, GarbledOrForeignHandlesAreEinval) {
   EXPECT_EQ(ibv_destroy_cq(other_cq), 0);
   EXPECT_EQ(ibv_close_device(other), 0);
 
-  // Destroyed objects are stale handles: a second destroy is EINVAL, not a double free.
+  // Destroyed objects are stale handles: a second destroy is ENOENT, not a double free.
   ibv_qp* qp = ibv_create_qp(pd, &(ia = rc_attr()));
   ASSERT_NE(qp, nullptr);
   EXPECT_EQ(ibv_destroy_qp(qp), 0);
-  EXPECT_EQ(ibv_destroy_qp(qp), EINVAL);
+  EXPECT_EQ(ibv_destroy_qp(qp), ENOENT);
   ibv_mr* mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
   ASSERT_NE(mr, nullptr);
   EXPECT_EQ(ibv_dereg_mr(mr), 0);
-  EXPECT_EQ(ibv_dereg_mr(mr), EINVAL);
+  EXPECT_EQ(ibv_dereg_mr(mr), ENOENT);
   for (char c : junk) ASSERT_EQ(c, 0x5a) << "a fake object was written to";
+}
+
+// A handle field the caller rewrote (rdma-core hands the kernel nothing else) names no
+// object: each verb fails as uverbs fails it, and the object is left intact, so the caller
+// can restore the handle and destroy it normally. One case per object type.
+constexpr uint32_t kBogusHandle = 0xdead;
+
+TEST_F(LocalVerbs, AGarbledPdHandleIsEnoentAndThePdSurvives) {
+  ibv_pd* p = ibv_alloc_pd(ctx);
+  ASSERT_NE(p, nullptr);
+  const uint32_t h = p->handle;
+  p->handle = kBogusHandle;
+  EXPECT_EQ(ibv_dealloc_pd(p), ENOENT);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(p, buf, 4096, IBV_ACCESS_LOCAL_WRITE), nullptr);
+  EXPECT_EQ(errno, ENOENT);
+  ibv_qp_init_attr ia = rc_attr();
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp(p, &ia), nullptr);
+  EXPECT_EQ(errno, ENOENT);
+  ibv_srq_init_attr sa{};
+  sa.attr.max_wr = 4;
+  sa.attr.max_sge = 1;
+  errno = 0;
+  EXPECT_EQ(ibv_create_srq(p, &sa), nullptr);
+  EXPECT_EQ(errno, ENOENT);
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_mw(p, IBV_MW_TYPE_2), nullptr);
+  EXPECT_EQ(errno, ENOENT);
+  ibv_ah_attr aa{};
+  aa.is_global = 1;
+  aa.grh.dgid = gid;
+  aa.port_num = 1;
+  errno = 0;
+  EXPECT_EQ(ibv_create_ah(p, &aa), nullptr);
+  EXPECT_EQ(errno, ENOENT);
+  p->handle = h;
+  ibv_mr* m = ibv_reg_mr(p, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(m, nullptr) << "the PD works again";
+  EXPECT_EQ(ibv_dereg_mr(m), 0);
+  EXPECT_EQ(ibv_dealloc_pd(p), 0);
+}
+
+TEST_F(LocalVerbs, AGarbledMrHandleIsEnoentAndTheMrSurvives) {
+  ibv_mr* m = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(m, nullptr);
+  const uint32_t h = m->handle;
+  m->handle = kBogusHandle;
+  EXPECT_EQ(ibv_dereg_mr(m), ENOENT);
+  errno = 0;
+  EXPECT_EQ(ibv_rereg_mr(m, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ),
+            IBV_REREG_MR_ERR_CMD);
+  EXPECT_EQ(errno, ENOENT);
+  m->handle = h;
+  // A rereg that names a PD whose handle names nothing: the region is unchanged.
+  ibv_pd* p = ibv_alloc_pd(ctx);
+  ASSERT_NE(p, nullptr);
+  const uint32_t ph = p->handle;
+  p->handle = kBogusHandle;
+  errno = 0;
+  EXPECT_EQ(ibv_rereg_mr(m, IBV_REREG_MR_CHANGE_PD, p, nullptr, 0, 0), IBV_REREG_MR_ERR_CMD);
+  EXPECT_EQ(errno, ENOENT);
+  EXPECT_EQ(m->pd, pd);
+  p->handle = ph;
+  EXPECT_EQ(ibv_dereg_mr(m), 0);
+  EXPECT_EQ(ibv_dealloc_pd(p), 0);
+}
+
+TEST_F(LocalVerbs, AGarbledMwHandleIsEnoentAndTheMwSurvives) {
+  ibv_mw* w = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+  ASSERT_NE(w, nullptr) << strerror(errno);
+  const uint32_t h = w->handle;
+  w->handle = kBogusHandle;
+  EXPECT_EQ(ibv_dealloc_mw(w), ENOENT);
+  w->handle = h;
+  EXPECT_EQ(ibv_dealloc_mw(w), 0);
+}
+
+TEST_F(LocalVerbs, AGarbledCqHandleIsEnoentAndTheCqSurvives) {
+  for (bool extended : {false, true}) {
+    SCOPED_TRACE(extended ? "ibv_create_cq_ex" : "ibv_create_cq");
+    ibv_cq* c = nullptr;
+    if (extended) {
+      ibv_cq_init_attr_ex ca{};
+      ca.cqe = 16;
+      ibv_cq_ex* cx = ibv_create_cq_ex(ctx, &ca);
+      ASSERT_NE(cx, nullptr);
+      c = ibv_cq_ex_to_cq(cx);
+    } else {
+      c = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
+      ASSERT_NE(c, nullptr);
+    }
+    const uint32_t h = c->handle;
+    c->handle = kBogusHandle;
+    EXPECT_EQ(ibv_destroy_cq(c), ENOENT);
+    EXPECT_EQ(ibv_resize_cq(c, 32), ENOENT);
+    ibv_qp_init_attr ia = rc_attr();
+    ia.recv_cq = c;
+    errno = 0;
+    EXPECT_EQ(ibv_create_qp(pd, &ia), nullptr);
+    EXPECT_EQ(errno, ENOENT);
+    c->handle = h;
+    EXPECT_EQ(ibv_resize_cq(c, 32), 0);
+    EXPECT_EQ(ibv_destroy_cq(c), 0);
+  }
+}
+
+TEST_F(LocalVerbs, AGarbledQpHandleIsEnoentAndTheQpSurvives) {
+  ibv_qp_init_attr ia = rc_attr();
+  ibv_qp* q = ibv_create_qp(pd, &ia);
+  ASSERT_NE(q, nullptr);
+  const uint32_t h = q->handle;
+  q->handle = kBogusHandle;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  EXPECT_EQ(
+      ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
+      ENOENT);
+  ibv_qp_init_attr qi{};
+  EXPECT_EQ(ibv_query_qp(q, &a, IBV_QP_STATE, &qi), ENOENT);
+  EXPECT_EQ(ibv_destroy_qp(q), ENOENT);
+  q->handle = h;
+  EXPECT_EQ(ibv_query_qp(q, &a, IBV_QP_STATE, &qi), 0);
+  EXPECT_EQ(a.qp_state, IBV_QPS_RESET) << "the failed modify changed nothing";
+  EXPECT_EQ(ibv_destroy_qp(q), 0);
+}
+
+TEST_F(LocalVerbs, AGarbledSrqHandleIsEnoentAndTheSrqSurvives) {
+  ibv_srq_init_attr sa{};
+  sa.attr.max_wr = 4;
+  sa.attr.max_sge = 1;
+  ibv_srq* s = ibv_create_srq(pd, &sa);
+  ASSERT_NE(s, nullptr);
+  const uint32_t h = s->handle;
+  s->handle = kBogusHandle;
+  ibv_srq_attr a{};
+  EXPECT_EQ(ibv_query_srq(s, &a), ENOENT);
+  a.srq_limit = 1;
+  EXPECT_EQ(ibv_modify_srq(s, &a, IBV_SRQ_LIMIT), ENOENT);
+  ibv_qp_init_attr ia = rc_attr();
+  ia.srq = s;
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp(pd, &ia), nullptr);
+  EXPECT_EQ(errno, ENOENT);
+  EXPECT_EQ(ibv_destroy_srq(s), ENOENT);
+  s->handle = h;
+  EXPECT_EQ(ibv_query_srq(s, &a), 0);
+  EXPECT_EQ(a.srq_limit, 0u) << "the failed modify changed nothing";
+  EXPECT_EQ(ibv_destroy_srq(s), 0);
+}
+
+TEST_F(LocalVerbs, AGarbledAhHandleIsEnoentAndTheAhSurvives) {
+  ibv_ah_attr aa{};
+  aa.is_global = 1;
+  aa.grh.dgid = gid;
+  aa.port_num = 1;
+  ibv_ah* ah = ibv_create_ah(pd, &aa);
+  ASSERT_NE(ah, nullptr) << strerror(errno);
+  const uint32_t h = ah->handle;
+  ah->handle = kBogusHandle;
+  EXPECT_EQ(ibv_destroy_ah(ah), ENOENT);
+  ah->handle = h;
+  EXPECT_EQ(ibv_destroy_ah(ah), 0);
+}
+
+// A handle rewritten to name another live object: of another type, uverbs answers EINVAL;
+// of the same type the kernel would act on that other object, which here would free memory
+// the caller still holds through the other pointer: EINVAL too, and both objects survive.
+TEST_F(LocalVerbs, AHandleThatNamesAnotherObjectIsEinval) {
+  ibv_pd* p = ibv_alloc_pd(ctx);
+  ASSERT_NE(p, nullptr);
+  const uint32_t h = p->handle;
+  p->handle = cq->handle;  // a CQ's
+  EXPECT_EQ(ibv_dealloc_pd(p), EINVAL);
+  p->handle = pd->handle;  // the fixture's PD
+  EXPECT_EQ(ibv_dealloc_pd(p), EINVAL);
+  p->handle = h;
+  EXPECT_EQ(ibv_dealloc_pd(p), 0);
+  ibv_mr* m = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(m, nullptr) << "the fixture's PD was not touched";
+  EXPECT_EQ(ibv_dereg_mr(m), 0);
 }
 
 TEST_F(LocalVerbs, CreateCqRejectsBadSizesAndVectors) {

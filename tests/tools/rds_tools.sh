@@ -12,6 +12,16 @@ TMP=$(mktemp -d)
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$TMP"' EXIT
 PORT=$((5000 + $$ % 2000 * 10))
+verdict() {  # verdict OK NAME LOG: a PASS, or a FAIL with the log
+  if [ "$1" = 1 ]; then
+    pass=$((pass + 1))
+    echo "PASS $2"
+  else
+    fail=$((fail + 1))
+    echo "FAIL $2"
+    cat "$3"
+  fi
+}
 
 stress() {  # stress NAME ARGS...
   local name=$1
@@ -61,39 +71,25 @@ pids+=($pp)
 timeout 30 "$BIN/rds-stress" -s 127.0.0.2 -r 127.0.0.1 -p $PORT -T 4 >"$TMP/a.log" 2>&1 &
 pids+=($!)
 sleep 2.5
-if timeout 20 "$BIN/rds-ping" -c 5 -i 0.2 127.0.0.2 >"$TMP/ping.log" 2>&1 &&
-   [ "$(grep -cE '^ *[0-9]+: [0-9]+ usec$' "$TMP/ping.log")" -eq 5 ] &&
-   grep -q '^5 sent, 5 received, 0% loss' "$TMP/ping.log" &&
-   grep -Eq '^rtt min/avg/max = [0-9]+/[0-9]+/[0-9]+ usec$' "$TMP/ping.log"; then
-  pass=$((pass + 1))
-  echo "PASS rds-ping: $(grep -E '^[0-9]+ sent' "$TMP/ping.log")"
-else
-  fail=$((fail + 1))
-  echo "FAIL rds-ping"
-  cat "$TMP/ping.log"
-fi
+ok=0
+timeout 20 "$BIN/rds-ping" -c 5 -i 0.2 127.0.0.2 >"$TMP/ping.log" 2>&1 &&
+  [ "$(grep -cE '^ *[0-9]+: [0-9]+ usec$' "$TMP/ping.log")" -eq 5 ] &&
+  grep -q '^5 sent, 5 received, 0% loss' "$TMP/ping.log" &&
+  grep -Eq '^rtt min/avg/max = [0-9]+/[0-9]+/[0-9]+ usec$' "$TMP/ping.log" && ok=1
+verdict $ok "rds-ping: $(grep -E '^[0-9]+ sent' "$TMP/ping.log")" "$TMP/ping.log"
 # RDS logs through SOFTVERBS_LOG: at info, the connection coming up.
+ok=0
 SOFTVERBS_LOG=info timeout 20 "$BIN/rds-ping" -c 1 -i 0.2 127.0.0.2 >"$TMP/pinglog.log" 2>&1
-if grep -q "^softverbs: info: rds: connection 127\.0\.0\.1 -> 127\.0\.0\.2 up$" "$TMP/pinglog.log"; then
-  pass=$((pass + 1))
-  echo "PASS RDS logs its connections at SOFTVERBS_LOG=info"
-else
-  fail=$((fail + 1))
-  echo "FAIL RDS connection log"
-  cat "$TMP/pinglog.log"
-fi
+grep -q "^softverbs: info: rds: connection 127\.0\.0\.1 -> 127\.0\.0\.2 up$" "$TMP/pinglog.log" && ok=1
+verdict $ok "RDS logs its connections at SOFTVERBS_LOG=info" "$TMP/pinglog.log"
 # rds-ping where nothing answers (no RDS socket bound at 127.0.0.9): as iputils ping, a
 # summary that says so, and exit 1.
+ok=0
 timeout 20 "$BIN/rds-ping" -c 3 -i 0.2 127.0.0.9 >"$TMP/ping0.log" 2>&1
 prc=$?
-if [ $prc = 1 ] && grep -Eq '^3 sent, 0 received(, \+[0-9]+ errors)?, 100% loss' "$TMP/ping0.log"; then
-  pass=$((pass + 1))
-  echo "PASS rds-ping, nothing answers: exit 1, $(grep -E '^[0-9]+ sent' "$TMP/ping0.log")"
-else
-  fail=$((fail + 1))
-  echo "FAIL rds-ping, nothing answers (rc=$prc)"
-  cat "$TMP/ping0.log"
-fi
+[ $prc = 1 ] && grep -Eq '^3 sent, 0 received(, \+[0-9]+ errors)?, 100% loss' "$TMP/ping0.log" && ok=1
+verdict $ok "rds-ping, nothing answers: exit $prc, $(grep -E '^[0-9]+ sent' "$TMP/ping0.log")" \
+  "$TMP/ping0.log"
 # Every tool: -h and --help print usage on stdout and exit 0; an unknown option exits 2.
 for tool in rds-ping rds-info rds-stress blockserver; do
   for h in -h --help; do
