@@ -234,7 +234,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     c.rxbuf.resize(kRxBuf[cfg >> 6]);
     c.registered = true;
     sv::transport::set_nonblock(sv[0], true);
-    qp->conn_up = true;
+    qp->conn_state = sv::engine::ConnState::up;
   }
 
   // The peer's whole stream, then its FIN.
@@ -268,7 +268,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::lock_guard tx(qp->tx_mu);
     if (qp->conn.fd >= 0) close(qp->conn.fd);
     qp->conn.fd = -1;
-    qp->conn_up = false;
+    qp->conn_state = sv::engine::ConnState::idle;
   }
   close(sv[1]);
 
