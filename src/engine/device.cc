@@ -96,9 +96,9 @@ struct Limits {
 ForkLocal<Limits> g_limits;
 
 // The settings' defaults are the device's limits.
-static_assert(settings::find("SOFTVERBS_MAX_QP")->dflt == kMaxQp);
-static_assert(settings::find("SOFTVERBS_MAX_MR")->dflt == kMaxMr);
-static_assert(settings::find("SOFTVERBS_MAX_MW")->dflt == kMaxMr);
+static_assert(settings::get("SOFTVERBS_MAX_QP").dflt == kMaxQp);
+static_assert(settings::get("SOFTVERBS_MAX_MR").dflt == kMaxMr);
+static_assert(settings::get("SOFTVERBS_MAX_MW").dflt == kMaxMr);
 
 }  // namespace
 

@@ -85,7 +85,7 @@ void remove_at_exit() {
 
 File::File() {
   if (!settings::flag_value(SV_SETTING("SOFTVERBS_STATS"))) return;
-  static_assert(settings::find("SOFTVERBS_STATS_QPS")->hi < wire::kStatsMaxSlots);
+  static_assert(settings::get("SOFTVERBS_STATS_QPS").hi < wire::kStatsMaxSlots);
   const auto qps = static_cast<uint32_t>(settings::uint_value(SV_SETTING("SOFTVERBS_STATS_QPS")));
   const std::string dir = stats_dir();
   if (!own_private_dir(dir)) {

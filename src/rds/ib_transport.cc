@@ -203,7 +203,7 @@ void start_connect(Conn* c) {
 }
 
 int idle_close_ms() {
-  static_assert(settings::find("SOFTVERBS_RDS_IDLE_MS")->dflt == kIdleCloseMs);
+  static_assert(settings::get("SOFTVERBS_RDS_IDLE_MS").dflt == kIdleCloseMs);
   static const int ms = static_cast<int>(settings::uint_value(SV_SETTING("SOFTVERBS_RDS_IDLE_MS")));
   return ms;
 }

@@ -8,9 +8,11 @@
 // silent and never repeated. docs/configuration.md documents this table.
 #pragma once
 #include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <optional>
 #include <string_view>
 
@@ -81,10 +83,22 @@ inline constexpr Setting kAll[] = {
 };
 // clang-format on
 
-constexpr const Setting* find(std::string_view name) {
-  for (const auto& s : kAll)
-    if (name == s.name) return &s;
-  return nullptr;
+// The index of `name` in kAll, or std::size(kAll). Indexes, not pointers: GCC does not take
+// a pointer's comparison with null as a constant when UBSan instruments it.
+constexpr size_t index_of(std::string_view name) {
+  size_t i = 0;
+  while (i < std::size(kAll) && name != kAll[i].name) ++i;
+  return i;
+}
+// A setting by name, for constant expressions (a name missing from the table does not
+// compile: the index is out of the array).
+constexpr const Setting& get(std::string_view name) {
+  return kAll[index_of(name)];
+}
+// By name at run time (engine/settings.cc): null if `name` is no setting.
+inline const Setting* find(std::string_view name) {
+  const size_t i = index_of(name);
+  return i < std::size(kAll) ? &kAll[i] : nullptr;
 }
 
 // The whole of `s` as a decimal number within [lo, hi]: no sign, no space, no suffix
@@ -135,10 +149,11 @@ inline const char* text_value(const Setting& s) {
 }
 
 // By name, for readers: a name missing from the table does not compile.
-#define SV_SETTING(name)                                                   \
-  ([]() -> const ::sv::settings::Setting& {                                \
-    static_assert(::sv::settings::find(name) != nullptr, name " unknown"); \
-    return *::sv::settings::find(name);                                    \
+#define SV_SETTING(name)                                                            \
+  ([]() -> const ::sv::settings::Setting& {                                         \
+    static_assert(::sv::settings::index_of(name) < std::size(::sv::settings::kAll), \
+                  name " unknown");                                                 \
+    return ::sv::settings::kAll[::sv::settings::index_of(name)];                    \
   }())
 
 }  // namespace sv::settings
