@@ -233,6 +233,16 @@ TEST_F(LocalVerbs, GarbledDestroyedOrForeignObjects) {
 // can restore the handle and destroy it normally. One case per object type.
 constexpr uint32_t kBogusHandle = 0xdead;
 
+// Destroying `obj` with its handle garbled is ENOENT and leaves it; restored, it goes.
+template <typename T, typename Destroy>
+void expect_destroy_needs_its_handle(T* obj, Destroy destroy) {
+  const uint32_t h = obj->handle;
+  obj->handle = kBogusHandle;
+  EXPECT_EQ(destroy(obj), ENOENT);
+  obj->handle = h;
+  EXPECT_EQ(destroy(obj), 0);
+}
+
 TEST_F(LocalVerbs, AGarbledPdHandleIsEnoentAndThePdSurvives) {
   ibv_pd* p = ibv_alloc_pd(ctx);
   ASSERT_NE(p, nullptr);
@@ -298,11 +308,7 @@ TEST_F(LocalVerbs, AGarbledMrHandleIsEnoentAndTheMrSurvives) {
 TEST_F(LocalVerbs, AGarbledMwHandleIsEnoentAndTheMwSurvives) {
   ibv_mw* w = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
   ASSERT_NE(w, nullptr) << strerror(errno);
-  const uint32_t h = w->handle;
-  w->handle = kBogusHandle;
-  EXPECT_EQ(ibv_dealloc_mw(w), ENOENT);
-  w->handle = h;
-  EXPECT_EQ(ibv_dealloc_mw(w), 0);
+  expect_destroy_needs_its_handle(w, [](ibv_mw* m) { return ibv_dealloc_mw(m); });
 }
 
 TEST_F(LocalVerbs, AGarbledCqHandleIsEnoentAndTheCqSurvives) {
@@ -386,11 +392,7 @@ TEST_F(LocalVerbs, AGarbledAhHandleIsEnoentAndTheAhSurvives) {
   aa.port_num = 1;
   ibv_ah* ah = ibv_create_ah(pd, &aa);
   ASSERT_NE(ah, nullptr) << strerror(errno);
-  const uint32_t h = ah->handle;
-  ah->handle = kBogusHandle;
-  EXPECT_EQ(ibv_destroy_ah(ah), ENOENT);
-  ah->handle = h;
-  EXPECT_EQ(ibv_destroy_ah(ah), 0);
+  expect_destroy_needs_its_handle(ah, ibv_destroy_ah);
 }
 
 // A handle rewritten to name another live object: of another type, uverbs answers EINVAL;
