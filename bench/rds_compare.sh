@@ -68,7 +68,7 @@ BS_DIR=$(mktemp -d)
    --file "$BS_DIR/b.img" >/dev/null 2>&1) &
 pids+=($!)
 sleep 1
-PING_RTT=$(timeout 30 "$BIN/rds-ping" -c 300 -i 0.003 127.0.0.2 | awk '/usec/{print $2}' | sort -n |
+PING_RTT=$(timeout 30 "$BIN/rds-ping" -c 300 -i 0.003 127.0.0.2 | awk '/^ *[0-9]+: [0-9]+ usec/{print $2}' | sort -n |
            awk '{a[NR]=$1} END{if (NR) print a[int(NR/2)+1]}')
 kill "${pids[-1]}" 2>/dev/null
 wait "${pids[-1]}" 2>/dev/null
