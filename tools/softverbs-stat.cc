@@ -55,11 +55,6 @@ const char* port_state(ibv_port_state s) {
   }
 }
 
-const char* qp_state(uint32_t s) {
-  static const char* const names[] = {"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"};
-  return s < sizeof names / sizeof names[0] ? names[s] : "UNKNOWN";
-}
-
 // The statistics file's order is ibv_wc_status's; wc_status_name relies on it.
 static_assert(IBV_WC_TM_RNDV_INCOMPLETE + 1 == sv::wire::kWcStatusCount);
 
@@ -192,7 +187,7 @@ void show_qps(const std::vector<StatsView>& ps) {
                   q.qp_type == IBV_QPT_RC   ? "RC"
                   : q.qp_type == IBV_QPT_UD ? "UD"
                                             : "UNKNOWN",
-                  qp_state(q.state), peer_text(q).c_str(), p.pid, p.comm.c_str());
+                  sv::wire::qp_state_name(q.state), peer_text(q).c_str(), p.pid, p.comm.c_str());
 }
 
 void print_counters(const QpStatsView& q) {
