@@ -232,12 +232,14 @@ bool create_ep(Rs* s) {
   s->tbuf.assign(rs::kSglEntries * rs::kSgeLen + s->iomap_size * rs::kIomapLen, std::byte{0});
   s->recv_slots = s->rq_size + kExtraRecvs;
   s->slots.assign(s->recv_slots * 4, std::byte{0});
-  s->smr = ibv_reg_mr(pd, s->sbuf.data(), s->sbuf.size(), IBV_ACCESS_LOCAL_WRITE);
-  s->rmr = ibv_reg_mr(pd, s->rbuf.data(), s->rbuf.size(),
-                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-  s->tmr = ibv_reg_mr(pd, s->tbuf.data(), s->tbuf.size(),
-                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-  s->slot_mr = ibv_reg_mr(pd, s->slots.data(), s->slots.size(), IBV_ACCESS_LOCAL_WRITE);
+  // As ints: verbs.h's ibv_reg_mr macro tests the flags against an enum of another type,
+  // which clang warns is deprecated (-Wdeprecated-enum-enum-conversion).
+  constexpr int kLocal = IBV_ACCESS_LOCAL_WRITE;
+  constexpr int kRing = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  s->smr = ibv_reg_mr(pd, s->sbuf.data(), s->sbuf.size(), kLocal);
+  s->rmr = ibv_reg_mr(pd, s->rbuf.data(), s->rbuf.size(), kRing);
+  s->tmr = ibv_reg_mr(pd, s->tbuf.data(), s->tbuf.size(), kRing);
+  s->slot_mr = ibv_reg_mr(pd, s->slots.data(), s->slots.size(), kLocal);
   if (!s->smr || !s->rmr || !s->tmr || !s->slot_mr) return false;
   s->cc = ibv_create_comp_channel(ctx);
   if (!s->cc) return false;

@@ -102,7 +102,7 @@ int setup_qp(Conn* c, rdma_cm_id* id) {
         !c->sbuf.allocate(static_cast<size_t>(kSendSlots) * kBufSize))
       return -ENOMEM;
   }
-  if (!c->rmr) c->rmr = ibv_reg_mr(G.pd, c->rbuf.data(), c->rbuf.size(), IBV_ACCESS_LOCAL_WRITE);
+  if (!c->rmr) c->rmr = ibv_reg_mr(G.pd, c->rbuf.data(), c->rbuf.size(), kLocalWrite);
   if (!c->smr) c->smr = ibv_reg_mr(G.pd, c->sbuf.data(), c->sbuf.size(), 0);
   if (!c->rmr || !c->smr) return -ENOMEM;
   c->free_slots.clear();
@@ -446,7 +446,7 @@ void accept_rdma_chan(rdma_cm_id* id, Conn* pc) {
     rdma_reject(id, nullptr, 0);
     return;
   }
-  f->mr = ibv_reg_mr(g().pd, f->buf, sizeof f->buf, IBV_ACCESS_LOCAL_WRITE);
+  f->mr = ibv_reg_mr(g().pd, f->buf, sizeof f->buf, kLocalWrite);
   bool ok = f->mr != nullptr;
   for (uint32_t i = 0; ok && i < kFenceRecvs; ++i) ok = post_fence_recv(f.get(), i);
   const PrivBytes p = make_priv(pc, kChanRdma);

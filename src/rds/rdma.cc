@@ -237,7 +237,7 @@ void op_unfinished(Conn* c, Message* m) {
 }
 
 ibv_mr* reg_local(void* addr, size_t len) {
-  return ibv_reg_mr(g().pd, addr, len, IBV_ACCESS_LOCAL_WRITE);
+  return ibv_reg_mr(g().pd, addr, len, kLocalWrite);
 }
 
 }  // namespace

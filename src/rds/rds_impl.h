@@ -59,7 +59,10 @@
 namespace sv::rds {
 
 inline constexpr size_t kMaxMsgSize = 1u << 20;  // RDS_MAX_MSG_SIZE
-inline constexpr size_t kFragSize = 64 * 1024;   // payload bytes per SEND
+// IBV_ACCESS_LOCAL_WRITE as an int: verbs.h's ibv_reg_mr macro tests its flags against an
+// enum of another type, which clang warns is deprecated (-Wdeprecated-enum-enum-conversion).
+inline constexpr int kLocalWrite = IBV_ACCESS_LOCAL_WRITE;
+inline constexpr size_t kFragSize = 64 * 1024;  // payload bytes per SEND
 inline constexpr size_t kBufSize = kFragSize + wire::kRdsHeaderLen;
 inline constexpr int kRecvBufs = 64;   // per connection
 inline constexpr int kSendSlots = 64;  // per connection
