@@ -1,8 +1,6 @@
 #include "engine/qp.h"
 
 #include <sys/epoll.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,7 +14,6 @@
 #include "engine/app_memory.h"
 #include "engine/busy_poll.h"
 #include "engine/iw_cm.h"
-#include "engine/linger.h"
 #include "engine/log.h"
 #include "util/clock.h"
 #include "util/settings.h"
