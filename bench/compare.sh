@@ -70,9 +70,10 @@ QP_KB=$(awk -v a="${RSS1:-0}" -v b="${RSS16:-0}" 'BEGIN{printf "%.0f", (b - a) /
 SLAT=$(pt ib_send_lat -s 8 -n 20000 | awk '{print $5}')
 WLAT=$(pt ib_write_lat -s 8 -n 20000 | awk '{print $5}')
 SBW8=$(pt ib_send_bw -s 8 -D 3 | awk '{print $5}')
-# The same with IB's completion rule (SOFTVERBS_IB_COMPLETION=1): perftest's window of 128
-# WRs, one signaled per 100, then waits for the peer's placement rather than for TCP.
-SBW8_IB=$(SOFTVERBS_IB_COMPLETION=1 pt ib_send_bw -s 8 -D 3 | awk '{print $5}')
+# The same with RFC 5040's completion rule (SOFTVERBS_IB_COMPLETION=0): under IB's, the
+# default, perftest's window of 128 WRs, one signaled per 100, waits for the peer's
+# placement rather than for TCP.
+SBW8_RFC=$(SOFTVERBS_IB_COMPLETION=0 pt ib_send_bw -s 8 -D 3 | awk '{print $5}')
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (b>0 && a>0) printf "%.2fx", a/b; else print "n/a" }'; }
 echo
@@ -88,7 +89,7 @@ printf '%-46s %12s %12s %s\n' "WRITE 8 B typical us vs sockperf busy-poll" "$WLA
 printf '%-46s %12s %12s %s\n' "SEND 8 B typical us vs qperf tcp_lat (blocking)" "$SLAT" "$TCP_LAT" "$(ratio "$SLAT" "$TCP_LAT")"
 printf '%-46s %12s %12s %s\n' "SEND 8 B message rate Mpps (goal >= 1)" "$SBW8" "1" "$(ratio "$SBW8" 1)"
 printf '%-46s %12s %12s %s\n' "  same, vs raw TCP 8 B message rate (qperf)" "$SBW8" "$TCP_RATE" "$(ratio "$SBW8" "$TCP_RATE") (>=0.8x)"
-printf '%-46s %12s %12s %s\n' "  same, SOFTVERBS_IB_COMPLETION=1" "$SBW8_IB" "$SBW8" "$(ratio "$SBW8_IB" "$SBW8") (of RFC 5040's)"
+printf '%-46s %12s %12s %s\n' "  same, vs RFC 5040's rule (IB_COMPLETION=0)" "$SBW8" "$SBW8_RFC" "$(ratio "$SBW8" "$SBW8_RFC") (>=0.95x)"
 printf '%-46s %12s %12s %s\n' "CPU s per GB, WRITE 1 MiB vs qperf tcp_bw" "$WBW_CPU" "$TCP_CPU" "$(ratio "$WBW_CPU" "$TCP_CPU") (perftest's client spins)"
 printf '%-46s %12s %12s %s\n' "CPU s per GB, READ 1 MiB vs qperf tcp_bw" "$RBW_CPU" "$TCP_CPU" "$(ratio "$RBW_CPU" "$TCP_CPU")"
 printf '%-46s %12s %12s %s\n' "memory per QP, kB (server RSS, 16 QPs vs 1)" "$QP_KB" "" ""

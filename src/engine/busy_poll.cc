@@ -90,6 +90,12 @@ void recheck(Qp* qp) {
   }
   const uint64_t now = mono_ns();
   const uint64_t until = owned_until(qp);
+  if (until > now && (qp->scq->busy_grace.load(std::memory_order_relaxed) ||
+                      qp->rcq->busy_grace.load(std::memory_order_relaxed))) {
+    // Its poller found what it spun for: back to it within the grace, or gone.
+    schedule_recheck(qp, until - now);
+    return;
+  }
   if (until > now) {
     // Still polled: look again later and later, up to kMaxRecheckNs (or 4 hold times, if
     // longer), so a long spin costs the progress thread a few hundred wake-ups a second, not
@@ -133,6 +139,8 @@ void cq_busy_poll_mark(Cq* cq) {
   if (!hold) return;
   set_owner(cq);
   cq->busy_until.store(mono_ns() + hold, std::memory_order_relaxed);
+  if (cq->busy_grace.load(std::memory_order_relaxed))
+    cq->busy_grace.store(false, std::memory_order_relaxed);
 }
 
 bool cq_owned_elsewhere(const Cq* cq) {
@@ -153,11 +161,14 @@ uint64_t spin_yield_ns() {
 
 void cq_busy_poll_empty(Cq* cq) {
   if (Progress::get().on_thread()) return;
-  const uint32_t n = cq->empty_polls.load(std::memory_order_relaxed) + 1;
+  const uint64_t now = mono_ns();
+  const bool streak = now - cq->last_empty.load(std::memory_order_relaxed) <= kSpinGapNs;
+  cq->last_empty.store(now, std::memory_order_relaxed);
+  const uint32_t n = streak ? cq->empty_polls.load(std::memory_order_relaxed) + 1 : 1;
   cq->empty_polls.store(n, std::memory_order_relaxed);  // racy count, only a heuristic
-  // Once a spinner, each empty poll extends its hold; another thread's empty polls of the CQ
-  // (a consumer's event thread draining it) make it no owner.
-  if (!cq->armed.load(std::memory_order_relaxed) &&
+  // Once a spinner, each empty poll of the streak extends its hold; another thread's empty
+  // polls of the CQ (a consumer's event thread draining it) make it no owner.
+  if (streak && !cq->armed.load(std::memory_order_relaxed) &&
       (n >= kSpinPolls || (cq->busy_until.load(std::memory_order_relaxed) &&
                            cq->busy_owner.load(std::memory_order_relaxed) == thread_token())))
     cq_busy_poll_mark(cq);
@@ -166,17 +177,32 @@ void cq_busy_poll_empty(Cq* cq) {
   // ours and the peer's, need to move the very data it waits for: a NIC needs no CPU, we
   // do. So from then on each empty poll yields (sched_yield returns at once when nothing
   // else is runnable here); a short wait, a ping-pong's, never gets there.
-  // The clock is read once per 64 polls of a streak, not on every poll.
   const uint64_t after = spin_yield_ns();
   if (!after) return;
   if (n == 1) {
-    cq->empty_since.store(mono_ns(), std::memory_order_relaxed);
+    cq->empty_since.store(now, std::memory_order_relaxed);
     cq->yield_from.store(~0u, std::memory_order_relaxed);
   } else if ((n & 63) == 0 && cq->yield_from.load(std::memory_order_relaxed) == ~0u &&
-             mono_ns() - cq->empty_since.load(std::memory_order_relaxed) >= after) {
+             now - cq->empty_since.load(std::memory_order_relaxed) >= after) {
     cq->yield_from.store(n, std::memory_order_relaxed);
   }
   if (n >= cq->yield_from.load(std::memory_order_relaxed)) sched_yield();
+}
+
+bool cq_spinning(const Cq* cq) {
+  return cq->empty_polls.load(std::memory_order_relaxed) > 0 &&
+         mono_ns() - cq->last_empty.load(std::memory_order_relaxed) <= kSpinGapNs;
+}
+
+void cq_busy_poll_spin_found(Cq* cq) {
+  cq->empty_polls.store(0, std::memory_order_relaxed);
+  const uint64_t until = cq->busy_until.load(std::memory_order_relaxed);
+  if (!until || cq->busy_owner.load(std::memory_order_relaxed) != thread_token()) return;
+  const uint64_t soon = mono_ns() + std::min(kFoundGraceNs, busy_poll_hold_ns());
+  // Shortened only: a step-back already taken rechecks at the old time at the latest.
+  if (soon >= until) return;
+  cq->busy_until.store(soon, std::memory_order_relaxed);
+  cq->busy_grace.store(true, std::memory_order_relaxed);
 }
 
 void cq_busy_poll_end(Cq* cq) {
@@ -199,7 +225,9 @@ bool qp_busy_step_back(Qp* qp) {
   if (until <= now && !blocked_on(qp)) return false;  // the poller ended meanwhile
   qp->rx_yielded = true;
   qp->yield_backoff = 0;
-  schedule_recheck(qp, until > now ? until - now : busy_poll_hold_ns());
+  // The first look comes soon: a poller that spun for a Placement Ack has its grace by then
+  // (cq_busy_poll_spin_found), and the bytes after the ack are for whoever waits elsewhere.
+  schedule_recheck(qp, until > now ? std::min(until - now, kFoundGraceNs) : busy_poll_hold_ns());
   return true;
 }
 

@@ -25,6 +25,11 @@ struct Qp;
 
 uint64_t busy_poll_hold_ns();  // 0: ownership off
 inline constexpr uint32_t kSpinPolls = 8;
+// Empty polls further apart than this are no spin, however many come in a row: rsockets'
+// riowrite polls its CQ once per call, between waits on memory for the peer's riowrite, and
+// counted as a spinner it kept the receive path from the progress thread for a hold time
+// per message (1 ms a 64 B riostream round trip under IB's completion rule, not 20 us).
+inline constexpr uint64_t kSpinGapNs = 10'000;
 // An application thread polls cq and will come back: extend its ownership.
 void cq_busy_poll_mark(Cq* cq);
 // Another thread owns cq's receive path now: an empty poll leaves it to that thread (its
@@ -32,12 +37,18 @@ void cq_busy_poll_mark(Cq* cq);
 bool cq_owned_elsewhere(const Cq* cq);
 // An application thread's ibv_poll_cq found cq empty (mark once it spins) or not.
 void cq_busy_poll_empty(Cq* cq);
+// This thread's last poll of cq was empty too, moments ago: it spins, it is not answering.
+bool cq_spinning(const Cq* cq);
 // A poll that finds completions does not extend the hold: an application that polls only
 // for completions it knows are there (ib_write_lat, after a post) and then waits elsewhere
-// (on memory, for the peer's Write) is no spinner, and would wait for the recheck.
+// (on memory, for the peer's Write) is no spinner, and would wait for the recheck. One that
+// spun for them (the completion is a Placement Ack away) keeps the receive path only
+// kFoundGraceNs more unless it spins again: a spinner is back within that (it posts the next
+// WR and polls), one that waits elsewhere gets the bytes from the progress thread.
+inline constexpr uint64_t kFoundGraceNs = 5'000;
+void cq_busy_poll_spin_found(Cq* cq);
 inline void cq_busy_poll_found(Cq* cq) {
-  if (cq->empty_polls.load(std::memory_order_relaxed))
-    cq->empty_polls.store(0, std::memory_order_relaxed);
+  if (cq->empty_polls.load(std::memory_order_relaxed)) cq_busy_poll_spin_found(cq);
 }
 // The application stops polling cq (it said so): sockets go back at once.
 void cq_busy_poll_end(Cq* cq);

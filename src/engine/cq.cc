@@ -145,11 +145,13 @@ void Cq::progress_qps() {
   tl_polling = nullptr;
 }
 
-void Cq::flush_deferred_tx() {
+void Cq::flush_deferred_tx(bool with_acks) {
   if (!tx_deferred.load(std::memory_order_acquire)) return;
   tx_deferred.store(false, std::memory_order_relaxed);
   std::lock_guard lk(qps_mu);
-  for (Qp* qp : qps) qp_tx_flush(qp);
+  bool kept = false;
+  for (Qp* qp : qps) kept |= !qp_tx_flush(qp, with_acks);
+  if (kept) tx_deferred.store(true, std::memory_order_relaxed);
 }
 
 void Cq::set_comp_handler(bool (*handler)(ibv_cq*, void*), void* arg) {

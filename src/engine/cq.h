@@ -59,8 +59,10 @@ struct Cq {
   // busy_until (CLOCK_MONOTONIC ns; 0: nobody). yielded: some QP of it stepped back from
   // the progress thread, so ending ownership must hand the sockets back.
   std::atomic<uint64_t> busy_until{0};
+  std::atomic<bool> busy_grace{false};    // busy_until is a found poll's grace (kFoundGraceNs)
   std::atomic<uint32_t> empty_polls{0};   // application polls that found it empty, in a row
   std::atomic<uint64_t> empty_since{0};   // when that streak began (ns)
+  std::atomic<uint64_t> last_empty{0};    // when the last of them was (ns)
   std::atomic<uint32_t> yield_from{~0u};  // from this empty poll of the streak on, yield
   std::atomic<bool> yielded{false};
   // The thread that last marked ownership (busy_poll.cc's thread token): an arm from another
@@ -115,7 +117,10 @@ struct Cq {
   // poller (tl_polling).
   void progress_qps();
   // Sends what doorbell batching holds on the attached QPs (a poll came up empty, or an arm).
-  void flush_deferred_tx();
+  // with_acks false: a Placement Ack held for the application's answer stays held (an empty
+  // poll just before the answer's post, as rsockets' riowrite makes, is no sign that none
+  // is coming); posts held for a batch leave, and take any held ack with them.
+  void flush_deferred_tx(bool with_acks = true);
   // softverbs_cq_set_comp_handler; a null handler also drops a deferred notification.
   void set_comp_handler(bool (*handler)(ibv_cq*, void*), void* arg);
   // Completions in the ring now.

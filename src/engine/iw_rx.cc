@@ -329,16 +329,14 @@ bool rx_run_locked(Qp* qp) {
   if (qp->rx_stalled != was_stalled) qp_update_interest(qp);
   if (c.send_acks && c.units_rx != c.units_published) {
     // One Placement Ack for everything this pass placed (coalesced, IB's "ack coalescing");
-    // when it leaves is tx_ack_locked's choice. A poller has no answer to post when the
-    // pass placed a stream, or only one-sided Writes (nothing completed a receive: it does
-    // not even know they came), so then its poll sends the ack once the pass is over.
-    const bool no_one_answer = c.units_rx - c.units_published > 1 || !c.rx_completed;
+    // when it leaves is tx_ack_locked's choice. Nobody answers a stream: a pass that
+    // placed several messages sends it once the pass is over.
+    const bool no_one_answer = c.units_rx - c.units_published > 1;
     c.units_published = c.units_rx;
     std::lock_guard lk(qp->tx_mu);
     c.ack_to_send = c.units_rx;
     tx_ack_locked(qp, c.ack_requested, no_one_answer);
     c.ack_requested = false;
-    c.rx_completed = false;
   }
   return true;
 }

@@ -598,17 +598,6 @@ bool may_defer(const Qp* qp) {
          !qp->rcq->armed.load(std::memory_order_relaxed);
 }
 
-// At exit, what batching still holds leaves: the application posted it (rang the
-// doorbell), and an ack held for a reply that never came would leave its peer waiting.
-// try_lock: another thread may hold a QP as the process ends.
-void flush_deferred_at_exit() {
-  oob::for_each_qp([](Qp* qp) {
-    if (!qp->tx_deferred.load() || !qp->tx_mu.try_lock()) return;
-    tx_flush_locked(qp);
-    qp->tx_mu.unlock();
-  });
-}
-
 // Then what is posted but not yet in a socket gets a bounded wait. ibv_modify_qp(RTS)
 // returns before the TCP/MPA connection is up (the progress thread sets it up), and a full
 // socket holds frames back; a NIC has the WRs on the wire microseconds after the post, so a
@@ -640,25 +629,38 @@ void wait_unsent_at_exit() {
 }
 
 void flush_all_at_exit() {
-  flush_deferred_at_exit();
+  qp_flush_deferred_all();
   wait_unsent_at_exit();
 }
 
 // Leaves the batch for the next flush point: a post, a poll or arm of either CQ (a caller
 // may wait for the answer on its receive CQ), or the timer `window` ns from now.
 void tx_defer_locked(Qp* qp, uint64_t window) {
-  qp->tx_deferred.store(true, std::memory_order_release);
+  qp->tx_deferred.store(true);  // seq_cst: read by the timer after it clears tx_flush_timer
   qp->scq->tx_deferred.store(true, std::memory_order_release);
   qp->rcq->tx_deferred.store(true, std::memory_order_release);
-  if (qp->tx_flush_timer) return;
-  qp->tx_flush_timer = true;
-  Progress::get().post_after(std::chrono::microseconds(window / 1000), [ref = QpRef(qp)] {
-    if (!ref.live()) return;  // destroyed meanwhile
-    Qp* qp = ref.get();
-    std::lock_guard lk(qp->tx_mu);
-    qp->tx_flush_timer = false;
-    tx_flush_locked(qp);
-  });
+  if (qp->tx_flush_timer.exchange(true)) return;
+  // Usually the answer or a poll takes what was held long before the timer is due: then the
+  // progress thread drops the timer before it sleeps (no wake-up of its own, one per message
+  // on a ping-pong), or leaves without tx_mu, which the poster may hold. tx_flush_timer is
+  // cleared before each look, so a deferral racing it either sees the flag clear and sets a
+  // timer of its own, or is seen here.
+  Progress::get().post_after(
+      std::chrono::microseconds(window / 1000),
+      [ref = QpRef(qp)] {
+        if (!ref.live()) return;  // destroyed meanwhile
+        Qp* qp = ref.get();
+        qp->tx_flush_timer.store(false);
+        if (!qp->tx_deferred.load()) return;
+        std::lock_guard lk(qp->tx_mu);
+        tx_flush_locked(qp);
+      },
+      [qp] {  // the QpRef above keeps qp's memory
+        qp->tx_flush_timer.store(false);
+        if (!qp->tx_deferred.load()) return true;
+        qp->tx_flush_timer.store(true);
+        return false;
+      });
 }
 }  // namespace
 
@@ -680,26 +682,24 @@ void tx_post_locked(Qp* qp) {
   if (window) qp->tx_window_end_ns = now + window;
 }
 
-// A Placement Ack after a receive pass. One the peer asked for (a signaled WR, or its
-// periodic request) leaves at once when the progress thread ran the pass, as an IB responder
-// acks: held back for a reply the application might post, it let perftest -R's server,
-// waiting for its last handshake Send to complete, miss the client's next connection. A pass
-// that a poller ran (tl_polling) for one message hands it the request it waits for: its
-// answer, posted next, carries the ack (one sendmsg, not two), else its next empty poll or
-// the timer sends it. A poller's pass that placed a stream (several messages), or only RDMA
-// Writes (no completion tells the poller they came), has no one answer to wait for, and the
-// requester waits on the ack: it leaves at once, as the progress thread's would. (A flag for
-// the poll to send it after the pass let RDS's Write + fence pairs wait out the 50 us hold:
-// 97 against 58 us per rds-stress -D 4096 request.) An ack nobody asked for is lazy: it
+// A Placement Ack after a receive pass. One the peer asked for (a signaled WR, or its window
+// nearing its end) after a pass that placed one message waits for the application's
+// answer, posted next, to carry it (one sendmsg, not two), whoever ran the pass: a Send's
+// answer is a Send, an RDMA Write's (ib_write_lat, riostream: the application sees the
+// Write in memory) a Write. Without an answer it leaves at the poller's second empty poll
+// in a row, an arm or block of the CQ, an rdma_cm call of the process (perftest -R:
+// qp_flush_deferred_all), or the hold's timer; the timer is dropped unrun when the answer
+// took the ack (tx_defer_locked). A pass that placed a stream (several messages) has no one
+// answer: its ack leaves at once, as an IB responder's. An ack nobody asked for is lazy: it
 // rides with whatever leaves next, or with the timer kLazyAckDelay later, never alone at a
-// flush point; a WQE that needs it asked (mark_ack_request), so a stream of small
-// messages costs the responder one ack per request, not one sendmsg per receive pass. One
-// pass's messages share one ack.
+// flush point; a WQE that needs it asked (mark_ack_request), so a stream of small messages
+// costs the responder one ack per request, not one sendmsg per receive pass. One pass's
+// messages share one ack.
 void tx_ack_locked(Qp* qp, bool requested, bool no_one_answer) {
   // SOFTVERBS_ACK_HOLD_US (default 50, 0: never held): how long that ack waits for the answer.
   static const uint64_t hold_ns = sv::setting_us_as_ns(SV_SETTING("SOFTVERBS_ACK_HOLD_US"));
   constexpr uint64_t kLazyAckDelay = 200 * 1000;  // ns
-  if (requested && (tl_polling == nullptr || hold_ns == 0 || no_one_answer)) {
+  if (requested && (hold_ns == 0 || no_one_answer)) {
     tx_run_locked(qp);
     return;
   }
@@ -718,10 +718,24 @@ void tx_ack_locked(Qp* qp, bool requested, bool no_one_answer) {
   });
 }
 
-void qp_tx_flush(Qp* qp) {
-  if (!qp->tx_deferred.load(std::memory_order_acquire)) return;
+// try_lock: a thread that holds a QP's tx_mu is sending (its frames carry what was held), or
+// the process is ending under it.
+void qp_flush_deferred_all() {
+  oob::for_each_qp([](Qp* qp) {
+    if (!qp->tx_deferred.load() || !qp->tx_mu.try_lock()) return;
+    tx_flush_locked(qp);
+    qp->tx_mu.unlock();
+  });
+}
+
+bool qp_tx_flush(Qp* qp, bool with_acks) {
+  if (!qp->tx_deferred.load(std::memory_order_acquire)) return true;
   std::lock_guard lk(qp->tx_mu);
+  if (!with_acks && qp->tx_deferred.load(std::memory_order_relaxed) && !unsent_locked(qp) &&
+      qp->conn.ack_to_send != qp->conn.ack_sent)
+    return false;
   tx_flush_locked(qp);
+  return true;
 }
 
 // Copies a receive WR into its ring slot (the slot keeps its own SGE storage).

@@ -169,7 +169,6 @@ struct Conn {
   uint32_t units_rx = 0;         // softverbs peer: Send/Write/Immediate Data messages placed
   uint32_t units_published = 0;  // ... of which the TX side has been told
   bool ack_requested = false;    // a message placed in this pass asked for its ack now
-  bool rx_completed = false;     // ... and one of them completed a receive WQE
 
   // TX (under tx_mu)
   static constexpr size_t kMaxIov = 512;
@@ -243,12 +242,12 @@ struct Qp {
   // follows one answers it, a turn of a ping-pong rather than part of a stream: it is never
   // held back, however soon after the last post it comes (tx_post_locked).
   std::atomic<uint32_t> rx_turns{0};
-  uint32_t tx_turns_seen = 0;            // tx_mu: rx_turns at the last post
-  bool tx_flush_timer = false;           // the safety flush is scheduled
-  bool lazy_ack_timer = false;           // an unrequested Placement Ack's timer is pending
-  std::atomic<bool> tx_deferred{false};  // WQEs wait for a flush
-  uint32_t orq_used = 0;                 // outstanding Read/Atomic requests (<= ORD)
-  std::vector<IrqEntry> irq;             // ring, size IRD
+  uint32_t tx_turns_seen = 0;               // tx_mu: rx_turns at the last post
+  std::atomic<bool> tx_flush_timer{false};  // the safety flush is scheduled
+  bool lazy_ack_timer = false;              // an unrequested Placement Ack's timer is pending
+  std::atomic<bool> tx_deferred{false};     // WQEs wait for a flush
+  uint32_t orq_used = 0;                    // outstanding Read/Atomic requests (<= ORD)
+  std::vector<IrqEntry> irq;                // ring, size IRD
   uint32_t irq_head = 0, irq_count = 0;
 
   // RQ ring (rq_mu)
@@ -398,7 +397,14 @@ void tx_post_locked(Qp* qp);  // after a post: transmit now or batch (doorbell b
 void tx_ack_locked(Qp* qp, bool requested, bool no_one_answer);
 void tx_kick(Qp* qp);  // takes tx_mu
 // Sends what doorbell batching deferred (takes tx_mu; nothing to do is one atomic load).
-void qp_tx_flush(Qp* qp);
+// false: with_acks was false and all qp holds is a Placement Ack, kept (Cq::flush_deferred_tx).
+bool qp_tx_flush(Qp* qp, bool with_acks = true);
+// Every QP's held transmit leaves now: posts held for a batch, and Placement Acks held for
+// an answer. At exit (the application posted them, and a peer waits on the ack), and when a
+// thread turns to rdma_cm (it is not about to answer on a QP: perftest -R's client connects
+// right after the handshake Send it received, and its ack, held, let the server, waiting
+// for that Send to complete before it listens, lose the race and refuse it).
+void qp_flush_deferred_all();
 // Sends a Terminate (best effort) and no more FPDUs afterwards. Caller holds tx_mu.
 void tx_terminate_locked(Qp* qp, const wire::Terminate& t);
 

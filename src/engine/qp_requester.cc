@@ -209,15 +209,17 @@ void set_error_in_tx(Qp* qp, SendWqe& w, ibv_wc_status st) {
   });
 }
 
-// With Placement Acks (SOFTVERBS_IB_COMPLETION), the last frame of a WR's message asks for an
-// ack now when the WR is signaled, and every kAckEvery messages so unsignaled WRs retire
-// (IB's AckReq). Asking for more costs ping-pongs a lone ack ahead of each answer; asking
-// for less is safe, since an application reuses an unsignaled WR's slot only after a later
-// signaled WR completes (as on IB). The responder acks the others lazily.
-constexpr uint32_t kAckEvery = 16;
-void mark_ack_request(Conn& c, const SendWqe& w, std::byte* hdr) {
+// With Placement Acks (IB's completion rule), the last frame of a WR's message asks for an
+// ack now (IB's AckReq) when the WR is signaled, or when three quarters of the SQ has been
+// framed since the last request: the window nears its end, and the slots of unsignaled WRs
+// retire only on an ack. Asking for more costs a streaming responder a sendmsg per ack
+// (a stream has no reverse traffic to carry them) and ping-pongs a lone ack ahead of each
+// answer; asking for less is safe, since an application reuses an unsignaled WR's slot only
+// after a later signaled WR completes (as on IB). The responder acks the others lazily.
+void mark_ack_request(const Qp* qp, Conn& c, const SendWqe& w, std::byte* hdr) {
   if (!c.wait_acks) return;
-  if (!w.signaled && ++c.unrequested < kAckEvery) return;
+  const uint32_t window_end = std::max<uint32_t>(1, static_cast<uint32_t>(qp->sq.size()) * 3 / 4);
+  if (!w.signaled && ++c.unrequested < window_end) return;
   c.unrequested = 0;
   hdr[0] |= std::byte{wire::kDdpSvAckReq};
 }
@@ -305,7 +307,7 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
         const bool last = w.sent + chunk == w.length;
         std::byte* h = f.begin(wire::kDdpUntaggedHdrLen);
         wire::encode_untagged(h, op, last, rsvd, wire::kQnSend, w.msn, w.sent);
-        if (last && w.opcode != IBV_WR_SEND_WITH_IMM) mark_ack_request(c, w, h);
+        if (last && w.opcode != IBV_WR_SEND_WITH_IMM) mark_ack_request(qp, c, w, h);
         gather(f, w, w.sent, chunk);
         f.end();
         w.sent += chunk;
@@ -320,7 +322,7 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
         const bool last = w.sent + chunk == w.length;
         std::byte* h = f.begin(wire::kDdpTaggedHdrLen);
         wire::encode_tagged(h, RdmapOpcode::rdma_write, last, w.rkey, w.remote_addr + w.sent);
-        if (last && w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM) mark_ack_request(c, w, h);
+        if (last && w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM) mark_ack_request(qp, c, w, h);
         gather(f, w, w.sent, chunk);
         f.end();
         w.sent += chunk;
@@ -381,7 +383,7 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
         std::memcpy(h + wire::kDdpUntaggedHdrLen, &w.imm_or_inv, 4);  // already big-endian
         wire::store_be32(h + wire::kDdpUntaggedHdrLen + 4,
                          w.opcode == IBV_WR_SEND_WITH_IMM ? kSvImmAttached : 0);
-        mark_ack_request(c, w, h);
+        mark_ack_request(qp, c, w, h);
         f.end();
         ++c.units_tx;
       }

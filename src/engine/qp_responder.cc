@@ -361,7 +361,6 @@ RxAction on_imm(Qp* qp, Conn& c) {
   ++c.recv_msn;
   count_peer_message(qp, c);
   c.ack_requested |= s.sv_ack_req;
-  c.rx_completed = true;
   c.place.kind = Placement::Kind::discard;
   return RxAction::place;
 }
@@ -489,7 +488,6 @@ bool rx_on_segment_end(Qp* qp) {
       ++c.recv_msn;
       count_peer_message(qp, c);
       c.ack_requested |= s.sv_ack_req;
-      c.rx_completed = true;
       if (!inv && c.peer_sv && s.rsvd_ulp == kSvImmFollows) {
         // The Immediate Data message right behind completes this receive.
         c.imm_pending = true;

@@ -83,6 +83,14 @@ void unregister_locked(Qp* qp) {
 
 }  // namespace
 
+// The Placement Ack of everything placed, framed now (softverbs peers that asked for it).
+static void send_last_ack_locked(Qp* qp, ConnState from) {
+  Conn& c = qp->conn;
+  if (c.fd < 0 || from != ConnState::up || !c.send_acks || c.ack_sent == c.units_rx) return;
+  c.ack_to_send = c.units_rx;
+  tx_run_locked(qp);
+}
+
 bool conn_transition_locked(Qp* qp, ConnEvent ev) {
   const ConnState from = qp->conn_state.load(std::memory_order_relaxed);
   const std::optional<ConnState> to = conn_next(from, ev);
@@ -107,6 +115,10 @@ bool conn_transition_locked(Qp* qp, ConnEvent ev) {
       }
       break;
     case ConnEvent::error:
+      // What we placed is acked first, as a NIC acked it on arrival: a Placement Ack held
+      // for an answer that will not come now (rdma_disconnect right after the last receive:
+      // libfabric's fi_pingpong) would otherwise fail the peer's last Send with a flush.
+      send_last_ack_locked(qp, from);
       // Shut down, not closed: the descriptor's number stays ours until reset or destroy,
       // so nothing that read conn.fd without a lock can reach a reused descriptor.
       qp->conn_state.store(*to, std::memory_order_release);
@@ -117,11 +129,7 @@ bool conn_transition_locked(Qp* qp, ConnEvent ev) {
       break;
     case ConnEvent::reset:
     case ConnEvent::destroy:
-      if (c.fd >= 0 && from == ConnState::up && c.send_acks) {
-        // The peer's last messages were placed: let it complete them before our FIN.
-        c.ack_to_send = c.units_rx;
-        tx_run_locked(qp);
-      }
+      send_last_ack_locked(qp, from);  // the peer's last messages completed before our FIN
       qp->conn_state.store(*to, std::memory_order_release);
       if (c.fd >= 0) {
         unregister_locked(qp);

@@ -784,6 +784,7 @@ SV_EXPORT int rdma_bind_addr(rdma_cm_id* i, sockaddr* addr) {
 
 SV_EXPORT int rdma_listen(rdma_cm_id* i, int backlog) {
   CmId* id = cmid(i);
+  qp_flush_deferred_all();  // this thread answers nothing on a QP now (qp.h)
   if (id->bound_fd < 0) {
     sockaddr_in any{};
     any.sin_family = AF_INET;
@@ -815,6 +816,7 @@ SV_EXPORT int rdma_listen(rdma_cm_id* i, int backlog) {
 
 SV_EXPORT int rdma_resolve_addr(rdma_cm_id* i, sockaddr* src, sockaddr* dst, int) {
   if (!i || !dst || !sa_len(dst)) return fail(EINVAL);
+  qp_flush_deferred_all();  // this thread answers nothing on a QP now (qp.h)
   CmId* id = cmid(i);
   SockAddr d = SockAddr::from(dst);
   set_dst(id, d);
@@ -979,6 +981,7 @@ SV_EXPORT void rdma_destroy_qp(rdma_cm_id* i) {
 
 SV_EXPORT int rdma_connect(rdma_cm_id* i, rdma_conn_param* param) {
   if (!i) return fail(EINVAL);
+  qp_flush_deferred_all();  // this thread answers nothing on a QP now (qp.h)
   CmId* id = cmid(i);
   if (i->ps == RDMA_PS_UDP) return sidr_connect(id, param);
   if (id->ep || id->connected) return fail(EISCONN);

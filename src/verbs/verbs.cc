@@ -44,8 +44,9 @@ namespace sv::verbs {
 void drive_empty_cq(Cq* cq) {
   if (cq->nqps.load(std::memory_order_acquire) == 0) return;
   // An application thread spinning on an unarmed CQ owns the receive path for a while and
-  // the progress thread steps back (busy_poll.h).
-  flush_deferred_tx(cq);
+  // the progress thread steps back (busy_poll.h). A held Placement Ack leaves at the second
+  // empty poll of a spin: the first may come just before the answer is posted.
+  cq->flush_deferred_tx(cq_spinning(cq));
   if (cq_owned_elsewhere(cq)) return;
   cq_busy_poll_empty(cq);
   // Empty: run the attached QPs' receive path here rather than waiting for the
@@ -578,10 +579,14 @@ SV_EXPORT int softverbs_cq_quiet(ibv_cq* ibcq, int on) {
 
 SV_EXPORT int softverbs_cq_block(ibv_cq* ibcq, int on) {
   if (!handle_ok(HKind::cq, ibcq) || on < 0 || on > 1) return EINVAL;
-  if (on)
+  if (on) {
+    // A thread about to sleep posts no answer: what waits for one (a Placement Ack held for
+    // it, doorbell-batched posts) leaves now.
+    flush_deferred_tx(Cq::from(ibcq));
     cq_block_begin(Cq::from(ibcq));
-  else
+  } else {
     cq_block_end(Cq::from(ibcq));
+  }
   return 0;
 }
 

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 
@@ -745,8 +746,18 @@ std::unique_ptr<RemotePeer> RemotePeer::spawn(const PeerConfig& cfg, std::string
   // path names a different program but /proc/self/exe still is this one.
   // Our environment plus whatever a test asked the child to have (no setenv in this
   // process: its engine threads may be reading the environment).
+  // A variable the test sets replaces ours (getenv takes the first of duplicates).
   std::vector<char*> env;
-  for (char** e = environ; *e; ++e) env.push_back(*e);
+  for (char** e = environ; *e; ++e) {
+    const std::string_view have(*e);
+    const bool replaced =
+        std::any_of(g_child_env.begin(), g_child_env.end(), [&](const std::string& x) {
+          const size_t eq = x.find('=');
+          return eq != std::string::npos &&
+                 have.substr(0, eq + 1) == std::string_view(x).substr(0, eq + 1);
+        });
+    if (!replaced) env.push_back(*e);
+  }
   for (std::string& x : g_child_env) env.push_back(x.data());
   env.push_back(nullptr);
   const int r = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, args, env.data());

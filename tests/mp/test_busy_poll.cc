@@ -6,6 +6,9 @@
 // The binary runs twice (tests/CMakeLists.txt): BusyPoll.* with a 30 s hold (and ack hold), so that
 // within a test's deadline only an arm or an explicit stop can hand the socket back, and
 // BusyPollShortHold.* with a 1 s hold, for the timer that does it for a poller that left.
+// Both run under RFC 5040's completion rule (SOFTVERBS_IB_COMPLETION=0): the peer's Sends
+// complete on transmit, so a test can wait for them before the poller has received them.
+// The Placement Ack cases ask for IB's rule in the peer's environment.
 #include <poll.h>
 #include <signal.h>
 
@@ -137,11 +140,13 @@ TEST_F(XProc, BusyPollRejectsAnInvalidCq) {
   EXPECT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);
 }
 
-// A poller's pass that placed only an RDMA Write completed nothing the poller could answer
-// (it does not even know the Write came): the Placement Ack the requester asked for (IB's
-// completion rule) leaves right after the pass, not when the ack hold ends
-// (SOFTVERBS_ACK_HOLD_US, 30 s in this run). RDS's RDMA ops waited 50 us per op for it.
-TEST_F(XProc, BusyPollAWriteThePollerPlacedIsAckedRightAfterItsPass) {
+// A poller's pass that placed one RDMA Write: the Placement Ack the requester asked for
+// (IB's completion rule) waits for the poller's answer to carry it, as a Send's does (an
+// RDMA Write ping-pong, ib_write_lat or riostream, answers the Write it sees in memory).
+// The poll that placed it, and one empty poll after it (an answer is often posted right
+// after one, as rsockets' riowrite does), keep it; the next empty poll is a spin, not an
+// answer, and sends it -- not the ack hold (SOFTVERBS_ACK_HOLD_US, 30 s in this run).
+TEST_F(XProc, BusyPollAWriteThePollerPlacedIsAckedOnceItSpins) {
   g_child_env = {"SOFTVERBS_IB_COMPLETION=1"};
   Connect();
   g_child_env.clear();
@@ -156,10 +161,67 @@ TEST_F(XProc, BusyPollAWriteThePollerPlacedIsAckedRightAfterItsPass) {
   ibv_wc wc{};
   EXPECT_EQ(ibv_poll_cq(local->rcq, 1, &wc), 0);  // runs the receive pass that places it
   EXPECT_EQ(local->check(0, 0, 4096, 71), -1);
-  // The poller goes away without polling or arming again.
+  EXPECT_TRUE(remote->poll(CqSel::send, 1, kQuiet).empty())
+      << "the ack left before the poller could answer";
+  // Two empty polls in a row, microseconds apart: a spin.
+  EXPECT_EQ(ibv_poll_cq(local->rcq, 1, &wc), 0);
+  EXPECT_EQ(ibv_poll_cq(local->rcq, 1, &wc), 0);
   auto s = remote->poll(CqSel::send, 1, Ms(5000));
   ASSERT_EQ(s.size(), 1u) << "the Placement Ack waited for the hold";
   EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE));
+  EXPECT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);
+}
+
+// The poller's answer carries the held ack: the Write completes with the answer's arrival.
+TEST_F(XProc, BusyPollAHeldAckRidesWithTheAnswer) {
+  g_child_env = {"SOFTVERBS_IB_COMPLETION=1"};
+  Connect();
+  g_child_env.clear();
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_EQ(remote->post_recv(1, {sge(8192, 64)}), 0);
+  ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);
+  remote->fill(0, 0, 64, 75);
+  ASSERT_EQ(remote->post_send(make_rdma(IBV_WR_RDMA_WRITE, 2, {sge(0, 64)}, li.addr, li.rkey)), 0);
+  ibv_wc wc{};
+  const auto until = Clock::now() + kWait;
+  while (local->check(0, 0, 64, 75) != -1 && Clock::now() < until) {
+    ASSERT_EQ(ibv_poll_cq(local->rcq, 1, &wc), 0);
+    std::this_thread::sleep_for(Ms(1));  // polls far apart: no spin
+  }
+  ASSERT_EQ(local->check(0, 0, 64, 75), -1) << "the Write was not placed";
+  EXPECT_TRUE(remote->poll(CqSel::send, 1, kQuiet).empty())
+      << "the ack left before the poller could answer";
+  ASSERT_EQ(local->post_send(make_send(3, {sge(0, 16)})), 0);  // the answer
+  auto s = remote->poll(CqSel::send, 1, Ms(5000));
+  ASSERT_EQ(s.size(), 1u) << "the answer did not carry the Placement Ack";
+  EXPECT_TRUE(wc_is(s[0], 2, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE));
+  EXPECT_EQ(remote->poll(CqSel::recv, 1).size(), 1u);
+  EXPECT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);
+}
+
+// A poller about to sleep on its CQ's wait set answers nothing: the held ack leaves.
+TEST_F(XProc, BusyPollAHeldAckLeavesWhenThePollerBlocks) {
+  g_child_env = {"SOFTVERBS_IB_COMPLETION=1"};
+  Connect();
+  g_child_env.clear();
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);
+  remote->fill(0, 0, 64, 77);
+  ASSERT_EQ(remote->post_send(make_rdma(IBV_WR_RDMA_WRITE, 4, {sge(0, 64)}, li.addr, li.rkey)), 0);
+  ibv_wc wc{};
+  const auto until = Clock::now() + kWait;
+  while (local->check(0, 0, 64, 77) != -1 && Clock::now() < until) {
+    ASSERT_EQ(ibv_poll_cq(local->rcq, 1, &wc), 0);
+    std::this_thread::sleep_for(Ms(1));
+  }
+  ASSERT_EQ(local->check(0, 0, 64, 77), -1) << "the Write was not placed";
+  EXPECT_TRUE(remote->poll(CqSel::send, 1, kQuiet).empty())
+      << "the ack left before the poller could answer";
+  ASSERT_EQ(softverbs_cq_block(local->rcq, 1), 0);
+  auto s = remote->poll(CqSel::send, 1, Ms(5000));
+  EXPECT_EQ(softverbs_cq_block(local->rcq, 0), 0);
+  ASSERT_EQ(s.size(), 1u) << "a blocking poller kept the Placement Ack";
+  EXPECT_TRUE(wc_is(s[0], 4, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE));
   EXPECT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);
 }
 
