@@ -90,12 +90,6 @@ void recheck(Qp* qp) {
   }
   const uint64_t now = mono_ns();
   const uint64_t until = owned_until(qp);
-  if (until > now && (qp->scq->busy_grace.load(std::memory_order_relaxed) ||
-                      qp->rcq->busy_grace.load(std::memory_order_relaxed))) {
-    // Its poller found what it spun for: back to it within the grace, or gone.
-    schedule_recheck(qp, until - now);
-    return;
-  }
   if (until > now) {
     // Still polled: look again later and later, up to kMaxRecheckNs (or 4 hold times, if
     // longer), so a long spin costs the progress thread a few hundred wake-ups a second, not
@@ -139,8 +133,6 @@ void cq_busy_poll_mark(Cq* cq) {
   if (!hold) return;
   set_owner(cq);
   cq->busy_until.store(mono_ns() + hold, std::memory_order_relaxed);
-  if (cq->busy_grace.load(std::memory_order_relaxed))
-    cq->busy_grace.store(false, std::memory_order_relaxed);
 }
 
 bool cq_owned_elsewhere(const Cq* cq) {
@@ -194,17 +186,6 @@ bool cq_spinning(const Cq* cq) {
          mono_ns() - cq->last_empty.load(std::memory_order_relaxed) <= kSpinGapNs;
 }
 
-void cq_busy_poll_spin_found(Cq* cq) {
-  cq->empty_polls.store(0, std::memory_order_relaxed);
-  const uint64_t until = cq->busy_until.load(std::memory_order_relaxed);
-  if (!until || cq->busy_owner.load(std::memory_order_relaxed) != thread_token()) return;
-  const uint64_t soon = mono_ns() + std::min(kFoundGraceNs, busy_poll_hold_ns());
-  // Shortened only: a step-back already taken rechecks at the old time at the latest.
-  if (soon >= until) return;
-  cq->busy_until.store(soon, std::memory_order_relaxed);
-  cq->busy_grace.store(true, std::memory_order_relaxed);
-}
-
 void cq_busy_poll_end(Cq* cq) {
   cq->empty_polls.store(0, std::memory_order_relaxed);
   if (cq->busy_until.load(std::memory_order_relaxed) != 0) cq->busy_until.store(0);
@@ -225,9 +206,7 @@ bool qp_busy_step_back(Qp* qp) {
   if (until <= now && !blocked_on(qp)) return false;  // the poller ended meanwhile
   qp->rx_yielded = true;
   qp->yield_backoff = 0;
-  // The first look comes soon: a poller that spun for a Placement Ack has its grace by then
-  // (cq_busy_poll_spin_found), and the bytes after the ack are for whoever waits elsewhere.
-  schedule_recheck(qp, until > now ? std::min(until - now, kFoundGraceNs) : busy_poll_hold_ns());
+  schedule_recheck(qp, until > now ? until - now : busy_poll_hold_ns());
   return true;
 }
 

@@ -41,14 +41,10 @@ void cq_busy_poll_empty(Cq* cq);
 bool cq_spinning(const Cq* cq);
 // A poll that finds completions does not extend the hold: an application that polls only
 // for completions it knows are there (ib_write_lat, after a post) and then waits elsewhere
-// (on memory, for the peer's Write) is no spinner, and would wait for the recheck. One that
-// spun for them (the completion is a Placement Ack away) keeps the receive path only
-// kFoundGraceNs more unless it spins again: a spinner is back within that (it posts the next
-// WR and polls), one that waits elsewhere gets the bytes from the progress thread.
-inline constexpr uint64_t kFoundGraceNs = 5'000;
-void cq_busy_poll_spin_found(Cq* cq);
+// (on memory, for the peer's Write) is no spinner, and would wait for the recheck.
 inline void cq_busy_poll_found(Cq* cq) {
-  if (cq->empty_polls.load(std::memory_order_relaxed)) cq_busy_poll_spin_found(cq);
+  if (cq->empty_polls.load(std::memory_order_relaxed))
+    cq->empty_polls.store(0, std::memory_order_relaxed);
 }
 // The application stops polling cq (it said so): sockets go back at once.
 void cq_busy_poll_end(Cq* cq);

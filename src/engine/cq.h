@@ -59,7 +59,6 @@ struct Cq {
   // busy_until (CLOCK_MONOTONIC ns; 0: nobody). yielded: some QP of it stepped back from
   // the progress thread, so ending ownership must hand the sockets back.
   std::atomic<uint64_t> busy_until{0};
-  std::atomic<bool> busy_grace{false};    // busy_until is a found poll's grace (kFoundGraceNs)
   std::atomic<uint32_t> empty_polls{0};   // application polls that found it empty, in a row
   std::atomic<uint64_t> empty_since{0};   // when that streak began (ns)
   std::atomic<uint64_t> last_empty{0};    // when the last of them was (ns)

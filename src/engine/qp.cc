@@ -635,24 +635,39 @@ void flush_all_at_exit() {
 
 // Leaves the batch for the next flush point: a post, a poll or arm of either CQ (a caller
 // may wait for the answer on its receive CQ), or the timer `window` ns from now.
+// The flush timer for what tx_defer_locked holds (window ns after it was first held).
+void post_flush_timer(Qp* qp, uint64_t delay_ns);
+
 void tx_defer_locked(Qp* qp, uint64_t window) {
+  if (!qp->tx_deferred.load(std::memory_order_relaxed)) qp->tx_defer_due = sv::mono_ns() + window;
   qp->tx_deferred.store(true);  // seq_cst: read by the timer after it clears tx_flush_timer
   qp->scq->tx_deferred.store(true, std::memory_order_release);
   qp->rcq->tx_deferred.store(true, std::memory_order_release);
   if (qp->tx_flush_timer.exchange(true)) return;
-  // Usually the answer or a poll takes what was held long before the timer is due: then the
-  // progress thread drops the timer before it sleeps (no wake-up of its own, one per message
-  // on a ping-pong), or leaves without tx_mu, which the poster may hold. tx_flush_timer is
-  // cleared before each look, so a deferral racing it either sees the flag clear and sets a
-  // timer of its own, or is seen here.
+  post_flush_timer(qp, window);
+}
+
+// Usually the answer or a poll takes what was held long before the timer is due: then the
+// progress thread drops the timer before it sleeps (no wake-up of its own, one per message
+// on a ping-pong), or leaves without tx_mu, which the poster may hold. A timer set for an
+// earlier hold that finds a newer one waits for the newer one's due time rather than send
+// its ack alone before the answer can carry it. tx_flush_timer is cleared before each
+// look, so a deferral racing it either sees the flag clear and sets a timer of its own, or
+// is seen here.
+void post_flush_timer(Qp* qp, uint64_t delay_ns) {
   Progress::get().post_after(
-      std::chrono::microseconds(window / 1000),
+      std::chrono::microseconds(delay_ns / 1000 + 1),
       [ref = QpRef(qp)] {
         if (!ref.live()) return;  // destroyed meanwhile
         Qp* qp = ref.get();
         qp->tx_flush_timer.store(false);
         if (!qp->tx_deferred.load()) return;
         std::lock_guard lk(qp->tx_mu);
+        const uint64_t now = sv::mono_ns();
+        if (qp->tx_deferred.load() && now < qp->tx_defer_due) {
+          if (!qp->tx_flush_timer.exchange(true)) post_flush_timer(qp, qp->tx_defer_due - now);
+          return;
+        }
         tx_flush_locked(qp);
       },
       [qp] {  // the QpRef above keeps qp's memory

@@ -246,6 +246,7 @@ struct Qp {
   std::atomic<bool> tx_flush_timer{false};  // the safety flush is scheduled
   bool lazy_ack_timer = false;              // an unrequested Placement Ack's timer is pending
   std::atomic<bool> tx_deferred{false};     // WQEs wait for a flush
+  uint64_t tx_defer_due = 0;                // tx_mu: when what is deferred now must leave (mono ns)
   uint32_t orq_used = 0;                    // outstanding Read/Atomic requests (<= ORD)
   std::vector<IrqEntry> irq;                // ring, size IRD
   uint32_t irq_head = 0, irq_count = 0;
