@@ -155,7 +155,6 @@ void cq_busy_poll_empty(Cq* cq) {
   if (Progress::get().on_thread()) return;
   const uint64_t now = mono_ns();
   const bool streak = now - cq->last_empty.load(std::memory_order_relaxed) <= kSpinGapNs;
-  cq->last_empty.store(now, std::memory_order_relaxed);
   const uint32_t n = streak ? cq->empty_polls.load(std::memory_order_relaxed) + 1 : 1;
   cq->empty_polls.store(n, std::memory_order_relaxed);  // racy count, only a heuristic
   // Once a spinner, each empty poll of the streak extends its hold; another thread's empty
@@ -179,6 +178,10 @@ void cq_busy_poll_empty(Cq* cq) {
     cq->yield_from.store(n, std::memory_order_relaxed);
   }
   if (n >= cq->yield_from.load(std::memory_order_relaxed)) sched_yield();
+}
+
+void cq_busy_poll_empty_done(Cq* cq) {
+  if (!Progress::get().on_thread()) cq->last_empty.store(mono_ns(), std::memory_order_relaxed);
 }
 
 bool cq_spinning(const Cq* cq) {

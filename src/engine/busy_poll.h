@@ -37,6 +37,9 @@ void cq_busy_poll_mark(Cq* cq);
 bool cq_owned_elsewhere(const Cq* cq);
 // An application thread's ibv_poll_cq found cq empty (mark once it spins) or not.
 void cq_busy_poll_empty(Cq* cq);
+// The empty poll's receive pass is over: the gap to the next one is the application's own
+// (a sanitizer's slow receive pass is no pause of the spinner's).
+void cq_busy_poll_empty_done(Cq* cq);
 // This thread's last poll of cq was empty too, moments ago: it spins, it is not answering.
 bool cq_spinning(const Cq* cq);
 // A poll that finds completions does not extend the hold: an application that polls only

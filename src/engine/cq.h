@@ -61,7 +61,7 @@ struct Cq {
   std::atomic<uint64_t> busy_until{0};
   std::atomic<uint32_t> empty_polls{0};   // application polls that found it empty, in a row
   std::atomic<uint64_t> empty_since{0};   // when that streak began (ns)
-  std::atomic<uint64_t> last_empty{0};    // when the last of them was (ns)
+  std::atomic<uint64_t> last_empty{0};    // when the last of them ended (ns)
   std::atomic<uint32_t> yield_from{~0u};  // from this empty poll of the streak on, yield
   std::atomic<bool> yielded{false};
   // The thread that last marked ownership (busy_poll.cc's thread token): an arm from another

@@ -52,6 +52,7 @@ void drive_empty_cq(Cq* cq) {
   // Empty: run the attached QPs' receive path here rather than waiting for the
   // progress thread to wake up (a cross-core wake-up costs ~30 us on this class of VM).
   cq->progress_qps();
+  cq_busy_poll_empty_done(cq);
 }
 }  // namespace sv::verbs
 

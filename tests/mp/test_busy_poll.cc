@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "softverbs/verbs_ext.h"
 
@@ -140,17 +141,40 @@ TEST_F(XProc, BusyPollRejectsAnInvalidCq) {
   EXPECT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);
 }
 
+// The peer asks for IB's completion rule: its Sends and Writes complete on our Placement
+// Acks, so when they complete says when our acks left.
+class XProcIbPeer : public XProc {
+ protected:
+  void ConnectIbPeer() {
+    g_child_env = {"SOFTVERBS_IB_COMPLETION=1"};
+    Connect();
+    g_child_env.clear();
+  }
+  // The peer Writes 64 bytes; we poll (1 ms apart: no spin) until our own poll placed them.
+  void PlaceWriteBySlowPolls(uint64_t wr_id, uint32_t seed) {
+    remote->fill(0, 0, 64, seed);
+    ASSERT_EQ(
+        remote->post_send(make_rdma(IBV_WR_RDMA_WRITE, wr_id, {sge(0, 64)}, li.addr, li.rkey)), 0);
+    ibv_wc wc{};
+    const auto until = Clock::now() + kWait;
+    while (local->check(0, 0, 64, seed) != -1 && Clock::now() < until) {
+      ASSERT_EQ(ibv_poll_cq(local->rcq, 1, &wc), 0);
+      std::this_thread::sleep_for(Ms(1));
+    }
+    ASSERT_EQ(local->check(0, 0, 64, seed), -1) << "the Write was not placed";
+    EXPECT_TRUE(remote->poll(CqSel::send, 1, kQuiet).empty())
+        << "the ack left before the poller could answer";
+  }
+};
+
 // A poller's pass that placed one RDMA Write: the Placement Ack the requester asked for
 // (IB's completion rule) waits for the poller's answer to carry it, as a Send's does (an
 // RDMA Write ping-pong, ib_write_lat or riostream, answers the Write it sees in memory).
 // The poll that placed it, and one empty poll after it (an answer is often posted right
 // after one, as rsockets' riowrite does), keep it; the next empty poll is a spin, not an
 // answer, and sends it -- not the ack hold (SOFTVERBS_ACK_HOLD_US, 30 s in this run).
-TEST_F(XProc, BusyPollAWriteThePollerPlacedIsAckedOnceItSpins) {
-  g_child_env = {"SOFTVERBS_IB_COMPLETION=1"};
-  Connect();
-  g_child_env.clear();
-  ASSERT_FALSE(HasFatalFailure());
+TEST_F(XProcIbPeer, BusyPollAWriteThePollerPlacedIsAckedOnceItSpins) {
+  ASSERT_NO_FATAL_FAILURE(ConnectIbPeer());
   ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);
   remote->fill(0, 0, 4096, 71);
   ASSERT_EQ(remote->post_send(make_rdma(IBV_WR_RDMA_WRITE, 1, {sge(0, 4096)}, li.addr, li.rkey)),
@@ -163,34 +187,28 @@ TEST_F(XProc, BusyPollAWriteThePollerPlacedIsAckedOnceItSpins) {
   EXPECT_EQ(local->check(0, 0, 4096, 71), -1);
   EXPECT_TRUE(remote->poll(CqSel::send, 1, kQuiet).empty())
       << "the ack left before the poller could answer";
-  // Two empty polls in a row, microseconds apart: a spin.
-  EXPECT_EQ(ibv_poll_cq(local->rcq, 1, &wc), 0);
-  EXPECT_EQ(ibv_poll_cq(local->rcq, 1, &wc), 0);
-  auto s = remote->poll(CqSel::send, 1, Ms(5000));
+  // Empty polls back to back, microseconds apart: a spin (as many as it takes, since under a
+  // sanitizer two polls in a row may be further apart than kSpinGapNs). This thread owns
+  // the CQ, so the peer's completion is awaited on another.
+  std::vector<ibv_wc> s;
+  std::atomic<bool> done{false};
+  std::thread waiter([&] {
+    s = remote->poll(CqSel::send, 1, Ms(5000));
+    done = true;
+  });
+  while (!done.load()) EXPECT_EQ(ibv_poll_cq(local->rcq, 1, &wc), 0);
+  waiter.join();
   ASSERT_EQ(s.size(), 1u) << "the Placement Ack waited for the hold";
   EXPECT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE));
   EXPECT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);
 }
 
 // The poller's answer carries the held ack: the Write completes with the answer's arrival.
-TEST_F(XProc, BusyPollAHeldAckRidesWithTheAnswer) {
-  g_child_env = {"SOFTVERBS_IB_COMPLETION=1"};
-  Connect();
-  g_child_env.clear();
-  ASSERT_FALSE(HasFatalFailure());
+TEST_F(XProcIbPeer, BusyPollAHeldAckRidesWithTheAnswer) {
+  ASSERT_NO_FATAL_FAILURE(ConnectIbPeer());
   ASSERT_EQ(remote->post_recv(1, {sge(8192, 64)}), 0);
   ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);
-  remote->fill(0, 0, 64, 75);
-  ASSERT_EQ(remote->post_send(make_rdma(IBV_WR_RDMA_WRITE, 2, {sge(0, 64)}, li.addr, li.rkey)), 0);
-  ibv_wc wc{};
-  const auto until = Clock::now() + kWait;
-  while (local->check(0, 0, 64, 75) != -1 && Clock::now() < until) {
-    ASSERT_EQ(ibv_poll_cq(local->rcq, 1, &wc), 0);
-    std::this_thread::sleep_for(Ms(1));  // polls far apart: no spin
-  }
-  ASSERT_EQ(local->check(0, 0, 64, 75), -1) << "the Write was not placed";
-  EXPECT_TRUE(remote->poll(CqSel::send, 1, kQuiet).empty())
-      << "the ack left before the poller could answer";
+  ASSERT_NO_FATAL_FAILURE(PlaceWriteBySlowPolls(2, 75));
   ASSERT_EQ(local->post_send(make_send(3, {sge(0, 16)})), 0);  // the answer
   auto s = remote->poll(CqSel::send, 1, Ms(5000));
   ASSERT_EQ(s.size(), 1u) << "the answer did not carry the Placement Ack";
@@ -200,23 +218,10 @@ TEST_F(XProc, BusyPollAHeldAckRidesWithTheAnswer) {
 }
 
 // A poller about to sleep on its CQ's wait set answers nothing: the held ack leaves.
-TEST_F(XProc, BusyPollAHeldAckLeavesWhenThePollerBlocks) {
-  g_child_env = {"SOFTVERBS_IB_COMPLETION=1"};
-  Connect();
-  g_child_env.clear();
-  ASSERT_FALSE(HasFatalFailure());
+TEST_F(XProcIbPeer, BusyPollAHeldAckLeavesWhenThePollerBlocks) {
+  ASSERT_NO_FATAL_FAILURE(ConnectIbPeer());
   ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);
-  remote->fill(0, 0, 64, 77);
-  ASSERT_EQ(remote->post_send(make_rdma(IBV_WR_RDMA_WRITE, 4, {sge(0, 64)}, li.addr, li.rkey)), 0);
-  ibv_wc wc{};
-  const auto until = Clock::now() + kWait;
-  while (local->check(0, 0, 64, 77) != -1 && Clock::now() < until) {
-    ASSERT_EQ(ibv_poll_cq(local->rcq, 1, &wc), 0);
-    std::this_thread::sleep_for(Ms(1));
-  }
-  ASSERT_EQ(local->check(0, 0, 64, 77), -1) << "the Write was not placed";
-  EXPECT_TRUE(remote->poll(CqSel::send, 1, kQuiet).empty())
-      << "the ack left before the poller could answer";
+  ASSERT_NO_FATAL_FAILURE(PlaceWriteBySlowPolls(4, 77));
   ASSERT_EQ(softverbs_cq_block(local->rcq, 1), 0);
   auto s = remote->poll(CqSel::send, 1, Ms(5000));
   EXPECT_EQ(softverbs_cq_block(local->rcq, 0), 0);
@@ -228,11 +233,8 @@ TEST_F(XProc, BusyPollAHeldAckLeavesWhenThePollerBlocks) {
 // RDS's fenced Write: a Write and a Send behind it, placed by one pass of the poller (a
 // stream: nobody answers both), whose requester asked for the Placement Ack. It leaves at
 // once, not after the hold (30 s in this run), whether or not the poller polls again.
-TEST_F(XProc, BusyPollAWriteAndSendThePollerPlacedAreAckedAtOnce) {
-  g_child_env = {"SOFTVERBS_IB_COMPLETION=1"};
-  Connect();
-  g_child_env.clear();
-  ASSERT_FALSE(HasFatalFailure());
+TEST_F(XProcIbPeer, BusyPollAWriteAndSendThePollerPlacedAreAckedAtOnce) {
+  ASSERT_NO_FATAL_FAILURE(ConnectIbPeer());
   ASSERT_EQ(local->post_recv(1, {sge(4096, 64)}), 0);
   ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);
   remote->fill(0, 0, 4096, 73);
