@@ -185,6 +185,7 @@ void show_qps(const std::vector<StatsView>& ps) {
       std::printf("link softverbs0/1 lqpn %u rqpn %u type %s state %s peer %s pid %u comm %s\n",
                   q.qpn, q.dest_qpn,
                   q.qp_type == IBV_QPT_RC   ? "RC"
+                  : q.qp_type == IBV_QPT_UC ? "UC"
                   : q.qp_type == IBV_QPT_UD ? "UD"
                                             : "UNKNOWN",
                   sv::wire::qp_state_name(q.state), peer_text(q).c_str(), p.pid, p.comm.c_str());

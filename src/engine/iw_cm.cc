@@ -217,6 +217,9 @@ static bool extensions_enabled() {
 // responder has placed them, and remote errors land on the WQE that caused them.
 bool ib_completion_wanted(const Qp* qp) {
   if (!extensions_enabled()) return false;
+  // UC has no acks: a UC WQE is done once its last packet has left (rxe_req.c), which is
+  // RFC 5040's rule.
+  if (qp && qp->uc) return false;
   if (qp && qp->ib_completion_pref >= 0) return qp->ib_completion_pref == 1;
   return settings::flag_value(SV_SETTING("SOFTVERBS_IB_COMPLETION"));
 }

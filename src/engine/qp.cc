@@ -139,6 +139,19 @@ Transition transition(ibv_qp_state cur, ibv_qp_state next) {
   return {false, 0, 0};
 }
 
+// UC's columns of the same table (qp_state_table, IB spec 11.2.4.2 table 91): RC's, less
+// what only a reliable connection has: IRD/ORD, the RNR timer and the retry counts. Giving
+// one of them is EINVAL, as ib_modify_qp_is_ok says for UC.
+Transition transition_uc(ibv_qp_state cur, ibv_qp_state next) {
+  constexpr int kRcOnly = IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC |
+                          IBV_QP_MIN_RNR_TIMER | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                          IBV_QP_RNR_RETRY;
+  Transition t = transition(cur, next);
+  t.required &= ~kRcOnly;
+  t.optional &= ~kRcOnly;
+  return t;
+}
+
 constexpr int kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                              IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 
@@ -149,7 +162,7 @@ void flush_all_at_exit();  // below, with doorbell batching
 Qp* qp_create(Context* ctx, Pd* pd, const ibv_qp_init_attr* init, int* err) {
   *err = EINVAL;
   if (!pd || !init || !init->send_cq || !init->recv_cq) return nullptr;
-  if (init->qp_type != IBV_QPT_RC && init->qp_type != IBV_QPT_UD) {
+  if (init->qp_type != IBV_QPT_RC && init->qp_type != IBV_QPT_UC && init->qp_type != IBV_QPT_UD) {
     *err = EOPNOTSUPP;
     return nullptr;
   }
@@ -166,6 +179,7 @@ Qp* qp_create(Context* ctx, Pd* pd, const ibv_qp_init_attr* init, int* err) {
   auto* qp = new Qp();
   qp->ctx = ctx;
   qp->pd = pd;
+  qp->uc = init->qp_type == IBV_QPT_UC;
   qp->scq = Cq::from(init->send_cq);
   qp->rcq = Cq::from(init->recv_cq);
   qp->srq = init->srq ? reinterpret_cast<Srq*>(init->srq) : nullptr;
@@ -271,8 +285,9 @@ int qp_modify(Qp* qp, ibv_qp_attr* a, int mask) {
   std::unique_lock lk(qp->tx_mu);
   const ibv_qp_state cur = (mask & IBV_QP_CUR_STATE) ? a->cur_qp_state : qp->state.load();
   const ibv_qp_state next = (mask & IBV_QP_STATE) ? a->qp_state : cur;
-  const Transition t =
-      qp->ud ? transition_ud(qp->state.load(), next) : transition(qp->state.load(), next);
+  const Transition t = qp->ud   ? transition_ud(qp->state.load(), next)
+                       : qp->uc ? transition_uc(qp->state.load(), next)
+                                : transition(qp->state.load(), next);
   if (!t.valid || cur != qp->state.load()) return EINVAL;
   if ((mask & t.required) != t.required || (mask & ~(t.required | t.optional | IBV_QP_STATE)) != 0)
     return EINVAL;
@@ -407,10 +422,13 @@ static int check_send_wr(const Qp* qp, const ibv_send_wr* wr) {
       // with IBV_WC_LOC_QP_OP_ERR when it is processed (qp_requester.cc).
       break;
     case IBV_WR_RDMA_READ:
-      if (wr->send_flags & IBV_SEND_INLINE) return EINVAL;
+      // Reads and Atomics need the responder's answer, which UC has no way to carry (IB
+      // spec table 37; rxe_wr_opcode_info has no UC mask for them: EINVAL at post).
+      if (qp->uc || (wr->send_flags & IBV_SEND_INLINE)) return EINVAL;
       break;
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      if (qp->uc) return EINVAL;
       // Size and alignment are not checked here: as on rxe, a wrong local size completes
       // with IBV_WC_LOC_LEN_ERR and a misaligned target with the responder's
       // IBV_WC_REM_INV_REQ_ERR (qp_requester.cc, qp_responder.cc).

@@ -166,6 +166,13 @@ struct Conn {
   std::array<ibv_sge, kMaxSge> cur_sge{};  // copies: the RQ slot is reusable once popped
   std::array<ibv_sge, kMaxSge> imm_sge{};
   std::array<ibv_sge, kMaxSge> tmp_sge{};
+  // UC (IB spec 9.9.3, responder class D): a message that cannot be placed is dropped, not
+  // Terminated. Its remaining segments are discarded; an Immediate Data message right behind
+  // a dropped Send or Write is part of it and goes too. A non-SRQ receive that a too-long
+  // Send had started is kept for the next Send (rxe do_class_d1e_error).
+  enum class UcDrop : uint8_t { none, send, write } uc_drop = UcDrop::none;
+  bool uc_drop_imm = false;      // the next message, if Immediate Data, belongs to a dropped one
+  bool recv_reuse = false;       // cur_recv is held, unused: the next Send starts it over
   uint32_t units_rx = 0;         // softverbs peer: Send/Write/Immediate Data messages placed
   uint32_t units_published = 0;  // ... of which the TX side has been told
   bool ack_requested = false;    // a message placed in this pass asked for its ack now
@@ -289,6 +296,9 @@ struct Qp {
   std::unique_ptr<Progress::Handler> io;  // epoll handler for conn.fd
   uint32_t events_reported = 0;           // async events posted for it (qpx.qp_base.mutex)
 
+  // UC: an RC connection underneath; the IB differences are at post (no Read or Atomic),
+  // completion (on transmit: UC has no acks) and the responder (drops instead of errors).
+  bool uc = false;
   // UD (qp_ud.cc): the QP's own UDP socket, bound to the port in its QPN (port << 8 | 0xFF).
   bool ud = false;
   int ud_fd = -1;

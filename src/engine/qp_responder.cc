@@ -121,6 +121,28 @@ void arm_rnr_timer(Qp* qp, Conn& c) {
   });
 }
 
+// UC (IB spec 9.9.3 class D, rxe_responder's RESPST_ERR_RNR / _RKEY_VIOLATION / _LENGTH for
+// UC): the message is dropped, the QP stays as it is and the requester is not told. This
+// segment and the rest of the message are discarded (rx_on_segment_end ends the drop).
+RxAction uc_drop(Qp* qp, Conn& c, Conn::UcDrop kind, const char* why) {
+  SV_DBG("qp %u: UC message dropped: %s", qp->qpn(), why);
+  stats::add(qp->stats, stats::Ctr::uc_dropped);
+  c.uc_drop = kind;
+  c.place.kind = Placement::Kind::discard;
+  return RxAction::place;
+}
+
+bool is_send(RdmapOpcode op) {
+  return op == RdmapOpcode::send || op == RdmapOpcode::send_inv || op == RdmapOpcode::send_se ||
+         op == RdmapOpcode::send_se_inv;
+}
+
+// A segment of the UC message being dropped (same queue, same message): discarded.
+bool uc_dropping(const Conn& c) {
+  return (c.uc_drop == Conn::UcDrop::send && is_send(c.seg.opcode) && c.seg.msn == c.recv_msn) ||
+         (c.uc_drop == Conn::UcDrop::write && c.seg.opcode == RdmapOpcode::rdma_write);
+}
+
 RxAction on_send(Qp* qp, Conn& c) {
   const auto& s = c.seg;
   if (s.msn != c.recv_msn) {
@@ -133,6 +155,7 @@ RxAction on_send(Qp* qp, Conn& c) {
       return RxAction::dead;
     }
     if (!take_recv(qp, c.cur_recv, c.cur_sge)) {
+      if (qp->uc) return uc_drop(qp, c, Conn::UcDrop::send, "no receive posted");
       arm_rnr_timer(qp, c);
       return RxAction::stall;  // receiver not ready: TCP back-pressure while we wait
     }
@@ -142,11 +165,24 @@ RxAction on_send(Qp* qp, Conn& c) {
       rx_fail(qp, ddp_catastrophic_term(), RxBlame::peer, IBV_WC_LOC_PROT_ERR);
       return RxAction::dead;
     }
+  } else if (c.recv_reuse) {
+    if (s.mo != 0) {
+      rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::invalid_mo), RxBlame::peer);
+      return RxAction::dead;
+    }
+    c.recv_reuse = false;
   } else if (s.mo != c.place.offset) {
     rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::invalid_mo), RxBlame::peer);
     return RxAction::dead;
   }
   if (static_cast<uint64_t>(s.mo) + s.payload_len > c.cur_recv.length) {
+    if (qp->uc) {
+      // rxe's class D1: the receive goes back to what it was, for the next Send. Kept for
+      // an SRQ's receive too (rxe completes that one with REM_INV_REQ_ERR), so that a UC
+      // QP never reports an error for a message its peer sent.
+      c.recv_reuse = true;
+      return uc_drop(qp, c, Conn::UcDrop::send, "message too long");
+    }
     // RFC 5041 §7.3 "message too long"; the local receive fails with LOC_LEN_ERR.
     rx_fail(qp, untagged_term(wire::DdpUntaggedEcode::too_long), RxBlame::peer, IBV_WC_LOC_LEN_ERR);
     return RxAction::dead;
@@ -171,6 +207,11 @@ RxAction on_write(Qp* qp, Conn& c) {
   }
   if (r != AccessResult::ok) {
     SV_INFO("qp %u: write to stag %#x denied", qp->qpn(), s.stag);
+    if (qp->uc) {
+      // Still a guess at our STags: it counts against the peer's address (peer_guard.h).
+      if (c.fd >= 0) peer_guard::protection_error(transport::peer_addr(c.fd));
+      return uc_drop(qp, c, Conn::UcDrop::write, "write access denied");
+    }
     rx_fail(qp, access_to_terminate(r, true), RxBlame::peer);
     return RxAction::dead;
   }
@@ -352,7 +393,14 @@ RxAction on_imm(Qp* qp, Conn& c) {
                   0);
   } else {
     RecvWqe w;
-    if (!take_recv(qp, w, c.tmp_sge)) return RxAction::stall;
+    if (!take_recv(qp, w, c.tmp_sge)) {
+      if (!qp->uc) return RxAction::stall;
+      // The Write with Immediate is dropped whole; its data may have landed (IB leaves the
+      // target's contents undefined for a dropped message).
+      ++c.recv_msn;
+      c.last_write_len = 0;
+      return uc_drop(qp, c, Conn::UcDrop::none, "no receive posted for immediate data");
+    }
     // byte_len is the Write's length, as rxe and mlx5 report (ibv_poll_cq(3)).
     complete_recv(qp, w, IBV_WC_SUCCESS, c.last_write_len, IBV_WC_RECV_RDMA_WITH_IMM,
                   IBV_WC_WITH_IMM | se, imm, 0);
@@ -419,6 +467,21 @@ void rx_fail(Qp* qp, const Terminate& t, RxBlame blame, ibv_wc_status recv_statu
 RxAction rx_on_header(Qp* qp) {
   Conn& c = qp->conn;
   if (qp->state.load() == IBV_QPS_ERR) return RxAction::dead;
+  if (uc_dropping(c)) {
+    c.place.kind = Placement::Kind::discard;
+    return RxAction::place;
+  }
+  if (c.uc_drop_imm) {
+    // Right behind a dropped Send or Write: its Immediate Data is part of it.
+    c.uc_drop_imm = false;
+    const bool imm =
+        c.seg.opcode == RdmapOpcode::imm_data || c.seg.opcode == RdmapOpcode::imm_data_se;
+    if (imm && c.seg.msn == c.recv_msn) {
+      ++c.recv_msn;
+      c.place.kind = Placement::Kind::discard;
+      return RxAction::place;
+    }
+  }
   switch (c.seg.opcode) {
     case RdmapOpcode::send:
     case RdmapOpcode::send_inv:
@@ -465,6 +528,20 @@ RxAction rx_on_header(Qp* qp) {
 bool rx_on_segment_end(Qp* qp) {
   Conn& c = qp->conn;
   const auto& s = c.seg;
+  if (uc_dropping(c)) {
+    if (!s.last) return true;
+    // The dropped message is over. A Send's MSN is used up; an Immediate Data message right
+    // behind it (Send with Immediate) or behind a Write (Write with Immediate) goes too.
+    if (c.uc_drop == Conn::UcDrop::send) {
+      ++c.recv_msn;
+      c.uc_drop_imm = c.peer_sv && s.rsvd_ulp == kSvImmFollows;
+    } else {
+      c.uc_drop_imm = true;
+      c.write_len = 0;
+    }
+    c.uc_drop = Conn::UcDrop::none;
+    return true;
+  }
   switch (s.opcode) {
     case RdmapOpcode::send:
     case RdmapOpcode::send_inv:

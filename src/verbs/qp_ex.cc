@@ -28,6 +28,10 @@ constexpr uint64_t kSupportedSendOps =
     IBV_QP_EX_WITH_LOCAL_INV;
 // What a UD QP carries (engine/qp_ud.cc): Sends, each addressed by ibv_wr_set_ud_addr.
 constexpr uint64_t kSupportedUdSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+// UC: RC's, less the operations that need the responder's answer (Read, Atomics).
+constexpr uint64_t kSupportedUcSendOps =
+    kSupportedSendOps & ~(IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+                          IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD);
 
 Qp* of(ibv_qp_ex* q) {
   return reinterpret_cast<Qp*>(q);
@@ -233,6 +237,7 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr) {
   }
   const bool ex = attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
   const uint64_t ops = attr->qp_type == IBV_QPT_RC   ? kSupportedSendOps
+                       : attr->qp_type == IBV_QPT_UC ? kSupportedUcSendOps
                        : attr->qp_type == IBV_QPT_UD ? kSupportedUdSendOps
                                                      : 0;
   if (ex && (attr->send_ops_flags & ~ops || !ops)) {

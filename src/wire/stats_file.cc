@@ -115,6 +115,8 @@ const char* ctr_name(Ctr c) {
       return "rnr_waits";
     case Ctr::ud_dropped:
       return "ud_dropped";
+    case Ctr::uc_dropped:
+      return "uc_dropped";
     case Ctr::count:
       break;
   }

@@ -40,6 +40,7 @@ enum class Ctr : uint8_t {
   rcvd_terminates,
   rnr_waits,   // a Send arrived with no receive posted (we stop reading: RNR)
   ud_dropped,  // UD datagrams dropped: malformed, Q_Key/P_Key/QPN mismatch, QP not ready
+  uc_dropped,  // UC messages dropped: no receive posted, too long, Write access denied
   count
 };
 inline constexpr size_t kCtrCount = static_cast<size_t>(Ctr::count);

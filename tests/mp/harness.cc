@@ -210,7 +210,7 @@ std::unique_ptr<Peer> Peer::create(const PeerConfig& cfg, std::string* err) {
   ia.cap.max_send_sge = cfg.max_send_sge;
   ia.cap.max_recv_sge = cfg.max_recv_sge;
   ia.cap.max_inline_data = cfg.max_inline_data;
-  ia.qp_type = IBV_QPT_RC;
+  ia.qp_type = cfg.qp_type;
   ia.sq_sig_all = cfg.sq_sig_all;
   if (cfg.srq) {
     ibv_srq_init_attr sa{};
@@ -283,9 +283,11 @@ int Peer::modify_rtr(const PeerInfo& r) {
   a.ah_attr.grh.sgid_index = 0;
   a.ah_attr.grh.hop_limit = 1;
   a.ah_attr.port_num = 1;
-  return ibv_modify_qp(qp, &a,
-                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                           IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  const int rc_only =
+      cfg_.qp_type == IBV_QPT_RC ? IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER : 0;
+  return ibv_modify_qp(
+      qp, &a,
+      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | rc_only);
 }
 
 int Peer::modify_rts() {
@@ -296,9 +298,10 @@ int Peer::modify_rts() {
   a.retry_cnt = cfg_.retry_cnt;
   a.rnr_retry = cfg_.rnr_retry;
   a.max_rd_atomic = cfg_.max_rd_atomic;
-  return ibv_modify_qp(qp, &a,
-                       IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                           IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+  const int rc_only = cfg_.qp_type == IBV_QPT_RC ? IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                                       IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC
+                                                 : 0;
+  return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | rc_only);
 }
 
 int Peer::connect(const PeerInfo& remote) {

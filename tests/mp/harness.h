@@ -78,6 +78,8 @@ struct PeerConfig {
   // Receives through a shared receive queue: 0 none; 1 an SRQ on the QP's PD; 2 an SRQ on a
   // PD of its own, which also holds the main buffer's MR (later MRs are on the QP's PD).
   uint8_t srq = 0;
+  // IBV_QPT_RC or IBV_QPT_UC; UC's RTR and RTS leave out RC's IRD/ORD, RNR and retry fields.
+  ibv_qp_type qp_type = IBV_QPT_RC;
 };
 
 // What the other side needs to know to connect and to address our main buffer.

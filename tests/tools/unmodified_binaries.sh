@@ -131,6 +131,11 @@ run_pair ibv_rc_pingpong_events "ibv_rc_pingpong -g 0 -n 200 -e" \
 # -t: an extended CQ (ibv_create_cq_ex) with completion timestamps, polled with ibv_start_poll.
 run_pair ibv_rc_pingpong_timestamps "ibv_rc_pingpong -g 0 -n 200 -t" \
   "ibv_rc_pingpong -g 0 -n 200 -t $SRV_ADDR" "Average receive completion clock cycles = [1-9]"
+# UC: the RC connection underneath, without acks, Reads or Atomics (IB's UC); -e: events.
+run_pair ibv_uc_pingpong "ibv_uc_pingpong -g 0 -n 200" \
+  "ibv_uc_pingpong -g 0 -n 200 $SRV_ADDR" "200 iters in"
+run_pair ibv_uc_pingpong_events "ibv_uc_pingpong -g 0 -n 200 -e -s 65536" \
+  "ibv_uc_pingpong -g 0 -n 200 -e -s 65536 $SRV_ADDR" "200 iters in"
 # UD: datagrams over UDP, a GRH in front of each receive (-g: an Ethernet port needs GIDs).
 run_pair ibv_ud_pingpong "ibv_ud_pingpong -g 0 -n 200" \
   "ibv_ud_pingpong -g 0 -n 200 $SRV_ADDR" "200 iters in"
