@@ -78,6 +78,7 @@ namespace sv::rds {
   X(send_rdma_gave_up) \
   X(send_rdma_refused) \
   X(send_rdma_verdict) \
+  X(send_rerouted) \
   X(send_zcopy) \
   X(wc_stale)
 // clang-format on

@@ -301,7 +301,8 @@ void conn_down(Conn* c, const char* why) {
   c->tearing_down = false;
   count(Ctr::conn_reset);
   // A connect that never came up: the process we looked up may be gone.
-  if (c->state == ConnState::connecting && c->active) {
+  const bool connect_failed = c->state == ConnState::connecting && c->active;
+  if (connect_failed) {
     directory_forget(c->peer_gen);
     registry_forget(c->peer_gen);
   }
@@ -309,6 +310,7 @@ void conn_down(Conn* c, const char* why) {
   destroy_id(c);
   ++c->inc;  // whatever the old QP still completes is stale from here on
   conn_reset_queues(c);
+  if (connect_failed) conn_reroute_orphans(c);
   release_buffers(c);
   // Forget the peer's congestion map: it may have changed while we were down, and a stale
   // congested bit would refuse every send (ENOBUFS) so nothing is queued and nobody

@@ -449,6 +449,9 @@ int transport_start();  // lazily: device, PD, CQ, listener, engine thread
 // rdma_cm listener is on cm_port), created down if new.
 Conn* conn_get(uint64_t peer_gen, in_addr laddr, const sockaddr_in& faddr, uint16_t cm_port);
 void conn_kick(Conn* c);  // xmit what can be sent
+// The peer process did not answer a connect: its messages for this host's addresses go
+// where their destination port is now (send.cc).
+void conn_reroute_orphans(Conn* c);
 void conn_send_ack(Conn* c);
 void flush_acks_locked();          // send every pending (delayed) ack now
 void flush_acks_at_exit_locked();  // and wait (bounded) until they have left

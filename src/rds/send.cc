@@ -154,6 +154,45 @@ void on_send_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
   }
 }
 
+// A port belongs to a process here, to the host on Linux. When the process a connection was
+// to did not answer its connect (and its registry entries were just forgotten), it may
+// have exited holding the port: each socket message to this host's addresses goes where
+// its destination is now, as on Linux the bytes would reach whoever holds the port. To
+// the process that holds it now (a new sequence number on that connection), or, if nobody
+// does, nowhere: dropped, as the receiving kernel drops a message to an unbound port (a
+// zero-copy cookie completes). Messages the same process still owns wait for the
+// reconnect; remote hosts' (directory) and RDMA messages too, as before.
+void conn_reroute_orphans(Conn* c) {
+  std::deque<Message*> keep;
+  std::vector<Conn*> to_kick;
+  for (Message* m : c->send_q) {
+    if (!m->sock || m->op || m->atomic_op || (m->h.flags & wire::kRdsFlagCongBitmap) ||
+        !is_local_ip(m->dest.sin_addr)) {
+      keep.push_back(m);
+      continue;
+    }
+    uint64_t gen = 0;
+    const uint16_t cm_port = registry_lookup(m->dest, &gen);
+    if (cm_port && gen == c->peer_gen) {
+      keep.push_back(m);
+      continue;
+    }
+    if (!cm_port) {
+      count(Ctr::send_drop_no_sock);
+      release_message(m);
+      continue;
+    }
+    count(Ctr::send_rerouted);
+    Conn* to = conn_get(gen, m->src, m->dest, cm_port);
+    m->h.flags &= static_cast<uint8_t>(~wire::kRdsFlagRetransmitted);
+    m->frags_posted = 0;
+    conn_enqueue(to, m);
+    if (std::find(to_kick.begin(), to_kick.end(), to) == to_kick.end()) to_kick.push_back(to);
+  }
+  c->send_q.swap(keep);
+  for (Conn* k : to_kick) conn_kick(k);
+}
+
 void conn_reset_queues(Conn* c) {
   // Unacked messages go back on the send queue, flagged (net/rds rds_send_path_reset).
   for (auto it = c->retrans.rbegin(); it != c->retrans.rend(); ++it) {

@@ -168,3 +168,44 @@ TEST(RdsFork, ChildTalksToItsParent) {
   EXPECT_EQ(wait_child(child), 0);
   svrds_close(parent);
 }
+
+// A process that held a port and died before it took our message: the message goes where the
+// port is now. Here nobody holds it, so it is dropped, as a kernel drops a message to an
+// unbound port, and the sender's queue empties (it used to wait for the dead process for
+// ever, and with it the zero-copy cookie of the message).
+TEST(RdsFork, MessageForAProcessThatDiedIsDroppedWhenNobodyHoldsItsPort) {
+  const uint16_t mine = port(10), gone = port(11);
+  const int a = bound_socket(mine);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = spawn([&] {
+    const int s = bound_socket(gone);
+    if (s < 0) return 40;
+    if (write(ready[1], "r", 1) != 1) return 41;
+    for (;;) pause();
+  });
+  char r;
+  ASSERT_EQ(read(ready[0], &r, 1), 1);
+  close(ready[0]);
+  close(ready[1]);
+  // Stopped, the child cannot take the connection: the message waits on it, connecting.
+  ASSERT_EQ(kill(child, SIGSTOP), 0);
+  const uint64_t dropped = counter(a, "send_drop_no_sock");
+  ASSERT_EQ(send_to(a, gone, "orphan", 6), 6);
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  EXPECT_EQ(wait_child(child), 128);
+  // Its connect fails with the process: the port is nobody's, the message is dropped.
+  for (int i = 0; i < 1000 && counter(a, "send_drop_no_sock") == dropped; ++i) usleep(10000);
+  EXPECT_EQ(counter(a, "send_drop_no_sock"), dropped + 1);
+  // And it left the send queue.
+  std::vector<char> buf(64 * 1024);
+  socklen_t len = static_cast<socklen_t>(buf.size());
+  const int each = svrds_getsockopt(a, SOL_RDS, RDS_INFO_SEND_MESSAGES, buf.data(), &len);
+  ASSERT_GT(each, 0) << strerror(errno);
+  for (size_t off = 0; off + static_cast<size_t>(each) <= len; off += static_cast<size_t>(each)) {
+    rds_info_message m;
+    std::memcpy(&m, buf.data() + off, sizeof m);
+    EXPECT_NE(m.fport, htons(gone)) << "the message is still queued";
+  }
+  svrds_close(a);
+}
