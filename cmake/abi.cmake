@@ -27,8 +27,7 @@ function(sv_use_version_script target map)
   set_property(TARGET ${target} APPEND PROPERTY LINK_DEPENDS ${map})
 endfunction()
 
-# libibverbs.so.1 / librdmacm.so.1: entry points not backed by the engine.
+# libibverbs.so.1: entry points not backed by the engine.
 target_sources(ibverbs PRIVATE ${_sv_root}/src/verbs/unsupported.cc)
-target_sources(rdmacm PRIVATE ${_sv_root}/src/rdmacm/unsupported.cc)
 sv_use_version_script(ibverbs ${SV_IBVERBS_MAP})
 sv_use_version_script(rdmacm ${SV_RDMACM_MAP})

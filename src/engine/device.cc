@@ -173,6 +173,10 @@ void fill_device_attr(const Device* d, ibv_device_attr* a) {
   a->max_srq_wr = kMaxSrqWr;
   a->max_srq_sge = kMaxSge;
   a->max_pkeys = 1;
+  // Multicast (UD over IP multicast, qp_ud.cc): rxe's numbers; groups per QP are enforced.
+  a->max_mcast_grp = 8192;
+  a->max_mcast_qp_attach = 56;
+  a->max_total_mcast_qp_attach = 8192 * 56;
   a->local_ca_ack_delay = 15;
   a->phys_port_cnt = 1;
 }

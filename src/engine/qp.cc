@@ -552,6 +552,7 @@ int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing
     }
     if (qp->ud) {
       w.dgid = Ah::from(wr->wr.ud.ah)->attr.grh.dgid;
+      w.sgid_index = Ah::from(wr->wr.ud.ah)->attr.grh.sgid_index;
       w.remote_qpn = wr->wr.ud.remote_qpn;
       w.remote_qkey = wr->wr.ud.remote_qkey;
     } else if (wr->opcode == IBV_WR_RDMA_WRITE || wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||

@@ -81,6 +81,7 @@ struct SendWqe {
   uint32_t ack_seq = 0;     // softverbs peer: complete once peer_acked reaches it
   // UD (qp_ud.cc): the destination, copied from the AH at post so it may be destroyed.
   ibv_gid dgid{};
+  uint8_t sgid_index = 0;  // the interface a multicast datagram leaves on
   uint32_t remote_qpn = 0;
   uint32_t remote_qkey = 0;
   ibv_wc_status status = IBV_WC_SUCCESS;
@@ -92,6 +93,15 @@ struct Ah {
   ibv_ah ah;  // first: handed out as ibv_ah*
   ibv_ah_attr attr{};
   static const Ah* from(const ibv_ah* a) { return reinterpret_cast<const Ah*>(a); }
+};
+
+// A multicast group a UD QP is attached to (ibv_attach_mcast): a UDP socket of its own,
+// bound to the group's port and joined to the group (qp_ud.cc).
+struct McastMember {
+  ibv_gid gid{};
+  int fd = -1;
+  uint32_t events = 0;
+  std::unique_ptr<Progress::Handler> io;
 };
 
 struct RecvWqe {
@@ -308,6 +318,11 @@ struct Qp {
   bool ud_dual_stack = false;       // ud_fd is AF_INET6 taking IPv4 too
   uint32_t ud_psn = 0;              // tx_mu
   bool ud_tx_failed = false;        // tx_mu: a WQE failed, the QP is going to ERR
+  // Attached multicast groups: changed and read on the progress thread only; their count
+  // is read by ibv_destroy_qp (EBUSY while any is attached, as the kernel's usecnt).
+  std::vector<std::unique_ptr<McastMember>> mcast;
+  std::atomic<uint32_t> mcast_groups{0};
+  int mcast_tx_sgid = -1;  // tx_mu: the GID index the multicast interface is set for
 
   ibv_qp* ibqp() { return &qpx.qp_base; }
   static Qp* from(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
@@ -450,7 +465,14 @@ void ud_close(Qp* qp);
 void ud_tx_locked(Qp* qp);
 // Receives what the socket holds while receive WQEs are posted. Caller holds rx_mu.
 void ud_rx_run_locked(Qp* qp);
+// The same from one of its sockets: its own, or a multicast group's (mcast). Holds rx_mu.
+void ud_rx_fd_locked(Qp* qp, int fd, bool mcast);
 void ud_update_interest(Qp* qp);
+// The QPN a multicast datagram is addressed to (the IB spec reserves 0xFFFFFF for it).
+inline constexpr uint32_t kMcastQpn = 0xFFFFFF;
+// ibv_attach_mcast / ibv_detach_mcast on a UD QP: 0 or an errno.
+int ud_attach_mcast(Qp* qp, const ibv_gid& gid);
+int ud_detach_mcast(Qp* qp, const ibv_gid& gid);
 // The receive side of either QP type (RC: rx_run_locked). Caller holds rx_mu.
 void qp_rx_locked(Qp* qp);
 

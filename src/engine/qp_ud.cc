@@ -19,6 +19,7 @@
 // One departure, in the user's favour: with no receive posted we stop reading instead of
 // dropping, and the socket's buffer holds datagrams until one is (an adapter drops them).
 #include <arpa/inet.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -115,6 +116,172 @@ bool dest_addr(const Qp* qp, const ibv_gid& dgid, uint16_t port, transport::Sock
   return true;
 }
 
+// ---- multicast ----------------------------------------------------------------------------
+// A group is an IP multicast group: a multicast GID is an IPv4-mapped 224.0.0.0/4 address
+// (RoCEv2's form, as rdma_cm makes it) or an IPv6 one (ff00::/8), as the kernel's
+// rdma_is_multicast_addr says. Its datagrams go to one UDP port every host derives from the
+// GID, where each attached QP has a socket joined to the group.
+constexpr size_t kMaxMcastPerQp = 56;  // max_mcast_qp_attach, as rxe
+
+bool mcast_group(const ibv_gid& g, transport::SockAddr& out) {
+  static constexpr uint8_t kV4Mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (std::memcmp(g.raw, kV4Mapped, 12) == 0) {
+    if ((g.raw[12] & 0xF0) != 0xE0) return false;
+    uint32_t a;
+    std::memcpy(&a, &g.raw[12], 4);
+    out = transport::SockAddr::ipv4(a, 0);
+    return true;
+  }
+  if (g.raw[0] != 0xff) return false;
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  std::memcpy(&a.sin6_addr, g.raw, 16);
+  out = transport::SockAddr::from(reinterpret_cast<sockaddr*>(&a));
+  return true;
+}
+
+// 28672..32767: below Linux's ephemeral ports, where the QPs' own sockets are.
+uint16_t mcast_port(const ibv_gid& g) {
+  uint32_t h = 2166136261u;  // FNV-1a
+  for (uint8_t b : g.raw) h = (h ^ b) * 16777619u;
+  return static_cast<uint16_t>(0x7000 | (h & 0x0FFF));
+}
+
+bool same_ip(const transport::SockAddr& a, const transport::SockAddr& b) {
+  return std::memcmp(addr_to_gid(a).raw, addr_to_gid(b).raw, 16) == 0;
+}
+
+// The interface that carries a local address; 0 if none does.
+int ifindex_of(const transport::SockAddr& a) {
+  for (const auto& h : transport::host_addresses())
+    if (same_ip(h.addr, a)) return static_cast<int>(if_nametoindex(h.ifname.c_str()));
+  return 0;
+}
+
+// The interfaces our GIDs are on: a group is joined on each.
+std::vector<int> gid_interfaces() {
+  std::vector<int> v;
+  const Device* d = the_device();
+  for (const auto& h : transport::host_addresses()) {
+    bool ours = false;
+    for (const auto& g : d->gid_addrs) ours |= same_ip(h.addr, g);
+    const int i = ours ? static_cast<int>(if_nametoindex(h.ifname.c_str())) : 0;
+    if (i > 0 && std::find(v.begin(), v.end(), i) == v.end()) v.push_back(i);
+  }
+  return v;
+}
+
+// A socket on the group's port, joined to the group on each of our interfaces, taking only
+// that group's datagrams. -1 with *err set on failure.
+int open_mcast(const Qp* qp, const transport::SockAddr& group, uint16_t port, int* err) {
+  const bool v6 = qp->ud_dual_stack;
+  if (!v6 && group.family() == AF_INET6) {
+    *err = EINVAL;
+    return -1;
+  }
+  const int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *err = errno;
+    return -1;
+  }
+  const int on = 1, off = 0;
+  // Every QP of every process attached to the group binds the same port.
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  int r;
+  if (v6) {
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_port = htons(port);
+    r = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  } else {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    r = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  }
+  if (r != 0) {
+    *err = errno;
+    close(fd);
+    return -1;
+  }
+  setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &on, sizeof on);
+  // Without this, the port's socket gets the datagrams of every group some socket of the
+  // host joined on that port (Linux's default), so groups sharing a port would mix.
+  setsockopt(fd, IPPROTO_IP, IP_MULTICAST_ALL, &off, sizeof off);
+  if (v6) {
+    setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &on, sizeof on);
+    setsockopt(fd, IPPROTO_IPV6, IPV6_MULTICAST_ALL, &off, sizeof off);
+  }
+  const int rcvbuf = 4 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+  bool joined = false;
+  int last = ENODEV;
+  for (const int ifi : gid_interfaces()) {
+    if (group.family() == AF_INET) {
+      ip_mreqn m{};
+      m.imr_multiaddr = reinterpret_cast<const sockaddr_in*>(&group.ss)->sin_addr;
+      m.imr_ifindex = ifi;
+      r = setsockopt(fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &m, sizeof m);
+    } else {
+      ipv6_mreq m{};
+      m.ipv6mr_multiaddr = reinterpret_cast<const sockaddr_in6*>(&group.ss)->sin6_addr;
+      m.ipv6mr_interface = static_cast<unsigned>(ifi);
+      r = setsockopt(fd, IPPROTO_IPV6, IPV6_ADD_MEMBERSHIP, &m, sizeof m);
+    }
+    if (r == 0)
+      joined = true;
+    else
+      last = errno;
+  }
+  if (!joined) {
+    *err = last;
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A group's datagrams for one attached QP.
+struct McastIo : Progress::Handler {
+  Qp* qp;
+  int fd;
+  McastIo(Qp* q, int f) : qp(q), fd(f) {}
+  void on_event(uint32_t ev) override {
+    if (ev & (EPOLLIN | EPOLLERR)) {
+      std::lock_guard lk(qp->rx_mu);
+      ud_rx_fd_locked(qp, fd, true);
+    }
+    qp_update_interest(qp);
+  }
+};
+
+// A datagram for QPN 0xFFFFFF goes to the group its GID names, out of the interface of the
+// AH's source GID. A GID that names no group sends nothing (a fabric drops a multicast QPN
+// without a multicast address) and the Send still completes, as any UD Send. Caller holds
+// tx_mu.
+bool mcast_dest(Qp* qp, const SendWqe& w, transport::SockAddr& to) {
+  transport::SockAddr group;
+  if (!mcast_group(w.dgid, group) || !dest_addr(qp, w.dgid, mcast_port(w.dgid), to)) return false;
+  if (qp->mcast_tx_sgid != w.sgid_index) {
+    const Device* d = the_device();
+    if (w.sgid_index >= d->gid_addrs.size()) return false;
+    const transport::SockAddr& src = d->gid_addrs[w.sgid_index];
+    const int ifi = ifindex_of(src);
+    if (group.family() == AF_INET) {
+      ip_mreqn m{};
+      const ibv_gid sg = addr_to_gid(src);
+      std::memcpy(&m.imr_address, &sg.raw[12], 4);  // our source address, if it is IPv4
+      m.imr_ifindex = ifi;
+      setsockopt(qp->ud_fd, IPPROTO_IP, IP_MULTICAST_IF, &m, sizeof m);
+    } else {
+      setsockopt(qp->ud_fd, IPPROTO_IPV6, IPV6_MULTICAST_IF, &ifi, sizeof ifi);
+    }
+    qp->mcast_tx_sgid = w.sgid_index;
+  }
+  return true;
+}
+
 // True when a receive WQE is waiting; otherwise marks RX stalled under the same lock, so a
 // post_recv either is seen here or sees the stall (and restarts RX).
 bool recv_ready(Qp* qp) {
@@ -136,7 +303,7 @@ void drop(Qp* qp, const char* why) {
 }
 
 // One datagram in ud_rxbuf: validate, place, complete. False if the QP went to error.
-bool deliver(Qp* qp, size_t n, const transport::SockAddr& from, const ibv_gid& to) {
+bool deliver(Qp* qp, size_t n, const transport::SockAddr& from, const ibv_gid& to, bool mcast) {
   wire::UdHeader h;
   size_t hdr_len = 0, len = 0;
   const std::byte* p = qp->ud_rxbuf.data();
@@ -146,7 +313,7 @@ bool deliver(Qp* qp, size_t n, const transport::SockAddr& from, const ibv_gid& t
     return true;
   }
   const char* refused = nullptr;
-  if (h.dest_qp != qp->qpn())
+  if (h.dest_qp != (mcast ? kMcastQpn : qp->qpn()))
     refused = "another QPN";
   else if (h.pkey != wire::kDefaultPkey)
     refused = "P_Key";
@@ -228,6 +395,12 @@ int ud_open(Qp* qp) {
 
 void ud_close(Qp* qp) {
   Progress::get().run_sync([qp] {
+    for (auto& m : qp->mcast) {
+      Progress::get().del(m->fd);
+      close(m->fd);
+    }
+    qp->mcast.clear();
+    qp->mcast_groups.store(0);
     if (qp->ud_fd < 0) return;
     if (qp->ud_registered) Progress::get().del(qp->ud_fd);
     qp->ud_registered = false;
@@ -242,6 +415,11 @@ void ud_update_interest(Qp* qp) {
     const uint32_t ev = qp->rx_stalled || qp->rx_yielded ? 0u : static_cast<uint32_t>(EPOLLIN);
     if (ev != qp->ud_events) Progress::get().mod(qp->ud_fd, ev, qp->io.get());
     qp->ud_events = ev;
+    // A group's datagrams wait in its socket too while no receive is posted.
+    for (auto& m : qp->mcast) {
+      if (ev != m->events) Progress::get().mod(m->fd, ev, m->io.get());
+      m->events = ev;
+    }
   };
   if (Progress::get().on_thread()) {
     apply();
@@ -252,8 +430,9 @@ void ud_update_interest(Qp* qp) {
   }
 }
 
-void ud_rx_run_locked(Qp* qp) {
-  if (qp->ud_fd < 0) return;
+// Receives from fd (the QP's own socket, or one of its multicast groups'). Caller holds rx_mu.
+void ud_rx_fd_locked(Qp* qp, int fd, bool mcast) {
+  if (fd < 0) return;
   qp->rx_stalled = false;
   for (int budget = kRxBudget; budget; --budget) {
     const ibv_qp_state st = qp->state.load(std::memory_order_acquire);
@@ -271,7 +450,7 @@ void ud_rx_run_locked(Qp* qp) {
     m.msg_iovlen = 1;
     m.msg_control = ctl;
     m.msg_controllen = sizeof ctl;
-    const ssize_t n = recvmsg(qp->ud_fd, &m, MSG_DONTWAIT);
+    const ssize_t n = recvmsg(fd, &m, MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
       return;  // EAGAIN: drained
@@ -285,9 +464,13 @@ void ud_rx_run_locked(Qp* qp) {
       continue;
     }
     transport::SockAddr src = transport::SockAddr::from(reinterpret_cast<sockaddr*>(&from));
-    if (!deliver(qp, static_cast<size_t>(n), src, dest_gid(m))) return;
+    if (!deliver(qp, static_cast<size_t>(n), src, dest_gid(m), mcast)) return;
   }
   // Budget spent with more waiting: come back through epoll (still readable).
+}
+
+void ud_rx_run_locked(Qp* qp) {
+  ud_rx_fd_locked(qp, qp->ud_fd, false);
 }
 
 void ud_tx_locked(Qp* qp) {
@@ -337,7 +520,10 @@ void ud_tx_locked(Qp* qp) {
         break;
       }
       transport::SockAddr to;
-      if (!dest_addr(qp, w.dgid, static_cast<uint16_t>(w.remote_qpn >> 8), to)) continue;
+      if (w.remote_qpn == kMcastQpn
+              ? !mcast_dest(qp, w, to)
+              : !dest_addr(qp, w.dgid, static_cast<uint16_t>(w.remote_qpn >> 8), to))
+        continue;
       msghdr m{};
       m.msg_name = &to.ss;
       m.msg_namelen = to.len;
@@ -356,6 +542,52 @@ void ud_tx_locked(Qp* qp) {
     }
   }
   complete_sq_locked(qp);
+}
+
+// ibv_attach_mcast (ib_attach_mcast and uverbs' rules): the GID must be a multicast address
+// (EINVAL); attaching a group again is a success that changes nothing; more than
+// max_mcast_qp_attach groups is ENOMEM.
+int ud_attach_mcast(Qp* qp, const ibv_gid& gid) {
+  transport::SockAddr group;
+  if (!mcast_group(gid, group)) return EINVAL;
+  int err = 0;
+  Progress::get().run_sync([&] {
+    for (const auto& m : qp->mcast)
+      if (std::memcmp(m->gid.raw, gid.raw, 16) == 0) return;
+    if (qp->mcast.size() >= kMaxMcastPerQp) {
+      err = ENOMEM;
+      return;
+    }
+    const int fd = open_mcast(qp, group, mcast_port(gid), &err);
+    if (fd < 0) return;
+    auto m = std::make_unique<McastMember>();
+    m->gid = gid;
+    m->fd = fd;
+    m->events = EPOLLIN;
+    m->io = std::make_unique<McastIo>(qp, fd);
+    Progress::get().add(fd, EPOLLIN, m->io.get());
+    qp->mcast.push_back(std::move(m));
+    qp->mcast_groups.fetch_add(1);
+  });
+  if (!err) ud_update_interest(qp);  // a QP waiting for receives waits on the group too
+  return err;
+}
+
+// ibv_detach_mcast: a group the QP is not attached to is EINVAL (uverbs).
+int ud_detach_mcast(Qp* qp, const ibv_gid& gid) {
+  int err = EINVAL;
+  Progress::get().run_sync([&] {
+    for (auto it = qp->mcast.begin(); it != qp->mcast.end(); ++it) {
+      if (std::memcmp((*it)->gid.raw, gid.raw, 16) != 0) continue;
+      Progress::get().del((*it)->fd);
+      close((*it)->fd);
+      qp->mcast.erase(it);
+      qp->mcast_groups.fetch_sub(1);
+      err = 0;
+      return;
+    }
+  });
+  return err;
 }
 
 void qp_rx_locked(Qp* qp) {

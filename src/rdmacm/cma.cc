@@ -88,6 +88,14 @@ struct CmId {
   uint32_t sidr_req_id = 0;
   int outstanding = 0;  // events not yet acked (rdma_destroy_id waits)
   std::condition_variable cv;
+  // Multicast groups joined (rdma_join_multicast), under mu.
+  struct McJoin {
+    sockaddr_storage addr{};
+    socklen_t len = 0;
+    ibv_gid mgid{};
+    bool attached = false;  // the id's QP is attached (not for a send-only join)
+  };
+  std::vector<McJoin> mc;
 };
 
 // Live ids. A QP may outlive its id (rdma_destroy_id before ibv_destroy_qp) and an id
@@ -155,6 +163,7 @@ void queue_event(CmId* id, rdma_cm_event_type type, int status,
   if (ud) {
     // A UD event's parameters are rdma_ud_param (same private data fields at the front).
     e->ev.param.ud.ah_attr = ud->ah_attr;
+    if (!e->ev.param.ud.private_data) e->ev.param.ud.private_data = ud->private_data;
     e->ev.param.ud.qp_num = ud->qp_num;
     e->ev.param.ud.qkey = ud->qkey;
   } else {
@@ -833,6 +842,84 @@ SV_EXPORT int rdma_resolve_addr(rdma_cm_id* i, sockaddr* src, sockaddr* dst, int
   return sync ? sync_wait(id, RDMA_CM_EVENT_ADDR_RESOLVED) : 0;
 }
 
+// ---- multicast ------------------------------------------------------------------------
+// IP multicast underneath (engine/qp_ud.cc): a group is its IP address, and joining is
+// attaching the id's UD QP, at once (librdmacm attaches when the join event is read), then
+// RDMA_CM_EVENT_MULTICAST_JOIN with the group's AH, QPN 0xFFFFFF and the port space's Q_Key.
+// The MGID is RoCEv2's: ::ffff:a.b.c.d for an IPv4 group, the address for an IPv6 one.
+
+static int join_multicast(CmId* id, const sockaddr* addr, uint16_t flags, void* context) {
+  const socklen_t len = sa_len(addr);
+  if (!len) return fail(EINVAL);
+  // The kernel's cma: the id must be bound to the device (bound or resolved).
+  if (!id->id.verbs) return fail(EINVAL);
+  SockAddr group = SockAddr::from(addr);
+  const ibv_gid mgid = addr_to_gid(group);
+  const bool mcast =
+      group.family() == AF_INET
+          ? IN_MULTICAST(ntohl(reinterpret_cast<const sockaddr_in*>(addr)->sin_addr.s_addr))
+          : group.family() == AF_INET6 && mgid.raw[0] == 0xff;
+  if (!mcast) return fail(EINVAL);
+  CmId::McJoin j;
+  std::memcpy(&j.addr, addr, len);
+  j.len = len;
+  j.mgid = mgid;
+  int err = 0;
+  {
+    std::lock_guard lk(id->mu);
+    for (const auto& o : id->mc)
+      if (o.len == len && std::memcmp(&o.addr, addr, len) == 0) return fail(EADDRINUSE);
+    if (id->id.qp && flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER) {
+      err = ibv_attach_mcast(id->id.qp, &mgid, 0);
+      j.attached = err == 0;
+    }
+    id->mc.push_back(j);
+  }
+  if (err) {
+    // librdmacm turns a failed attach into this event.
+    queue_event(id, RDMA_CM_EVENT_MULTICAST_ERROR, -err);
+    return 0;
+  }
+  rdma_ud_param ud{};
+  ud.ah_attr = ah_toward(id_src(id), group);
+  ud.ah_attr.grh.dgid = mgid;
+  ud.private_data = context;  // librdmacm hands the join's context back here
+  ud.qp_num = kMcastQpn;
+  ud.qkey = kUdpQkey;
+  queue_event(id, RDMA_CM_EVENT_MULTICAST_JOIN, 0, nullptr, nullptr, 0, 0, &ud);
+  return 0;
+}
+
+SV_EXPORT int rdma_join_multicast(rdma_cm_id* i, sockaddr* addr, void* context) {
+  if (!i || !addr) return fail(EINVAL);
+  return join_multicast(cmid(i), addr, RDMA_MC_JOIN_FLAG_FULLMEMBER, context);
+}
+
+SV_EXPORT int rdma_join_multicast_ex(rdma_cm_id* i, rdma_cm_join_mc_attr_ex* a, void* context) {
+  if (!i || !a) return fail(EINVAL);
+  if (a->comp_mask >= RDMA_CM_JOIN_MC_ATTR_RESERVED) return fail(ENOTSUP);
+  if (!(a->comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS) || !a->addr) return fail(EINVAL);
+  if (!(a->comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS) ||
+      a->join_flags >= RDMA_MC_JOIN_FLAG_RESERVED)
+    return fail(EINVAL);
+  return join_multicast(cmid(i), a->addr, static_cast<uint16_t>(a->join_flags), context);
+}
+
+SV_EXPORT int rdma_leave_multicast(rdma_cm_id* i, sockaddr* addr) {
+  if (!i || !addr) return fail(EINVAL);
+  const socklen_t len = sa_len(addr);
+  if (!len) return fail(EINVAL);
+  CmId* id = cmid(i);
+  std::lock_guard lk(id->mu);
+  for (auto it = id->mc.begin(); it != id->mc.end(); ++it) {
+    if (it->len != len || std::memcmp(&it->addr, addr, len) != 0) continue;
+    if (it->attached && i->qp) ibv_detach_mcast(i->qp, &it->mgid, 0);
+    id->mc.erase(it);
+    return 0;
+  }
+  return fail(EADDRNOTAVAIL);  // librdmacm: no such join
+}
+
 SV_EXPORT int rdma_resolve_route(rdma_cm_id* i, int) {
   if (!i) return fail(EINVAL);
   CmId* id = cmid(i);
@@ -946,6 +1033,14 @@ SV_EXPORT int rdma_create_qp(rdma_cm_id* i, ibv_pd* pd, ibv_qp_init_attr* qp_ini
 
 SV_EXPORT void rdma_destroy_qp(rdma_cm_id* i) {
   if (!i || !i->qp) return;
+  {
+    // The groups rdma_cm attached the QP to let go of it first: an attached QP is busy
+    // (ibv_destroy_qp would say EBUSY and leave it behind).
+    CmId* id = cmid(i);
+    std::lock_guard lk(id->mu);
+    for (auto& j : id->mc)
+      if (j.attached && ibv_detach_mcast(i->qp, &j.mgid, 0) == 0) j.attached = false;
+  }
   ibv_qp* qp = nullptr;
   {
     // Unpublished before it is destroyed. A connection that completes meanwhile (its

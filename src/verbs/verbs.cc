@@ -699,6 +699,8 @@ SV_EXPORT int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
 }
 
 SV_EXPORT int ibv_destroy_qp(ibv_qp* qp) {
+  // A QP attached to multicast groups is in use: EBUSY (the kernel's qp->usecnt).
+  if (handle_ok(HKind::qp, qp) && Qp::from(qp)->mcast_groups.load()) return EBUSY;
   if (const int e = handle_take(HKind::qp, qp)) return e;
   Pd* pd = Qp::from(qp)->pd;
   qp_destroy(Qp::from(qp));  // cannot fail once the handle is taken
@@ -883,11 +885,17 @@ SV_EXPORT ibv_ah* ibv_create_ah_from_wc(ibv_pd* pd, ibv_wc* wc, ibv_grh* grh, ui
   return ibv_create_ah(pd, &attr);
 }
 
-SV_EXPORT int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) {
-  return EOPNOTSUPP;
+// Multicast over IP multicast (engine/qp_ud.cc). As ib_attach_mcast: UD QPs only, and a
+// multicast GID (EINVAL otherwise); the LID is not checked, as on an Ethernet port.
+SV_EXPORT int ibv_attach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) {
+  if (const int e = handle_check(HKind::qp, qp)) return e;
+  if (!gid || qp->qp_type != IBV_QPT_UD) return EINVAL;
+  return ud_attach_mcast(Qp::from(qp), *gid);
 }
-SV_EXPORT int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) {
-  return EOPNOTSUPP;
+SV_EXPORT int ibv_detach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) {
+  if (const int e = handle_check(HKind::qp, qp)) return e;
+  if (!gid || qp->qp_type != IBV_QPT_UD) return EINVAL;
+  return ud_detach_mcast(Qp::from(qp), *gid);
 }
 
 // ---- async events ---------------------------------------------------------------------

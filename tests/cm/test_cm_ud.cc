@@ -295,6 +295,90 @@ TEST_F(CmUd, RequestsBeyondTheBacklogAreDropped) {
   rdma_ack_cm_event(ev);
 }
 
+// Multicast through rdma_cm, as mckey drives it: join before the id is bound is EINVAL, and a
+// unicast address too; a join attaches the id's QP and reports the group's AH, QPN 0xFFFFFF,
+// the port space's Q_Key and the join's context; a datagram to the group comes back to the
+// joined QP; leave detaches (a second leave is EADDRNOTAVAIL).
+TEST_F(CmUd, MulticastJoinAndLeave) {
+  sockaddr_in grp{};
+  grp.sin_family = AF_INET;
+  grp.sin_addr.s_addr = htonl(0xEF0A0000u | (static_cast<uint32_t>(getpid()) & 0xFFFF));
+  errno = 0;
+  EXPECT_EQ(rdma_join_multicast(srv.id, reinterpret_cast<sockaddr*>(&grp), nullptr), -1);
+  EXPECT_EQ(errno, EINVAL) << "an id bound to no device";
+  sockaddr_in a = loopback(0);
+  ASSERT_EQ(rdma_bind_addr(srv.id, reinterpret_cast<sockaddr*>(&a)), 0);
+  ASSERT_NO_FATAL_FAILURE(srv.make_qp(srv.id));
+  sockaddr_in uni = loopback(0);
+  errno = 0;
+  EXPECT_EQ(rdma_join_multicast(srv.id, reinterpret_cast<sockaddr*>(&uni), nullptr), -1);
+  EXPECT_EQ(errno, EINVAL) << "not a multicast address";
+  rdma_cm_join_mc_attr_ex x{};
+  x.comp_mask = RDMA_CM_JOIN_MC_ATTR_ADDRESS;  // no join flags
+  x.addr = reinterpret_cast<sockaddr*>(&grp);
+  errno = 0;
+  EXPECT_EQ(rdma_join_multicast_ex(srv.id, &x, nullptr), -1);
+  EXPECT_EQ(errno, EINVAL);
+  x.comp_mask |= RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS;
+  x.join_flags = RDMA_MC_JOIN_FLAG_FULLMEMBER;
+  int ctx_tag = 0;
+  ASSERT_EQ(rdma_join_multicast_ex(srv.id, &x, &ctx_tag), 0) << strerror(errno);
+  rdma_cm_event* ev = next_event(srv.ch);
+  ASSERT_NE(ev, nullptr);
+  ASSERT_EQ(ev->event, RDMA_CM_EVENT_MULTICAST_JOIN) << rdma_event_str(ev->event);
+  EXPECT_EQ(ev->status, 0);
+  EXPECT_EQ(ev->param.ud.private_data, &ctx_tag);
+  EXPECT_EQ(ev->param.ud.qp_num, 0xFFFFFFu);
+  EXPECT_EQ(ev->param.ud.qkey, kUdpQkey);
+  const ibv_ah_attr ah_attr = ev->param.ud.ah_attr;
+  rdma_ack_cm_event(ev);
+  EXPECT_TRUE(ah_attr.is_global);
+  EXPECT_EQ(ah_attr.grh.dgid.raw[10], 0xff);
+  EXPECT_EQ(memcmp(&ah_attr.grh.dgid.raw[12], &grp.sin_addr, 4), 0) << "MGID ::ffff:<group>";
+  // The QP hears its own group (multicast loopback, as on a NIC with it enabled).
+  ibv_ah* ah = ibv_create_ah(srv.pd, const_cast<ibv_ah_attr*>(&ah_attr));
+  ASSERT_NE(ah, nullptr);
+  ibv_sge rs{reinterpret_cast<uint64_t>(srv.buf.data()), 4096, srv.mr->lkey};
+  ibv_recv_wr rw{};
+  rw.wr_id = 1;
+  rw.sg_list = &rs;
+  rw.num_sge = 1;
+  ibv_recv_wr* rbad;
+  ASSERT_EQ(ibv_post_recv(srv.id->qp, &rw, &rbad), 0);
+  std::memcpy(srv.buf.data() + 4096, "group", 5);
+  ibv_sge ss{reinterpret_cast<uint64_t>(srv.buf.data() + 4096), 5, srv.mr->lkey};
+  ibv_send_wr sw{};
+  sw.wr_id = 2;
+  sw.sg_list = &ss;
+  sw.num_sge = 1;
+  sw.opcode = IBV_WR_SEND;
+  sw.send_flags = IBV_SEND_SIGNALED;
+  sw.wr.ud.ah = ah;
+  sw.wr.ud.remote_qpn = 0xFFFFFF;
+  sw.wr.ud.remote_qkey = kUdpQkey;
+  ibv_send_wr* sbad;
+  ASSERT_EQ(ibv_post_send(srv.id->qp, &sw, &sbad), 0);
+  int got_recv = 0;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!got_recv && std::chrono::steady_clock::now() < end) {
+    ibv_wc wc;
+    if (ibv_poll_cq(srv.cq, 1, &wc) == 1 && wc.opcode == IBV_WC_RECV) {
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+      EXPECT_EQ(wc.byte_len, 5u + kGrh);
+      got_recv = 1;
+    }
+  }
+  EXPECT_TRUE(got_recv);
+  EXPECT_EQ(memcmp(srv.buf.data() + kGrh, "group", 5), 0);
+  ibv_destroy_ah(ah);
+  EXPECT_EQ(rdma_leave_multicast(srv.id, reinterpret_cast<sockaddr*>(&grp)), 0);
+  errno = 0;
+  EXPECT_EQ(rdma_leave_multicast(srv.id, reinterpret_cast<sockaddr*>(&grp)), -1);
+  EXPECT_EQ(errno, EADDRNOTAVAIL);
+  // Detached: the QP is free to go (TearDown destroys it).
+  EXPECT_EQ(ibv_detach_mcast(srv.id->qp, &ah_attr.grh.dgid, 0), EINVAL);
+}
+
 TEST(CmUdAddrinfo, UdpPortSpaceMeansUdQps) {
   rdma_addrinfo hints{};
   hints.ai_port_space = RDMA_PS_UDP;

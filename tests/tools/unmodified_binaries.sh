@@ -34,11 +34,13 @@ if [ "${SV_NETNS:-0}" = 1 ]; then
   SRV=(ip netns exec $NSA)
   CLI=(ip netns exec $NSB)
   SRV_ADDR=10.77.0.1
+  CLI_ADDR=10.77.0.2
   unset SOFTVERBS_NETDEV
 else
   SRV=()
   CLI=()
   SRV_ADDR=127.0.0.1
+  CLI_ADDR=127.0.0.1
   export SOFTVERBS_NETDEV=lo   # keep every GID, so all traffic, on loopback
 fi
 
@@ -108,6 +110,39 @@ run_pair() {
   fi
 }
 
+# run_mcast NAME GROUP: mckey receivers on both hosts (the server's and the client's) and a
+# sender on the client's, each its own process; every receiver must get all the sender's
+# datagrams (mckey's 10), and everyone must exit 0.
+run_mcast() {
+  local name=$1 group=$2
+  [[ $name =~ $FILTER ]] || return 0
+  "${SRV[@]}" timeout 60 bash -c "$PRE mckey -m $group -b $SRV_ADDR" >"$TMP/r1.log" 2>&1 &
+  local r1=$!
+  "${CLI[@]}" timeout 60 bash -c "$PRE mckey -m $group -b $CLI_ADDR" >"$TMP/r2.log" 2>&1 &
+  local r2=$!
+  local i
+  for i in $(seq 100); do
+    grep -q "joined dgid" "$TMP/r1.log" && grep -q "joined dgid" "$TMP/r2.log" && break
+    sleep 0.1
+  done
+  "${CLI[@]}" timeout 60 bash -c "$PRE mckey -m $group -b $CLI_ADDR -s" >"$TMP/c.log" 2>&1
+  local crc=$?
+  wait $r1
+  local rc1=$?
+  wait $r2
+  local rc2=$?
+  if [ $crc -eq 0 ] && [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] &&
+    grep -q "data transfers complete" "$TMP/r1.log" && grep -q "data transfers complete" "$TMP/r2.log"; then
+    pass=$((pass + 1))
+    echo "PASS $name"
+  else
+    fail=$((fail + 1))
+    failed+=("$name")
+    echo "FAIL $name (receivers rc=$rc1,$rc2 sender rc=$crc)"
+    for f in r1 r2 c; do sed "s/^/  $f| /" "$TMP/$f.log" | tail -6; done
+  fi
+}
+
 run_one() {
   local name=$1 cmd=$2 want=$3
   [[ $name =~ $FILTER ]] || return 0
@@ -141,6 +176,8 @@ run_pair ibv_ud_pingpong "ibv_ud_pingpong -g 0 -n 200" \
   "ibv_ud_pingpong -g 0 -n 200 $SRV_ADDR" "200 iters in"
 run_pair ibv_ud_pingpong_events_mtu "ibv_ud_pingpong -g 0 -n 200 -e -s 4096" \
   "ibv_ud_pingpong -g 0 -n 200 -e -s 4096 $SRV_ADDR" "200 iters in"
+# Multicast (rdma_join_multicast_ex over IP multicast): two receivers, one sender.
+run_mcast mckey 239.77.$(($$ % 250)).1
 # rdma_cm over UD (RDMA_PS_UDP, SIDR over UDP): 4 ids, 50 messages each way, AH from the wc.
 run_pair udaddy "udaddy -c 4 -C 50 -S 1000" "udaddy -s $SRV_ADDR -c 4 -C 50 -S 1000" \
   "data transfers complete"

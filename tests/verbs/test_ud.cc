@@ -765,6 +765,126 @@ TEST_F(Ud, EchoThroughAnotherProcess) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "peer status " << status;
 }
 
+// ---- multicast: ibv_attach_mcast over IP multicast -----------------------------------------
+
+// A group of this process alone: 239.9.x.y from the pid.
+ibv_gid group_gid(uint8_t salt = 0) {
+  ibv_gid g{};
+  g.raw[10] = g.raw[11] = 0xff;
+  const pid_t p = getpid();
+  g.raw[12] = 239;
+  g.raw[13] = static_cast<uint8_t>(9 + salt);
+  g.raw[14] = static_cast<uint8_t>(p >> 8);
+  g.raw[15] = static_cast<uint8_t>(p);
+  return g;
+}
+
+constexpr uint32_t kMcastQpn = 0xFFFFFF;
+
+// Every QP attached to the group gets a copy, with the group as the GRH's destination; the
+// sender, not attached, gets none; a detached QP no longer gets them.
+TEST_F(Ud, MulticastReachesEveryAttachedQp) {
+  UdQp c;
+  ASSERT_NO_FATAL_FAILURE(make(c));
+  const ibv_gid g = group_gid();
+  ASSERT_EQ(ibv_attach_mcast(a.qp, &g, 0), 0);
+  ASSERT_EQ(ibv_attach_mcast(b.qp, &g, 0), 0);
+  ibv_ah_attr ga{};
+  ga.is_global = 1;
+  ga.grh.dgid = g;
+  ga.port_num = 1;
+  ibv_ah* mah = ibv_create_ah(pd, &ga);
+  ASSERT_NE(mah, nullptr) << strerror(errno);
+  ASSERT_EQ(post_recv(a.qp, 1, 0x10000, 4096), 0);
+  ASSERT_EQ(post_recv(b.qp, 2, 0x20000, 4096), 0);
+  ASSERT_EQ(post_recv(c.qp, 3, 0x30000, 4096), 0);
+  fill(0, 300, 5);
+  ASSERT_EQ(post_send(c.qp, kMcastQpn, {.id = 7, .off = 0, .len = 300}, mah), 0);
+  auto s = poll(c.scq, 1);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].status, IBV_WC_SUCCESS);
+  for (auto [q, off] : {std::pair{&a, size_t{0x10000}}, std::pair{&b, size_t{0x20000}}}) {
+    auto r = poll(q->rcq, 1);
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(r[0].byte_len, 300 + kGrh);
+    EXPECT_EQ(r[0].qp_num, q->qp->qp_num);
+    EXPECT_EQ(r[0].src_qp, c.qp->qp_num);
+    EXPECT_TRUE(same(off + kGrh, 300, 5));
+    EXPECT_EQ(memcmp(at(off) + 36, &g.raw[12], 4), 0) << "the GRH's destination is the group";
+  }
+  EXPECT_TRUE(quiet(c.rcq)) << "the sender is not attached";
+  // Detached: b gets nothing more, a still does.
+  ASSERT_EQ(ibv_detach_mcast(b.qp, &g, 0), 0);
+  ASSERT_EQ(post_recv(a.qp, 4, 0x10000, 4096), 0);
+  ASSERT_EQ(post_recv(b.qp, 5, 0x20000, 4096), 0);
+  ASSERT_EQ(post_send(c.qp, kMcastQpn, {.id = 8, .off = 0, .len = 64}, mah), 0);
+  ASSERT_EQ(poll(a.rcq, 1).size(), 1u);
+  EXPECT_TRUE(quiet(b.rcq));
+  // With no receive posted, a datagram waits in the group's socket, as a unicast one does.
+  ASSERT_EQ(post_send(c.qp, kMcastQpn, {.id = 10, .off = 0, .len = 64}, mah), 0);
+  EXPECT_TRUE(quiet(a.rcq));
+  ASSERT_EQ(post_recv(a.qp, 6, 0x10000, 4096), 0);
+  EXPECT_EQ(poll(a.rcq, 1).size(), 1u);
+  // A Q_Key other than the QPs' is dropped, as for unicast (C9-38..40).
+  ASSERT_EQ(post_recv(a.qp, 7, 0x10000, 4096), 0);
+  ASSERT_EQ(post_send(c.qp, kMcastQpn, {.id = 9, .off = 0, .len = 64, .qkey = kQkey + 1}, mah), 0);
+  EXPECT_TRUE(quiet(a.rcq));
+  // Attached, a QP is in use (the kernel's usecnt): EBUSY, and it is left intact.
+  EXPECT_EQ(ibv_destroy_qp(a.qp), EBUSY);
+  EXPECT_EQ(ibv_detach_mcast(a.qp, &g, 0), 0);
+  ibv_destroy_ah(mah);
+  EXPECT_EQ(ibv_destroy_qp(c.qp), 0);
+  ibv_destroy_cq(c.scq);
+  ibv_destroy_cq(c.rcq);
+}
+
+TEST_F(Ud, MulticastAttachFollowsTheKernelsRules) {
+  ibv_device_attr da{};
+  ASSERT_EQ(ibv_query_device(ctx, &da), 0);
+  EXPECT_GT(da.max_mcast_grp, 0);
+  ASSERT_GT(da.max_mcast_qp_attach, 0);
+  // Not a multicast GID: EINVAL (rdma_is_multicast_addr).
+  EXPECT_EQ(ibv_attach_mcast(a.qp, &gid, 0), EINVAL);
+  // Not a UD QP: EINVAL.
+  ibv_qp_init_attr ia{};
+  ia.send_cq = a.scq;
+  ia.recv_cq = a.rcq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = ia.cap.max_recv_wr = 1;
+  ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  ibv_qp* rc = ibv_create_qp(pd, &ia);
+  ASSERT_NE(rc, nullptr);
+  const ibv_gid g = group_gid(1);
+  EXPECT_EQ(ibv_attach_mcast(rc, &g, 0), EINVAL);
+  EXPECT_EQ(ibv_destroy_qp(rc), 0);
+  // Not attached: EINVAL. Attached twice: one attachment (uverbs), so one detach ends it.
+  EXPECT_EQ(ibv_detach_mcast(a.qp, &g, 0), EINVAL);
+  EXPECT_EQ(ibv_attach_mcast(a.qp, &g, 0), 0);
+  EXPECT_EQ(ibv_attach_mcast(a.qp, &g, 0), 0);
+  EXPECT_EQ(ibv_detach_mcast(a.qp, &g, 0), 0);
+  EXPECT_EQ(ibv_detach_mcast(a.qp, &g, 0), EINVAL);
+  // max_mcast_qp_attach groups per QP; one more is ENOMEM.
+  std::vector<ibv_gid> gs;
+  for (int i = 0; i < da.max_mcast_qp_attach; ++i) {
+    ibv_gid x = group_gid(2);
+    x.raw[13] = static_cast<uint8_t>(20 + i);
+    gs.push_back(x);
+    ASSERT_EQ(ibv_attach_mcast(a.qp, &x, 0), 0) << i;
+  }
+  ibv_gid over = group_gid(2);
+  over.raw[13] = 250;
+  EXPECT_EQ(ibv_attach_mcast(a.qp, &over, 0), ENOMEM);
+  for (auto& x : gs) EXPECT_EQ(ibv_detach_mcast(a.qp, &x, 0), 0);
+  // QPN 0xFFFFFF toward a unicast GID names no group: nothing arrives, the Send completes.
+  ASSERT_EQ(post_recv(b.qp, 1, 0x10000, 4096), 0);
+  ASSERT_EQ(post_send(a.qp, kMcastQpn, {.id = 1, .off = 0, .len = 16}), 0);
+  auto s = poll(a.scq, 1);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].status, IBV_WC_SUCCESS);
+  EXPECT_TRUE(quiet(b.rcq));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
