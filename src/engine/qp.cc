@@ -398,6 +398,23 @@ int qp_query(Qp* qp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) {
   return 0;
 }
 
+// A verbs opcode a UD QP cannot carry: RC's.
+static bool ud_opcode_unsupported(ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case IBV_WR_RDMA_READ:
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+    case IBV_WR_SEND_WITH_INV:
+    case IBV_WR_LOCAL_INV:
+    case IBV_WR_BIND_MW:
+      return true;
+    default:
+      return false;
+  }
+}
+
 static int check_send_wr(const Qp* qp, const ibv_send_wr* wr) {
   if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > qp->cap.max_send_sge) return EINVAL;
   if (wr->num_sge > 0 && !wr->sg_list) return EINVAL;
@@ -405,8 +422,14 @@ static int check_send_wr(const Qp* qp, const ibv_send_wr* wr) {
   for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
   if (len > kMaxMsgSize) return EINVAL;
   if (qp->ud) {
-    // UD carries Sends only, each to the address handle its WR names (IBA 10.8.2).
-    if (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM) return EINVAL;
+    // UD carries Sends only, each to the address handle its WR names (IBA 10.8.2). Another
+    // known opcode is taken, as mlx5's provider takes it (no opcode check for UD), and
+    // completes with IBV_WC_LOC_QP_OP_ERR, the QP going to ERR, as rxe's provider does
+    // (ud_tx_locked).
+    if (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM) {
+      if (!ud_opcode_unsupported(wr->opcode)) return EINVAL;
+      return (wr->send_flags & IBV_SEND_INLINE) && len > qp->cap.max_inline_data ? EINVAL : 0;
+    }
     if (!wr->wr.ud.ah || wr->wr.ud.remote_qpn > 0xFFFFFF) return EINVAL;
     if ((wr->send_flags & IBV_SEND_INLINE) && len > qp->cap.max_inline_data) return EINVAL;
     return 0;
@@ -527,7 +550,9 @@ int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing
       std::copy(wr->sg_list, wr->sg_list + wr->num_sge, sge);
       w.num_sge = static_cast<uint32_t>(wr->num_sge);
     }
-    switch (wr->opcode) {
+    // A UD WR of RC's: nothing of it is read beyond this (its union is not an AH).
+    const bool ud_refused = qp->ud && ud_opcode_unsupported(wr->opcode);
+    switch (ud_refused ? IBV_WR_SEND : wr->opcode) {
       case IBV_WR_SEND_WITH_IMM:
       case IBV_WR_RDMA_WRITE_WITH_IMM:
         w.imm_or_inv = wr->imm_data;
@@ -550,7 +575,9 @@ int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing
       default:
         break;
     }
-    if (qp->ud) {
+    if (ud_refused) {
+      // completes with IBV_WC_LOC_QP_OP_ERR (ud_tx_locked)
+    } else if (qp->ud) {
       w.dgid = Ah::from(wr->wr.ud.ah)->attr.grh.dgid;
       w.sgid_index = Ah::from(wr->wr.ud.ah)->attr.grh.sgid_index;
       w.remote_qpn = wr->wr.ud.remote_qpn;

@@ -473,12 +473,29 @@ void ud_rx_run_locked(Qp* qp) {
   ud_rx_fd_locked(qp, qp->ud_fd, false);
 }
 
+// WQE w (at sq_tx) failed with st: the QP goes to ERR (qp_set_error takes tx_mu, which the
+// caller holds: from the progress thread), and nothing after w leaves meanwhile.
+static void ud_fail_locked(Qp* qp, SendWqe& w, ibv_wc_status st) {
+  w.status = st;
+  qp->ud_tx_failed = true;
+  ++qp->sq_tx;
+  Progress::get().post([ref = QpRef(qp)] {
+    if (ref.live()) qp_set_error(ref.get(), IBV_WC_WR_FLUSH_ERR, true);
+  });
+}
+
 void ud_tx_locked(Qp* qp) {
   if (qp->state.load() != IBV_QPS_RTS || qp->ud_tx_failed) return;
   const uint32_t mask = qp->cap.max_send_wr - 1;
   for (; qp->sq_tx != qp->sq_head + qp->sq_count; ++qp->sq_tx) {
     SendWqe& w = qp->sq[qp->sq_tx & mask];
     w.state = WqeState::done;
+    if (w.opcode != IBV_WR_SEND && w.opcode != IBV_WR_SEND_WITH_IMM) {
+      // An RC opcode: a local QP operation error, and the QP goes to ERR (rxe's provider;
+      // mlx5's takes the WR without a check). Nothing behind it leaves.
+      ud_fail_locked(qp, w, IBV_WC_LOC_QP_OP_ERR);
+      break;
+    }
     if (w.length > kUdMtu) continue;  // C10-93.1.1: no packet, no error
     std::array<std::byte, wire::kUdMaxHdrLen> hdr;
     wire::UdHeader h;
@@ -509,14 +526,7 @@ void ud_tx_locked(Qp* qp) {
         iov[niov++] = {p, w.sge[i].length};
       }
       if (!ok) {
-        // The QP goes to ERR (qp_set_error takes tx_mu, which we hold: from the progress
-        // thread); nothing after this WQE leaves meanwhile.
-        w.status = IBV_WC_LOC_PROT_ERR;
-        qp->ud_tx_failed = true;
-        ++qp->sq_tx;
-        Progress::get().post([ref = QpRef(qp)] {
-          if (ref.live()) qp_set_error(ref.get(), IBV_WC_WR_FLUSH_ERR, true);
-        });
+        ud_fail_locked(qp, w, IBV_WC_LOC_PROT_ERR);
         break;
       }
       transport::SockAddr to;

@@ -371,12 +371,9 @@ TEST_F(Ud, PostSendRefusesWhatUdCannotCarry) {
   wr.wr.ud.remote_qpn = b.qp->qp_num;
   wr.wr.ud.remote_qkey = kQkey;
   ibv_send_wr* bad = nullptr;
-  for (ibv_wr_opcode op :
-       {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_SEND_WITH_INV}) {
-    wr.opcode = op;
-    EXPECT_EQ(ibv_post_send(a.qp, &wr, &bad), EINVAL) << op;
-    EXPECT_EQ(bad, &wr);
-  }
+  wr.opcode = static_cast<ibv_wr_opcode>(99);  // no such opcode
+  EXPECT_EQ(ibv_post_send(a.qp, &wr, &bad), EINVAL);
+  EXPECT_EQ(bad, &wr);
   wr.opcode = IBV_WR_SEND;
   wr.wr.ud.ah = nullptr;
   EXPECT_EQ(ibv_post_send(a.qp, &wr, &bad), EINVAL);
@@ -391,6 +388,49 @@ TEST_F(Ud, PostSendRefusesWhatUdCannotCarry) {
   sg.length = qa.cap.max_inline_data + 1;
   EXPECT_EQ(ibv_post_send(a.qp, &wr, &bad), EINVAL);
   EXPECT_TRUE(poll(a.scq, 1, kSettle).empty());  // nothing was queued
+}
+
+// RC's opcodes on a UD QP: taken at post, as mlx5's provider takes them (it has no opcode
+// check for UD), then IBV_WC_LOC_QP_OP_ERR and the QP in ERR, as rxe's provider does; what
+// was posted before them leaves, what was posted after is flushed. Their WR's union holds no
+// AH, and is never read as one.
+TEST_F(Ud, RcOpcodesCompleteWithLocQpOpErr) {
+  for (ibv_wr_opcode op : {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ, IBV_WR_ATOMIC_FETCH_AND_ADD,
+                           IBV_WR_SEND_WITH_INV, IBV_WR_RDMA_WRITE_WITH_IMM}) {
+    SCOPED_TRACE(op);
+    UdQp q;
+    ASSERT_NO_FATAL_FAILURE(make(q));
+    ASSERT_EQ(post_recv(b.qp, 1, 0x10000, 4096), 0);
+    ibv_sge sg{reinterpret_cast<uint64_t>(at(0)), 8, mr->lkey};
+    ibv_send_wr w[3]{};
+    for (int i = 0; i < 3; ++i) {
+      w[i].wr_id = static_cast<uint64_t>(i + 1);
+      w[i].sg_list = &sg;
+      w[i].num_sge = 1;
+      w[i].opcode = IBV_WR_SEND;
+      w[i].send_flags = IBV_SEND_SIGNALED;
+      w[i].wr.ud.ah = ah;
+      w[i].wr.ud.remote_qpn = b.qp->qp_num;
+      w[i].wr.ud.remote_qkey = kQkey;
+      if (i < 2) w[i].next = &w[i + 1];
+    }
+    w[1].opcode = op;
+    w[1].wr.rdma.remote_addr = 0x1000;  // the union: not a pointer to an AH
+    w[1].wr.rdma.rkey = 0x77;
+    ibv_send_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_send(q.qp, w, &bad), 0);
+    auto s = poll(q.scq, 3);
+    ASSERT_EQ(s.size(), 3u);
+    EXPECT_EQ(s[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(s[1].wr_id, 2u);
+    EXPECT_EQ(s[1].status, IBV_WC_LOC_QP_OP_ERR) << ibv_wc_status_str(s[1].status);
+    EXPECT_EQ(s[2].status, IBV_WC_WR_FLUSH_ERR);
+    EXPECT_EQ(state(q.qp), IBV_QPS_ERR);
+    EXPECT_EQ(poll(b.rcq, 2, kSettle).size(), 1u) << "only the Send before it arrives";
+    EXPECT_EQ(ibv_destroy_qp(q.qp), 0);
+    ibv_destroy_cq(q.scq);
+    ibv_destroy_cq(q.rcq);
+  }
 }
 
 TEST_F(Ud, StatesAndAttributes) {
