@@ -453,11 +453,13 @@ TEST_F(LocalVerbs, CreateQpRejectsOversizedCapsAndOtherTypes) {
        EINVAL},
       {"max_inline_data 64 KiB",
        [](ibv_qp_init_attr& a, const ibv_device_attr&) { a.cap.max_inline_data = 65536; }, EINVAL},
-      // RC and UD (over UDP) only; other types are EOPNOTSUPP, as siw answers for all but RC.
+      // RC, UC and UD (over UDP) only; other types are EOPNOTSUPP, as siw answers for all
+      // but RC.
       {"RAW_PACKET",
        [](ibv_qp_init_attr& a, const ibv_device_attr&) { a.qp_type = IBV_QPT_RAW_PACKET; },
        EOPNOTSUPP},
-      {"UC", [](ibv_qp_init_attr& a, const ibv_device_attr&) { a.qp_type = IBV_QPT_UC; },
+      {"XRC_SEND",
+       [](ibv_qp_init_attr& a, const ibv_device_attr&) { a.qp_type = IBV_QPT_XRC_SEND; },
        EOPNOTSUPP},
   };
   for (const Case& c : cases) {
