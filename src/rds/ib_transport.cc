@@ -263,14 +263,31 @@ void comm_established(Conn* c) {
 // it: the CQ was empty then, and polling again would only make the device look at its
 // sockets once more (a syscall each) for bytes that, if they come, still wake whoever
 // receives (the progress thread's level-triggered EPOLLIN, a poller's next pass).
+//
+// Handling a completion may drain again (a connection or RDMA channel going down takes in
+// what its QP completed first). The completions polled and not yet handled wait in
+// G.wc_backlog, and a nested drain handles them before it polls: so every completion is
+// handled in CQ order. Handling them in a local batch reordered one QP's receives (the
+// nested drain took a later message first, and the earlier one was then a duplicate: a
+// message lost, and everything behind its fence held for ever).
 int drain_cq_locked() {
+  Global& G = g();
   int total = 0;
-  constexpr int kBatch = 32;
-  ibv_wc wc[kBatch];
-  for (int n; (n = ibv_poll_cq(g().cq, kBatch, wc)) > 0;) {
-    for (int i = 0; i < n; ++i) handle_wc(wc[i]);
-    total += n;
-    if (n < kBatch) break;
+  bool more = true;
+  for (;;) {
+    if (G.wc_backlog.empty()) {
+      if (!more) break;
+      constexpr int kBatch = 32;
+      ibv_wc wc[kBatch];
+      const int n = ibv_poll_cq(G.cq, kBatch, wc);
+      if (n <= 0) break;
+      G.wc_backlog.assign(wc, wc + n);
+      total += n;
+      more = n == kBatch;
+    }
+    const ibv_wc w = G.wc_backlog.front();
+    G.wc_backlog.pop_front();
+    handle_wc(w);
   }
   return total;
 }

@@ -342,6 +342,7 @@ struct Global {
   ibv_pd* pd = nullptr;
   ibv_comp_channel* cq_ch = nullptr;
   ibv_cq* cq = nullptr;
+  std::deque<ibv_wc> wc_backlog;  // polled, not yet handled (drain_cq_locked)
   rdma_event_channel* cm_ch = nullptr;
   rdma_cm_id* listen_id = nullptr;
   uint16_t cm_port = 0;  // our rdma_cm listen port (host byte order)
