@@ -470,6 +470,8 @@ void ud_rx_fd_locked(Qp* qp, int fd, bool mcast);
 void ud_update_interest(Qp* qp);
 // The QPN a multicast datagram is addressed to (the IB spec reserves 0xFFFFFF for it).
 inline constexpr uint32_t kMcastQpn = 0xFFFFFF;
+// A multicast GID: IPv4-mapped 224.0.0.0/4 or ff00::/8 (the kernel's rdma_is_multicast_addr).
+bool gid_is_multicast(const ibv_gid& gid);
 // ibv_attach_mcast / ibv_detach_mcast on a UD QP: 0 or an errno.
 int ud_attach_mcast(Qp* qp, const ibv_gid& gid);
 int ud_detach_mcast(Qp* qp, const ibv_gid& gid);

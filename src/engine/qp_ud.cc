@@ -557,6 +557,11 @@ void ud_tx_locked(Qp* qp) {
 // ibv_attach_mcast (ib_attach_mcast and uverbs' rules): the GID must be a multicast address
 // (EINVAL); attaching a group again is a success that changes nothing; more than
 // max_mcast_qp_attach groups is ENOMEM.
+bool gid_is_multicast(const ibv_gid& gid) {
+  transport::SockAddr group;
+  return mcast_group(gid, group);
+}
+
 int ud_attach_mcast(Qp* qp, const ibv_gid& gid) {
   transport::SockAddr group;
   if (!mcast_group(gid, group)) return EINVAL;

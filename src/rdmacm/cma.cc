@@ -855,11 +855,7 @@ static int join_multicast(CmId* id, const sockaddr* addr, uint16_t flags, void* 
   if (!id->id.verbs) return fail(EINVAL);
   SockAddr group = SockAddr::from(addr);
   const ibv_gid mgid = addr_to_gid(group);
-  const bool mcast =
-      group.family() == AF_INET
-          ? IN_MULTICAST(ntohl(reinterpret_cast<const sockaddr_in*>(addr)->sin_addr.s_addr))
-          : group.family() == AF_INET6 && mgid.raw[0] == 0xff;
-  if (!mcast) return fail(EINVAL);
+  if (!gid_is_multicast(mgid)) return fail(EINVAL);
   CmId::McJoin j;
   std::memcpy(&j.addr, addr, len);
   j.len = len;
