@@ -115,14 +115,16 @@ TEST(RdsMemory, PeersThatLeaveOrGoIdleGiveTheirBuffersBack) {
 
   // 10 that stay but go idle: their connections are closed after 500 ms, then reconnect.
   constexpr int kIdle = 10;
+  // Every idle connection is closed by one end or both (counters are host-wide: ours and
+  // the peers' published ones). Read before the peers start: under a sanitizer, starting
+  // ten processes takes longer than 500 ms, so the first peers' connections close while
+  // the last are still being served.
+  const uint64_t closed_before = counter(fd, "conn_idle_close");
   int go[2];
   ASSERT_EQ(pipe(go), 0);
   std::vector<pid_t> idle;
   for (int i = 0; i < kIdle; ++i) idle.push_back(peer(port(30 + i), server, go[0]));
   ASSERT_NO_FATAL_FAILURE(serve(fd, kIdle));
-  // Every idle connection is closed by one end or both (counters are host-wide: ours and
-  // the peers' published ones).
-  const uint64_t closed_before = counter(fd, "conn_idle_close");
   uint64_t closed = 0;
   // Bounded only against a hang: loaded sanitizer runs took over 6 s for all ten.
   for (int i = 0; i < 600 && closed < kIdle; ++i) {
