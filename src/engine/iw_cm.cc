@@ -28,10 +28,11 @@ using wire::MpaFrame;
 using wire::MpaKind;
 
 std::vector<std::byte> OobHeader::encode() const {
-  std::vector<std::byte> b(12);
+  std::vector<std::byte> b(16);
   wire::store_be32(b.data(), kMagic);
   wire::store_be32(b.data() + 4, dst_qpn);
   wire::store_be32(b.data() + 8, src_qpn);
+  wire::store_be32(b.data() + 12, flags);
   return b;
 }
 
@@ -39,6 +40,7 @@ bool OobHeader::decode(std::span<const std::byte> pd, OobHeader& out) {
   if (pd.size() < 12 || wire::load_be32(pd.data()) != kMagic) return false;
   out.dst_qpn = wire::load_be32(pd.data() + 4);
   out.src_qpn = wire::load_be32(pd.data() + 8);
+  out.flags = pd.size() >= 16 ? wire::load_be32(pd.data() + 12) : 0;
   return true;
 }
 
@@ -52,8 +54,23 @@ struct LiveEndpoints {
   std::map<uint64_t, Endpoint*> by_serial;
   uint64_t next = 1;
   int waiting_requests = 0;  // passive endpoints in wait_request
+  std::map<peer_guard::AddrKey, int> waiting_by_addr;
+  // Listeners stopped (fd, handler): at kMaxPendingRequests, or when this round's accept
+  // budget is spent; resumed below the one with budget left.
+  std::vector<std::pair<int, Progress::Handler*>> paused;
+  int accept_budget = Endpoint::kAcceptBatch;  // accepts left in this progress-loop round
+  bool refill_posted = false;
 };
 ForkLocal<LiveEndpoints> g_live;
+
+void resume_listeners() {
+  auto& live = g_live.get();
+  if (live.paused.empty() || live.waiting_requests >= Endpoint::kMaxPendingRequests ||
+      live.accept_budget <= 0)
+    return;
+  for (auto [fd, h] : live.paused) Progress::get().mod(fd, EPOLLIN, h);
+  live.paused.clear();
+}
 }  // namespace
 
 std::chrono::milliseconds Endpoint::handshake_timeout() {
@@ -88,17 +105,73 @@ void keep_spare() {
 }
 }  // namespace
 
-bool Endpoint::admit(int fd) {
-  keep_spare();
-  if (!peer_guard::admit(transport::peer_addr(fd))) {
+namespace {
+// May the connection just accepted on fd wait for its Request? Closes it if not.
+bool admit(int fd, const peer_guard::AddrKey& key) {
+  const transport::SockAddr peer = transport::peer_addr(fd);
+  if (!peer_guard::admit(peer)) {
     SV_WARN("refusing fd %d: its address keeps failing protection checks", fd);
     close(fd);
     return false;
   }
-  if (g_live.get().waiting_requests < kMaxPendingRequests) return true;
-  SV_WARN("too many pending MPA handshakes: closing fd %d", fd);
+  auto& live = g_live.get();
+  auto it = live.waiting_by_addr.find(key);
+  if (it == live.waiting_by_addr.end() || it->second < Endpoint::kMaxPendingPerAddr) return true;
+  SV_WARN("%s has %d MPA handshakes pending: refusing fd %d", peer.str().c_str(), it->second, fd);
   close(fd);
   return false;
+}
+}  // namespace
+
+void Endpoint::accept_batch(int lfd, Progress::Handler* h, const std::function<void(int)>& start) {
+  keep_spare();
+  auto& live = g_live.get();
+  for (;;) {
+    if (live.waiting_requests >= kMaxPendingRequests || live.accept_budget <= 0) {
+      // Push back: the rest wait in the kernel's backlog (and beyond it, the initiators'
+      // SYN retries) until handshakes finish, or until this round's Requests are read.
+      Progress::get().mod(lfd, 0, h);
+      live.paused.emplace_back(lfd, h);
+      if (live.accept_budget <= 0 && !live.refill_posted) {
+        live.refill_posted = true;
+        // Commands run after this round's events: the next round reads the Requests of
+        // the connections taken in this one before any listener takes more.
+        Progress::get().post([] {
+          auto& l = g_live.get();
+          l.refill_posted = false;
+          l.accept_budget = kAcceptBatch;
+          resume_listeners();
+        });
+      }
+      return;
+    }
+    const int c = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (c < 0) {
+      accept_failed(lfd, errno);
+      return;
+    }
+    --live.accept_budget;
+    if (admit(c, peer_guard::addr_key(transport::peer_addr(c)))) start(c);
+  }
+}
+
+void Endpoint::listener_closed(int lfd) {
+  auto& p = g_live.get().paused;
+  p.erase(std::remove_if(p.begin(), p.end(), [lfd](const auto& e) { return e.first == lfd; }),
+          p.end());
+}
+
+bool Endpoint::requests_unread() {
+  const auto& live = g_live.get();
+  return live.waiting_requests > 0 || !live.paused.empty();
+}
+
+void Endpoint::stop_waiting() {
+  auto& live = g_live.get();
+  --live.waiting_requests;
+  auto it = live.waiting_by_addr.find(addr_key_);
+  if (it != live.waiting_by_addr.end() && --it->second <= 0) live.waiting_by_addr.erase(it);
+  resume_listeners();
 }
 
 void Endpoint::accept_failed(int fd, int err) {
@@ -130,6 +203,10 @@ Endpoint* Endpoint::connect(const transport::SockAddr& to, const transport::Sock
     ep->st_ = State::connecting;
     Progress::get().add(fd, EPOLLOUT, ep);
     ep->arm_timeout();
+    // Often connected already (a local peer): the Request goes now, not one epoll round
+    // later, so the responder does not accept a connection whose Request is still here.
+    pollfd p{fd, POLLOUT, 0};
+    if (::poll(&p, 1, 0) == 1) ep->on_event(static_cast<uint32_t>(p.revents));
   });
   return ep;
 }
@@ -144,9 +221,12 @@ Endpoint* Endpoint::passive(int fd, std::function<void(Endpoint*)> on_request,
   ep->on_done_ = std::move(on_done);
   transport::set_nodelay(fd);
   transport::set_nonblock(fd, true);
+  ep->addr_key_ = peer_guard::addr_key(transport::peer_addr(fd));
   Progress::get().run_sync([ep] {
     Progress::get().add(ep->fd_, EPOLLIN, ep);
-    ++g_live.get().waiting_requests;
+    auto& live = g_live.get();
+    ++live.waiting_requests;
+    ++live.waiting_by_addr[ep->addr_key_];
     ep->arm_timeout();
   });
   return ep;
@@ -154,7 +234,7 @@ Endpoint* Endpoint::passive(int fd, std::function<void(Endpoint*)> on_request,
 
 void Endpoint::fail(int err) {
   if (st_ == State::failed || st_ == State::done) return;
-  if (st_ == State::wait_request) --g_live.get().waiting_requests;
+  if (st_ == State::wait_request) stop_waiting();
   st_ = State::failed;
   if (fd_ >= 0) {
     Progress::get().del(fd_);
@@ -196,6 +276,15 @@ bool Endpoint::read_frame(MpaKind) {
       return false;
     }
     in_.insert(in_.end(), buf, buf + n);
+    // A park notice comes before the Reply and only if we asked for it; a Reply starts
+    // with "MPA ", so the two cannot be confused.
+    if (role_ == Role::active && offer_.on_parked && !parked_ &&
+        in_.size() >= sizeof kParkNoticeBytes &&
+        std::memcmp(in_.data(), kParkNoticeBytes, sizeof kParkNoticeBytes) == 0) {
+      in_.erase(in_.begin(), in_.begin() + sizeof kParkNoticeBytes);
+      parked_ = true;
+      offer_.on_parked();
+    }
     if (in_.size() == wire::kMpaHeaderLen) {
       want_ = wire::mpa_frame_len(in_);
       if (want_ > wire::kMpaHeaderLen + wire::kMpaRfcMaxPrivData) {
@@ -281,6 +370,7 @@ void Endpoint::on_event(uint32_t events) {
     }
     out_.peer_pdata.assign(rep.ulp_pdata.begin(), rep.ulp_pdata.end());
     if (rep.reject) {
+      rejected_ = true;
       fail(-ECONNREFUSED);
       return;
     }
@@ -329,7 +419,7 @@ void Endpoint::on_event(uint32_t events) {
     out_.peer_ird = req_.v2.ird;
     out_.peer_ord = req_.v2.ord;
     out_.peer_pdata.assign(req_.ulp_pdata.begin(), req_.ulp_pdata.end());
-    --g_live.get().waiting_requests;
+    stop_waiting();
     st_ = State::wait_decision;
     Progress::get().del(fd_);
     if (on_request_) on_request_(this);
@@ -398,6 +488,14 @@ void Endpoint::reject(std::vector<std::byte> pdata) {
   });
 }
 
+void Endpoint::notify_parked() {
+  if (st_ != State::wait_decision || fd_ < 0) return;
+  // Four bytes on a socket nothing was written to: they fit (no partial write to finish).
+  if (send(fd_, kParkNoticeBytes, sizeof kParkNoticeBytes, MSG_NOSIGNAL | MSG_DONTWAIT) !=
+      static_cast<ssize_t>(sizeof kParkNoticeBytes))
+    fail(-ECONNRESET);
+}
+
 int Endpoint::release_fd() {
   int fd = fd_;
   fd_ = -1;
@@ -435,7 +533,15 @@ struct Registry {
   std::vector<Listener*> listeners;
   std::map<uint32_t, Qp*> qps;
   std::multimap<uint32_t, Endpoint*> parked;  // dst_qpn -> passive endpoints waiting for RTR
+  // Our QPs whose active set-up is under way (first attempt to success or giving up), and
+  // whether their peer has shown its QP is not ready: a park notice, a rejecting Reply, or
+  // no listener (setup_in_flight).
+  std::map<uint32_t, bool> active_setup;  // qpn -> peer not ready
+  // When each peer address last sent us an out-of-band Request (at most kMaxHeard, the
+  // stalest dropped): a peer busy connecting its QPs to us is alive and getting there.
+  std::map<peer_guard::AddrKey, std::chrono::steady_clock::time_point> heard;
 };
+constexpr size_t kMaxHeard = 4096;
 
 // A forked child gets its own listener (and so its own QPN space); the parent's listening
 // socket is closed in the child with the rest of the progress thread's sockets.
@@ -457,9 +563,11 @@ Listener* new_listener() {
   in6->sin6_family = AF_INET6;
   in6->sin6_addr = in6addr_any;
   any.len = sizeof(sockaddr_in6);
-  int fd = transport::tcp_listen(any, 128, true);
+  // Connections wait in the backlog while handshakes are at their bound (accept_batch):
+  // as deep as the kernel allows (net.core.somaxconn caps it).
+  int fd = transport::tcp_listen(any, SOMAXCONN, true);
   if (fd < 0)
-    fd = transport::tcp_listen(transport::SockAddr::ipv4(htonl(INADDR_ANY), 0), 128, true);
+    fd = transport::tcp_listen(transport::SockAddr::ipv4(htonl(INADDR_ANY), 0), SOMAXCONN, true);
   if (fd < 0) {
     delete l;
     return nullptr;
@@ -488,6 +596,13 @@ void on_request(Endpoint* ep) {
   }
   auto& r = reg();
   std::unique_lock lk(r.mu);
+  if (r.heard.size() >= kMaxHeard) {
+    auto stalest =
+        std::min_element(r.heard.begin(), r.heard.end(),
+                         [](const auto& a, const auto& b) { return a.second < b.second; });
+    r.heard.erase(stalest);
+  }
+  r.heard[peer_guard::addr_key(transport::peer_addr(ep->fd()))] = std::chrono::steady_clock::now();
   auto it = r.qps.find(h.dst_qpn);
   if (it == r.qps.end()) {
     lk.unlock();
@@ -521,6 +636,7 @@ void on_request(Endpoint* ep) {
   lk.unlock();
   ep->watch_for_hangup();  // ... or its peer gives up
   if (evict) evict->reject({});
+  if (h.flags & OobHeader::kParkNotice) ep->notify_parked();
 }
 
 void on_passive_done(Endpoint* ep, int err) {
@@ -550,29 +666,39 @@ void on_passive_done(Endpoint* ep, int err) {
 }
 
 void Listener::on_event(uint32_t) {
-  for (;;) {
-    int c = accept4(fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (c < 0) {
-      Endpoint::accept_failed(fd, errno);
-      return;
-    }
-    if (Endpoint::admit(c)) Endpoint::passive(c, on_request, on_passive_done);
-  }
+  Endpoint::accept_batch(fd, this,
+                         [](int c) { Endpoint::passive(c, on_request, on_passive_done); });
 }
 
 void connect_active(uint32_t qpn, int attempt);
 
+void end_active_setup(uint32_t qpn) {
+  std::lock_guard lk(reg().mu);
+  reg().active_setup.erase(qpn);
+}
+
+void peer_not_ready(uint32_t qpn) {
+  std::lock_guard lk(reg().mu);
+  auto it = reg().active_setup.find(qpn);
+  if (it != reg().active_setup.end()) it->second = true;
+}
+
 void on_active_done(uint32_t qpn, int attempt, Endpoint* ep, int err) {
   Qp* qp = lookup(qpn);
   if (!qp) {
+    end_active_setup(qpn);
     ep->dispose();
     return;
   }
   if (err == 0) {
+    end_active_setup(qpn);
     qp_take_endpoint(qp, ep);
     ep->dispose();
     return;
   }
+  // Refused: the peer's QP is not there (a rejecting Reply) or nothing listens. A reset or
+  // a timeout is the peer pushing back or overloaded: its QP may be ready.
+  if (ep->rejected() || err == -ECONNREFUSED) peer_not_ready(qpn);
   ep->dispose();
   // The peer may not have created its listener's QP yet or is slow: retry with backoff
   // for retry_cnt rounds, then give up like an RC QP whose retries are exhausted.
@@ -589,6 +715,7 @@ void on_active_done(uint32_t qpn, int attempt, Endpoint* ep, int err) {
     return;
   }
   SV_INFO("qp %u: connect failed (%d)", qpn, err);
+  end_active_setup(qpn);
   qp_set_error(qp, IBV_WC_RETRY_EXC_ERR, true);
 }
 
@@ -607,7 +734,14 @@ bool remote_of(Qp* qp, transport::SockAddr& to) {
 
 void connect_active(uint32_t qpn, int attempt) {
   Qp* qp = lookup(qpn);
-  if (!qp || qp->state.load() == IBV_QPS_ERR || qp->conn_up()) return;
+  if (!qp || qp->state.load() == IBV_QPS_ERR || qp->conn_up()) {
+    end_active_setup(qpn);
+    return;
+  }
+  if (attempt == 0) {
+    std::lock_guard lk(reg().mu);
+    reg().active_setup[qpn] = false;
+  }
   transport::SockAddr to;
   remote_of(qp, to);
   MpaOffer o;
@@ -616,7 +750,8 @@ void connect_active(uint32_t qpn, int attempt) {
   o.ord = static_cast<uint16_t>(kMaxRdAtom);
   o.p2p = true;
   o.ib_completion = ib_completion_wanted(qp);
-  o.pdata = OobHeader{qp->attr.dest_qp_num, qpn}.encode();
+  o.pdata = OobHeader{qp->attr.dest_qp_num, qpn, OobHeader::kParkNotice}.encode();
+  o.on_parked = [qpn] { peer_not_ready(qpn); };
   Endpoint::connect(to, nullptr, std::move(o), [qpn, attempt](Endpoint* ep, int err) {
     on_active_done(qpn, attempt, ep, err);
   });
@@ -713,6 +848,30 @@ void start(Qp* qp) {
     }
     if (ep) accept_parked(q, ep);
   });
+}
+
+bool setup_in_flight(Qp* qp, std::chrono::milliseconds period) {
+  const uint32_t qpn = qp->qpn();
+  transport::SockAddr peer;
+  remote_of(qp, peer);
+  std::vector<int> fds;
+  {
+    auto& r = reg();
+    std::lock_guard lk(r.mu);
+    auto it = r.active_setup.find(qpn);
+    if (it != r.active_setup.end()) return !it->second;
+    if (local_is_active(qp)) return false;  // not started, or given up
+    // Responder: the peer connects its QPs one after another; while it has been connecting
+    // others to us within the period, it is alive and this one's turn is coming.
+    auto h = r.heard.find(peer_guard::addr_key(peer));
+    if (h != r.heard.end() && std::chrono::steady_clock::now() - h->second < period) return true;
+    for (auto* l : r.listeners) fds.push_back(l->fd);
+  }
+  // Or its Request is waiting in our own queues.
+  if (Endpoint::requests_unread()) return true;
+  std::vector<pollfd> p;
+  for (int fd : fds) p.push_back(pollfd{fd, POLLIN, 0});
+  return ::poll(p.data(), p.size(), 0) > 0;
 }
 
 void forget(Qp* qp) {

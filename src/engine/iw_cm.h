@@ -8,6 +8,7 @@
 //    (GID, QPN) connects (RDS's "smaller address initiates"); its MPA Request carries an
 //    OobHeader naming both QPs.
 #pragma once
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -30,6 +31,9 @@ struct MpaOffer {
   bool p2p = false;            // initiator: ask for peer-to-peer mode with a zero-length Write RTR
   bool ib_completion = false;  // ask a softverbs peer for Placement Acks (IB's completion rule)
   std::vector<std::byte> pdata;  // ULP private data (after the RFC 6581 word)
+  // Initiator, out of band: the softverbs responder may send a park notice before its Reply
+  // (its QP is not in RTR yet); on_parked runs when it arrives (progress thread).
+  std::function<void()> on_parked;
 };
 
 // Outcome of a handshake, from this side's point of view.
@@ -46,10 +50,19 @@ struct MpaOutcome {
 };
 
 // softverbs out-of-band header in the MPA Request private data.
+// The initiator's flags word (after the QPNs; an older initiator sends none, which reads
+// as 0) says what it understands:
+//  - kParkNotice: a responder that parks this Request because its QP is not in RTR yet
+//    writes the 4 bytes "SVPK" before its Reply (Endpoint::notify_parked). That is the one
+//    way the initiator learns "the peer's QP is not ready" (IB: the responder drops the
+//    packets, the requester's retries run out) as opposed to "the peer has not read the
+//    Request yet" (IB: packets in flight), so its transport timer runs only on the former.
 struct OobHeader {
   static constexpr uint32_t kMagic = 0x53564F42;  // "SVOB"
+  static constexpr uint32_t kParkNotice = 1;
   uint32_t dst_qpn = 0;
   uint32_t src_qpn = 0;
+  uint32_t flags = 0;
   std::vector<std::byte> encode() const;
   static bool decode(std::span<const std::byte> pd, OobHeader& out);
 };
@@ -75,6 +88,10 @@ class Endpoint : public Progress::Handler {
   // hang-up is watched.
   void watch_for_hangup();
   void reject(std::vector<std::byte> pdata);
+  // Tells an out-of-band initiator that asked for it that its Request waits for our QP to
+  // reach RTR (the "SVPK" notice, OobHeader::kParkNotice). Progress thread, wait_decision.
+  void notify_parked();
+  static constexpr char kParkNoticeBytes[4] = {'S', 'V', 'P', 'K'};
   // Hands the socket to the caller (after done); the endpoint no longer owns it.
   int release_fd();
   // Destroys the endpoint on the progress thread.
@@ -84,6 +101,7 @@ class Endpoint : public Progress::Handler {
   const MpaOutcome& outcome() const { return out_; }
   const wire::MpaFrame& request() const { return req_; }
   const std::vector<std::byte>& request_bytes() const { return in_; }
+  bool rejected() const { return rejected_; }  // the peer answered with a rejecting Reply
   int fd() const { return fd_; }
   uint16_t negotiated_ird() const { return ird_; }
   uint16_t negotiated_ord() const { return ord_; }
@@ -95,11 +113,28 @@ class Endpoint : public Progress::Handler {
   // Request or Reply 10 s): an endpoint still connecting, or waiting for a Request or a
   // Reply after this long, fails with -ETIMEDOUT. SOFTVERBS_MPA_TIMEOUT_MS overrides it.
   static std::chrono::milliseconds handshake_timeout();
-  // At most this many passive handshakes wait for their Request at once; a connection
-  // accepted beyond that is closed at once (counted, as a SYN flood would be).
-  static constexpr int kMaxPendingRequests = 256;
-  // Accepts a connection from a listener: false (and fd closed) when too many wait.
-  static bool admit(int fd);
+  // Passive handshakes waiting for their Request are bounded, in total and per source
+  // address, without refusing a prompt legitimate peer (issue 28 item 1):
+  //  - at kMaxPendingRequests the listeners stop accepting, and connections wait in the
+  //    kernel's listen backlog (as a SYN queue pushes back) until handshakes finish;
+  //  - one address holding kMaxPendingPerAddr is refused further connections (accepted and
+  //    closed), so a slowloris address cannot fill the table; a softverbs initiator retries
+  //    a refused handshake with backoff within its QP's retry budget;
+  //  - an address whose protection errors emptied its bucket is refused (peer_guard.h).
+  // All listeners together take at most kAcceptBatch connections per progress-loop round,
+  // so the Requests of those taken are read before more are: prompt peers never pile up
+  // as "pending", however many listeners they connect to.
+  static constexpr int kMaxPendingRequests = 1024;
+  static constexpr int kMaxPendingPerAddr = 512;
+  static constexpr int kAcceptBatch = 32;
+  // Takes connections from listening socket lfd (progress thread; h is its handler) and
+  // calls start(fd) for each admitted one, which must make it a passive endpoint.
+  static void accept_batch(int lfd, Progress::Handler* h, const std::function<void(int)>& start);
+  // A listener is being closed: it is no longer resumed after a pause (progress thread).
+  static void listener_closed(int lfd);
+  // Connections accepted or waiting to be accepted whose Request this process has not read
+  // yet: a peer whose Request is among them is not to blame for a slow set-up. Progress thread.
+  static bool requests_unread();
   // accept4 on a listener failed with err. Out of descriptors, the connection at the head of
   // the backlog is taken with a spare descriptor kept for this and closed, so the listener
   // drains instead of staying readable (and the progress thread spinning on it).
@@ -109,6 +144,7 @@ class Endpoint : public Progress::Handler {
   Endpoint() = default;
   void arm_timeout();
   void fail(int err);
+  void stop_waiting();                  // leaves wait_request's count
   bool read_frame(wire::MpaKind kind);  // true once a whole frame is in in_
   bool write_all(const std::vector<std::byte>& b);
 
@@ -123,8 +159,11 @@ class Endpoint : public Progress::Handler {
   uint16_t ird_ = 0, ord_ = 0;
   std::function<void(Endpoint*, int)> on_done_;
   std::function<void(Endpoint*)> on_request_;
-  uint64_t serial_ = 0;    // names it in the live table its timeout looks it up in
-  bool watching_ = false;  // in epoll for hang-up while waiting for a decision
+  uint64_t serial_ = 0;                 // names it in the live table its timeout looks it up in
+  bool watching_ = false;               // in epoll for hang-up while waiting for a decision
+  std::array<uint8_t, 16> addr_key_{};  // source address, counted per address in wait_request
+  bool parked_ = false;                 // initiator: the park notice arrived
+  bool rejected_ = false;               // initiator: the Reply said Reject
 };
 
 // Whether a connection of qp (null: one whose QP is not known yet) asks softverbs peers for
@@ -147,6 +186,13 @@ void for_each_qp(void (*fn)(Qp*));
 void start(Qp* qp);
 // Called when a QP is destroyed: drops parked passive endpoints.
 void forget(Qp* qp);
+// Whether qp's connection is still being set up through no fault of its peer's QP: our
+// handshake is under way (or between retries after being pushed back) and the peer has
+// neither parked nor rejected it; or, as the responder, this process has Requests it has
+// not read yet, or the peer's address sent us one within `period` (it is connecting its
+// QPs one by one). An IB requester's transport timer runs on the responder's silence, not
+// on packets in flight; ours then waits (qp.cc arm_transport_timer). Progress thread.
+bool setup_in_flight(Qp* qp, std::chrono::milliseconds period);
 }  // namespace oob
 
 // Applies a finished handshake's outcome to a QP and hands it the socket.

@@ -29,19 +29,6 @@ const Limits& limits() {
   return l;
 }
 
-// The address alone, IPv4 as its IPv4-mapped IPv6 form so both spellings are one peer.
-using Key = std::array<uint8_t, 16>;
-Key key_of(const transport::SockAddr& a) {
-  Key k{};
-  if (a.family() == AF_INET) {
-    k[10] = k[11] = 0xFF;
-    std::memcpy(&k[12], &reinterpret_cast<const sockaddr_in*>(&a.ss)->sin_addr, 4);
-  } else if (a.family() == AF_INET6) {
-    std::memcpy(k.data(), &reinterpret_cast<const sockaddr_in6*>(&a.ss)->sin6_addr, 16);
-  }
-  return k;
-}
-
 struct Bucket {
   double tokens;
   Clock::time_point at;
@@ -49,7 +36,7 @@ struct Bucket {
 
 struct Table {
   std::mutex mu;
-  std::map<Key, Bucket> peers;
+  std::map<AddrKey, Bucket> peers;
 };
 ForkLocal<Table> g_table;
 
@@ -63,6 +50,17 @@ bool refill(Bucket& b, Clock::time_point now) {
 
 }  // namespace
 
+AddrKey addr_key(const transport::SockAddr& a) {
+  AddrKey k{};
+  if (a.family() == AF_INET) {
+    k[10] = k[11] = 0xFF;
+    std::memcpy(&k[12], &reinterpret_cast<const sockaddr_in*>(&a.ss)->sin_addr, 4);
+  } else if (a.family() == AF_INET6) {
+    std::memcpy(k.data(), &reinterpret_cast<const sockaddr_in6*>(&a.ss)->sin6_addr, 16);
+  }
+  return k;
+}
+
 void protection_error(const transport::SockAddr& peer) {
   auto& t = g_table.get();
   const auto now = Clock::now();
@@ -72,7 +70,7 @@ void protection_error(const transport::SockAddr& peer) {
       it = refill(it->second, now) ? t.peers.erase(it) : std::next(it);
     if (t.peers.size() >= kMaxPeers) t.peers.erase(t.peers.begin());
   }
-  auto [it, fresh] = t.peers.try_emplace(key_of(peer), Bucket{limits().burst, now});
+  auto [it, fresh] = t.peers.try_emplace(addr_key(peer), Bucket{limits().burst, now});
   if (!fresh) refill(it->second, now);
   it->second.tokens = std::max(0.0, it->second.tokens - 1);
   SV_WARN("protection error from %s: %.1f tries left", peer.str().c_str(), it->second.tokens);
@@ -82,7 +80,7 @@ bool admit(const transport::SockAddr& peer) {
   auto& t = g_table.get();
   std::lock_guard lk(t.mu);
   if (t.peers.empty()) return true;
-  auto it = t.peers.find(key_of(peer));
+  auto it = t.peers.find(addr_key(peer));
   if (it == t.peers.end()) return true;
   if (refill(it->second, Clock::now())) {
     t.peers.erase(it);

@@ -9,9 +9,17 @@
 // On a shared host all local processes share 127.0.0.1: one that keeps guessing slows
 // other local peers' connections too (docs/security.md, "Guessing keys").
 #pragma once
+#include <array>
+#include <cstdint>
+
 #include "transport/tcp.h"
 
 namespace sv::engine::peer_guard {
+
+// A peer's address alone (no port: a peer reconnects from new ports), IPv4 as its
+// IPv4-mapped IPv6 form so both spellings are one peer.
+using AddrKey = std::array<uint8_t, 16>;
+AddrKey addr_key(const transport::SockAddr& a);
 
 // A QP of ours ended on a protection error caused by this peer (remote access error).
 void protection_error(const transport::SockAddr& peer);

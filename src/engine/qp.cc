@@ -485,14 +485,21 @@ static void arm_transport_timer(Qp* qp) {
   const uint64_t us =
       (uint64_t{qp->attr.retry_cnt} + 1) * 4096 * (uint64_t{1} << qp->attr.timeout) / 1000;
   const auto delay = std::chrono::milliseconds(std::max<uint64_t>(us / 1000, 1));
-  Progress::get().post_after(delay, [ref = QpRef(qp)] {
+  Progress::get().post_after(delay, [ref = QpRef(qp), delay] {
     if (!ref.live()) return;  // destroyed meanwhile
     Qp* qp = ref.get();
+    // Packets in flight do not time out: a set-up still under way with a peer that has not
+    // said its QP is not ready (oob::setup_in_flight) gets another period.
+    const bool in_flight = !qp->conn_up() && oob::setup_in_flight(qp, delay);
     bool expired;
     {
       std::lock_guard lk(qp->tx_mu);
       qp->ack_timer_armed = false;
       expired = !qp->conn_up() && qp->sq_count && qp->state.load() != IBV_QPS_ERR;
+      if (expired && in_flight) {
+        arm_transport_timer(qp);
+        return;
+      }
     }
     if (!expired) return;
     SV_INFO("qp %u: peer never reached RTR within the transport timeout", qp->qpn());

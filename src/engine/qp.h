@@ -41,6 +41,7 @@
 #include "engine/qp_state.h"
 #include "engine/stats.h"
 #include "transport/tcp.h"
+#include "util/raw_array.h"
 #include "wire/ddp_rdmap.h"
 #include "wire/terminate_codes.h"
 
@@ -148,7 +149,7 @@ struct Conn {
   uint16_t ird = 0, ord = 0;  // negotiated (RFC 6581 §5)
 
   // RX (under rx_mu)
-  std::vector<std::byte> rxbuf;
+  util::RawArray<std::byte> rxbuf;
   size_t rx_begin = 0, rx_end = 0;
   RxPhase phase = RxPhase::header;
   std::array<std::byte, 96> hdr{};
@@ -190,9 +191,9 @@ struct Conn {
   // TX (under tx_mu)
   static constexpr size_t kMaxIov = 512;
   static constexpr size_t kHdrArena = 128 * 1024;
-  std::vector<iovec> iov;
+  util::RawArray<iovec> iov;
   size_t iov_n = 0, iov_pos = 0;
-  std::vector<std::byte> arena;  // headers and trailers of the current batch
+  util::RawArray<std::byte> arena;  // headers and trailers of the current batch
   size_t arena_used = 0;
   uint64_t tx_queued = 0, tx_sent = 0;
   uint32_t send_msn = 0;      // last MSN used, QN 0

@@ -273,9 +273,9 @@ void qp_take_endpoint(Qp* qp, Endpoint* ep) {
     const int mss = transport::tcp_mss(c.fd);
     c.max_ulpdu = static_cast<uint32_t>((mss & ~7) - 2 - 4 - 4);
   }
-  c.rxbuf.resize(256 * 1024);
-  c.iov.resize(Conn::kMaxIov);
-  c.arena.resize(Conn::kHdrArena);
+  c.rxbuf.allocate(256 * 1024);
+  c.iov.allocate(Conn::kMaxIov);
+  c.arena.allocate(Conn::kHdrArena);
   ++qp->conn_gen;
   conn_transition_locked(qp, ConnEvent::established);
   qp_attach_conn(qp);

@@ -312,16 +312,10 @@ void on_passive_request(Endpoint* ep) {
 }
 
 void Listener::on_event(uint32_t) {
-  for (;;) {
-    int c = accept4(fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (c < 0) {
-      Endpoint::accept_failed(fd, errno);
-      return;
-    }
-    if (!Endpoint::admit(c)) continue;
+  Endpoint::accept_batch(fd, this, [this](int c) {
     Endpoint* ep = Endpoint::passive(c, on_passive_request, on_passive_done);
     ep->user = id;
-  }
+  });
 }
 
 bool crc_wanted() {
@@ -742,6 +736,7 @@ SV_EXPORT int rdma_destroy_id(rdma_cm_id* i) {
   }
   Progress::get().run_sync([id] {
     if (id->listener) {
+      Endpoint::listener_closed(id->listener->fd);
       Progress::get().del(id->listener->fd);
       close(id->listener->fd);
       delete id->listener;

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -40,9 +41,18 @@ int open_fds() {
   return n;
 }
 
-// A TCP connection that says nothing.
-int silent_peer(uint16_t port) {
+// A TCP connection that says nothing, from 127.0.0.<from> if given.
+int silent_peer(uint16_t port, int from = 0) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (from) {
+    sockaddr_in src{};
+    src.sin_family = AF_INET;
+    src.sin_addr.s_addr = htonl(INADDR_LOOPBACK & ~0xFFu) | htonl(static_cast<uint32_t>(from));
+    if (bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0) {
+      close(fd);
+      return -1;
+    }
+  }
   sockaddr_in a = loopback(port);
   if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
     close(fd);
@@ -112,7 +122,8 @@ struct InitQp {
   uint16_t port() const { return static_cast<uint16_t>(qp->qp_num >> 8); }
 };
 
-// An MPA v2 Request whose private data is the out-of-band header naming dst and src QPs.
+// An MPA v2 Request whose private data is the out-of-band header naming dst and src QPs,
+// as an initiator of the first release sent it (no flags word), or with flags.
 std::vector<uint8_t> oob_request(uint32_t dst, uint32_t src) {
   std::vector<uint8_t> b(20 + 16);
   std::memcpy(b.data(), "MPA ID Req Frame", 16);
@@ -121,6 +132,14 @@ std::vector<uint8_t> oob_request(uint32_t dst, uint32_t src) {
   b[19] = 16;  // private data: IRD/ORD word + 12-byte header
   const uint32_t words[4] = {htonl(0x00080008), htonl(0x53564F42), htonl(dst), htonl(src)};
   std::memcpy(b.data() + 20, words, sizeof words);
+  return b;
+}
+std::vector<uint8_t> oob_request(uint32_t dst, uint32_t src, uint32_t flags) {
+  std::vector<uint8_t> b = oob_request(dst, src);
+  b[19] = 20;
+  const uint32_t f = htonl(flags);
+  const auto* p = reinterpret_cast<const uint8_t*>(&f);
+  b.insert(b.end(), p, p + 4);
   return b;
 }
 
@@ -137,6 +156,15 @@ bool eof_within(int fd, int ms) {
     const ssize_t n = recv(fd, b, sizeof b, MSG_DONTWAIT);
     if (n <= 0) return true;
   }
+}
+
+// The floods below hold thousands of descriptors (both ends are in this process).
+void raise_fd_limit() {
+  rlimit r{};
+  getrlimit(RLIMIT_NOFILE, &r);
+  r.rlim_cur = std::min<rlim_t>(r.rlim_max, 16384);
+  setrlimit(RLIMIT_NOFILE, &r);
+  ASSERT_GE(r.rlim_cur, 4096u) << "this test needs 4,096 descriptors (ulimit -Hn)";
 }
 
 double cpu_seconds() {
@@ -248,5 +276,82 @@ TEST(HostileMpa, RequestsParkedForOneQpCannotPileUp) {
   EXPECT_TRUE(eof_within(fds[0], 2000));
   EXPECT_TRUE(eof_within(fds[1], 2000));
   for (size_t i = 2; i < fds.size(); ++i) EXPECT_FALSE(eof_within(fds[i], 100)) << i;
+  for (int fd : fds) close(fd);
+}
+
+// An initiator that says it understands the park notice (OobHeader::kParkNotice) learns at
+// once that the QP it asked for is not in RTR yet: "SVPK", then nothing until RTR.
+TEST(HostileMpa, AParkedRequestIsToldItWaitsIfItAskedToBe) {
+  InitQp q;
+  ASSERT_NE(q.qp, nullptr);
+  const int fd = silent_peer(q.port());
+  ASSERT_GE(fd, 0);
+  const auto req = oob_request(q.qp->qp_num, 0x123456, 1);
+  ASSERT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+  pollfd p{fd, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 5000), 1) << "no park notice";
+  char b[8];
+  ASSERT_EQ(recv(fd, b, sizeof b, 0), 4);
+  EXPECT_EQ(std::memcmp(b, "SVPK", 4), 0);
+  EXPECT_FALSE(eof_within(fd, 400)) << "a parked Request was answered or dropped";
+  close(fd);
+  // One without the flag (an older initiator) is sent nothing.
+  const int old = silent_peer(q.port());
+  const auto req0 = oob_request(q.qp->qp_num, 0x123457);
+  ASSERT_EQ(send(old, req0.data(), req0.size(), 0), static_cast<ssize_t>(req0.size()));
+  p = pollfd{old, POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 400), 0) << "an initiator that did not ask was sent a park notice";
+  close(old);
+}
+
+// One address holding many silent connections is refused more, at once; another address
+// is still served (here: closed by the handshake timeout, which means it was accepted).
+TEST(HostileMpa, OneAddressCannotHoldAllHandshakeSlots) {
+  ASSERT_NO_FATAL_FAILURE(raise_fd_limit());
+  CmListener l;
+  ASSERT_NE(l.port, 0);
+  constexpr int kFlood = 600;  // more than one address may hold (Endpoint::kMaxPendingPerAddr)
+  std::vector<int> flood;
+  for (int i = 0; i < kFlood; ++i) {
+    const int fd = silent_peer(l.port, 2);
+    ASSERT_GE(fd, 0) << i;
+    flood.push_back(fd);
+  }
+  // Those beyond the bound are closed as soon as they are accepted, long before the
+  // handshake timeout (300 ms from their accept) closes the others.
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  int refused = 0;
+  for (int fd : flood) refused += closed_by_peer(fd, 0) ? 1 : 0;
+  const int other = silent_peer(l.port, 3);
+  ASSERT_GE(other, 0);
+  EXPECT_TRUE(closed_by_peer(other, 5000)) << "another address was not served";
+  close(other);
+  for (int fd : flood) close(fd);
+  EXPECT_GE(refused, kFlood - 512) << "connections past the per-address bound were kept";
+  EXPECT_LT(refused, kFlood / 2) << "connections within the per-address bound were refused";
+}
+
+// Past the bound on handshakes in progress the listener stops accepting: connections wait
+// in the kernel's backlog and are served when slots free up, none is refused.
+TEST(HostileMpa, PastTheBoundConnectionsWaitInTheBacklogInsteadOfBeingRefused) {
+  ASSERT_NO_FATAL_FAILURE(raise_fd_limit());
+  CmListener l;
+  ASSERT_NE(l.port, 0);
+  constexpr int kPerAddr = 400, kAddrs = 3;  // 1,200: past Endpoint::kMaxPendingRequests
+  std::vector<int> fds;
+  for (int a = 0; a < kAddrs; ++a)
+    for (int i = 0; i < kPerAddr; ++i) {
+      const int fd = silent_peer(l.port, 10 + a);
+      ASSERT_GE(fd, 0);
+      fds.push_back(fd);
+    }
+  const auto t0 = std::chrono::steady_clock::now();
+  // Every one is accepted in its turn and closed by the handshake timeout (300 ms): the
+  // last ones only after the first ones' slots were freed.
+  int closed = 0;
+  for (int fd : fds) closed += closed_by_peer(fd, 10000);
+  EXPECT_EQ(closed, kPerAddr * kAddrs);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(450))
+      << "the connections past the bound were not held back";
   for (int fd : fds) close(fd);
 }
