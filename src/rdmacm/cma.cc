@@ -808,7 +808,11 @@ SV_EXPORT int rdma_listen(rdma_cm_id* i, int backlog) {
     Progress::get().run_sync([s] { Progress::get().add(s->fd, EPOLLIN, s); });
     return 0;
   }
-  if (listen(id->bound_fd, backlog > 0 ? backlog : 128) < 0) return -1;
+  // The TCP accept queue is not the application's backlog of CONNECT_REQUESTs: the progress
+  // thread empties it as fast as handshakes allow (Endpoint::accept_batch), and one too
+  // short drops SYNs, which costs the initiator a retransmit, 1 s and more (cmtime -c 2000
+  // took 2.8 s with 128 here). So it is as deep as the kernel allows.
+  if (listen(id->bound_fd, SOMAXCONN) < 0) return -1;
   auto* l = new Listener();
   l->id = id;
   l->fd = id->bound_fd;

@@ -96,6 +96,10 @@ int tcp_connect_nb(const SockAddr& to, const SockAddr* from) {
   if (from && from->len) {
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    // Only the address is bound; the port is picked by connect(), which searches for a
+    // free 4-tuple. A bind to port 0 searches for a port no socket holds, a scan that grows
+    // with the sockets open (1.2 ms a bind with 3,000 connections: cmtime -c 10000 timed out).
+    setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
     SockAddr f = *from;
     f.set_port(0);
     if (bind(fd, reinterpret_cast<const sockaddr*>(&f.ss), f.len) < 0) {
