@@ -696,8 +696,13 @@ void on_active_done(uint32_t qpn, int attempt, Endpoint* ep, int err) {
     ep->dispose();
     return;
   }
-  // Refused: the peer's QP is not there (a rejecting Reply) or nothing listens. A reset or
-  // a timeout is the peer pushing back or overloaded: its QP may be ready.
+  // Refused: the peer's QP is not there (a rejecting Reply) or nothing listens; or we are
+  // out of descriptors or memory here: the transport timer runs. A reset or a timeout is
+  // the peer pushing back or overloaded: its QP may be ready, the set-up is in flight.
+  if (err == -EMFILE || err == -ENFILE || err == -ENOMEM || err == -ENOBUFS) {
+    if (attempt == 0) SV_WARN("qp %u: cannot connect: %s", qpn, std::strerror(-err));
+    peer_not_ready(qpn);
+  }
   if (ep->rejected() || err == -ECONNREFUSED) peer_not_ready(qpn);
   ep->dispose();
   // The peer may not have created its listener's QP yet or is slow: retry with backoff

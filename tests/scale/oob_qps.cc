@@ -1,9 +1,10 @@
 // N RC QPs between two processes, connected out of band as ibv_rc_pingpong connects one:
 // each side creates its QPs, the QPNs cross a socketpair, each side moves its QPs to RTR
 // with the peer's GID and QPN, then RTS. Every QP then carries `msgs` Sends each way.
-// Exit 0 only when every Send and every receive completes successfully.
+// Exit 0 only when every Send and every receive completes successfully; 1 when every one
+// completes but some with an error; 3 when some never complete (a hang, within -t).
 //
-//   oob_qps [-n QPS] [-m MSGS] [-t TIMEOUT_S] [-T ACK_TIMEOUT]
+//   oob_qps [-n QPS] [-m MSGS] [-t TIMEOUT_S] [-T ACK_TIMEOUT] [-l]
 //
 // Prints one summary line per side: QPs, set-up time and rate (create to the first
 // completion of every QP), failures, and RSS per QP. The default suite runs it with
@@ -30,7 +31,8 @@ struct Opts {
   int qps = 1000;
   int msgs = 3;
   int timeout_s = 120;
-  int ack_timeout = 14;  // ibv_rc_pingpong's: 4.096 us * 2^14, 67 ms
+  int ack_timeout = 14;
+  bool keep_fd_limit = false;  // ibv_rc_pingpong's: 4.096 us * 2^14, 67 ms
 };
 
 long rss_kib() {
@@ -225,10 +227,10 @@ int run_side(const char* who, int sock, const Opts& o) {
   }
   const long rss = rss_kib() - rss0;
   std::printf(
-      "oob_qps %s: qps %d completions %ld/%ld failed %ld set-up %.2f s (%.0f QPs/s) "
+      "oob_qps %s: qps %d completions %ld/%ld failed %ld missing %ld set-up %.2f s (%.0f QPs/s) "
       "RSS %ld KiB/QP (created %.2f s, RTS %.2f s)\n",
-      who, o.qps, ok, want, bad, setup_s, setup_s > 0 ? o.qps / setup_s : 0.0, rss / o.qps,
-      create_s, rts_s);
+      who, o.qps, ok, want, bad, want - ok - bad, setup_s, setup_s > 0 ? o.qps / setup_s : 0.0,
+      rss / o.qps, create_s, rts_s);
   std::fflush(stdout);
   // Neither side tears down before the other has all its completions.
   if (!write_all(sock, &x, 1) || !read_all(sock, &x, 1)) return fail(who, "final barrier");
@@ -237,14 +239,15 @@ int run_side(const char* who, int sock, const Opts& o) {
   for (ibv_cq* cq : cqs) ibv_destroy_cq(cq);
   ibv_dealloc_pd(pd);
   ibv_close_device(ctx);
-  return ok == want && bad == 0 ? 0 : 1;
+  if (ok + bad < want) return 3;
+  return ok == want ? 0 : 1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Opts o;
-  for (int c; (c = getopt(argc, argv, "n:m:t:T:")) != -1;) {
+  for (int c; (c = getopt(argc, argv, "n:m:t:T:l")) != -1;) {
     switch (c) {
       case 'n':
         o.qps = std::atoi(optarg);
@@ -258,8 +261,11 @@ int main(int argc, char** argv) {
       case 'T':
         o.ack_timeout = std::atoi(optarg);
         break;
+      case 'l':
+        o.keep_fd_limit = true;
+        break;
       default:
-        std::fprintf(stderr, "usage: %s [-n QPS] [-m MSGS] [-t TIMEOUT_S] [-T ACK_TIMEOUT]\n",
+        std::fprintf(stderr, "usage: %s [-n QPS] [-m MSGS] [-t TIMEOUT_S] [-T ACK_TIMEOUT] [-l]\n",
                      argv[0]);
         return 2;
     }
@@ -268,11 +274,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "oob_qps: -n, -m and -t must be positive\n");
     return 2;
   }
-  // Each connected QP holds one descriptor: ask for enough, as a scale user would.
+  // Each connected QP holds one descriptor: ask for enough, as a scale user would (-l:
+  // leave the limit alone, to see what happens at it).
   rlimit r{};
   getrlimit(RLIMIT_NOFILE, &r);
   const rlim_t need = static_cast<rlim_t>(o.qps) + 256;
-  if (r.rlim_cur < need) {
+  if (r.rlim_cur < need && !o.keep_fd_limit) {
     r.rlim_cur = std::min(need, r.rlim_max);
     setrlimit(RLIMIT_NOFILE, &r);
   }
