@@ -172,7 +172,8 @@ uint32_t Cq::pending() {
 int Cq::resize(int new_cqe) {
   std::lock_guard lk(mu);
   if (static_cast<uint32_t>(new_cqe) < count) return EINVAL;
-  std::vector<ibv_wc> moved_ring(static_cast<size_t>(new_cqe) + 1);
+  util::RawArray<ibv_wc> moved_ring;
+  moved_ring.allocate(static_cast<size_t>(new_cqe) + 1);
   for (uint32_t i = 0; i < count; ++i) moved_ring[i] = ring[(head + i) % ring.size()];
   ring.swap(moved_ring);
   // Completion times move with their completions (extended CQs that asked for them).

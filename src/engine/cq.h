@@ -8,6 +8,8 @@
 #include <mutex>
 #include <vector>
 
+#include "util/raw_array.h"
+
 #include "engine/event_queue.h"
 
 namespace sv::engine {
@@ -35,7 +37,7 @@ struct Cq {
   int cqe = 0;
 
   std::mutex mu;  // ring, arm state
-  std::vector<ibv_wc> ring;
+  util::RawArray<ibv_wc> ring;
   uint32_t head = 0;
   uint32_t count = 0;
   std::atomic<bool> armed{false};  // written under mu; read without it when posting

@@ -19,8 +19,8 @@ KeyTable& KeyTable::get() {
   return g_keys.get();
 }
 
-KeyTable::KeyTable() : slot_(kSlots) {
-  for (uint32_t i = 1; i < kSlots; ++i) free_.push_back(i);  // slot 0 unused: key 0 invalid
+KeyTable::KeyTable() {
+  used_[0] = 1;  // slot 0 unused: key 0 is invalid
   if (getrandom(&rng_, sizeof rng_, 0) != sizeof rng_) rng_ = 0x9E3779B97F4A7C15ull;
   rng_ |= 1;
 }
@@ -34,14 +34,15 @@ uint32_t KeyTable::next_random() {
 }
 
 bool KeyTable::take_slot(uint32_t* key) {
-  if (free_.empty()) return false;
+  if (n_used_ == kSlots) return false;
   // A random free slot, not the next in line: with 16 random bits over 16 bits of slot, a
   // guess must hit both, so with n regions one costs 2^32 / n tries on average (2^20 at
-  // 4096 regions) instead of 2^16. Freed slots still go to the back.
-  const size_t pick = next_random() % free_.size();
-  std::swap(free_[pick], free_.front());
-  const uint32_t slot = free_.front();
-  free_.pop_front();
+  // 4096 regions) instead of 2^16. From a random start, the first free slot.
+  uint32_t slot = next_random() & (kSlots - 1);
+  while (used_[slot / 64] == ~uint64_t{0}) slot = (slot / 64 + 1) % (kSlots / 64) * 64;
+  while (used_[slot / 64] & (uint64_t{1} << (slot % 64))) slot = (slot + 1) & (kSlots - 1);
+  used_[slot / 64] |= uint64_t{1} << (slot % 64);
+  ++n_used_;
   uint32_t r;
   do r = next_random() & 0xFF0000FFu;
   while (r == 0);
@@ -52,7 +53,8 @@ bool KeyTable::take_slot(uint32_t* key) {
 
 void KeyTable::give_slot(uint32_t slot) {
   slot_[slot] = Entry{};
-  free_.push_back(slot);
+  used_[slot / 64] &= ~(uint64_t{1} << (slot % 64));
+  --n_used_;
 }
 
 bool KeyTable::add(Mr* mr) {

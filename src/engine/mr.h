@@ -17,6 +17,8 @@
 #include <shared_mutex>
 #include <vector>
 
+#include "util/raw_array.h"
+
 namespace sv {
 template <class T>
 class ForkLocal;
@@ -124,9 +126,10 @@ class KeyTable {
                         std::byte** ptr, const void* qp) const;
   void unbind_locked(Mw* mw);
   mutable std::shared_mutex mu_;
-  std::vector<Entry> slot_;
-  uint32_t type2_bound_ = 0;  // qp_gone scans only when some are
-  std::deque<uint32_t> free_;
+  util::ZeroArray<Entry> slot_{kSlots};  // resident only where used
+  uint32_t type2_bound_ = 0;             // qp_gone scans only when some are
+  std::vector<uint64_t> used_ = std::vector<uint64_t>(kSlots / 64);  // slot taken (bit)
+  uint32_t n_used_ = 1;                                               // slot 0: key 0 is invalid
   uint64_t rng_;
   uint32_t next_random();
 };

@@ -82,7 +82,7 @@ void finish(Lookup& l, uint16_t cm_port, uint64_t gen) {
 void drop_id(Lookup& l) {
   if (!l.id) return;
   D().by_id.erase(l.id);
-  if (l.id->qp) rdma_destroy_qp(l.id);
+  destroy_qp(l.id);
   rdma_destroy_id(l.id);
   l.id = nullptr;
 }
@@ -131,7 +131,7 @@ void on_lookup_event(Lookup& l, rdma_cm_event* ev) {
       rdma_conn_param cp{};
       cp.private_data = pd;
       cp.private_data_len = sizeof pd;
-      if (rdma_create_qp(l.id, g().pd, &a) || rdma_connect(l.id, &cp)) retry_later(l);
+      if (create_qp(l.id, &a) || rdma_connect(l.id, &cp)) retry_later(l);
       break;
     }
     case RDMA_CM_EVENT_REJECTED: {

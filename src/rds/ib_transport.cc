@@ -84,6 +84,54 @@ void wake_engine() {
   (void)w;
 }
 
+}  // namespace
+
+// The CQ has a slot for every WR that can be outstanding on the QPs sharing it (an overrun
+// is a CQ error on IB, spec 11.4.2.1). It starts at kCqInitial and grows with the QPs: a
+// ring of 16,384 completions (772 KiB) was resident in every process, and once the ring
+// has wrapped all of it is (issue 28 item 3). A provider that cannot resize (rdma-core's
+// siw) gets kCqFixed at once and the QPs share it, as before.
+int create_qp(rdma_cm_id* id, ibv_qp_init_attr* a) {
+  Global& G = g();
+  const uint32_t need = a->cap.max_send_wr + a->cap.max_recv_wr;
+  {
+    std::lock_guard lk(G.cq_size_mu);
+    if (G.cq_resizable && G.cq_reserved + need > static_cast<uint32_t>(G.cq->cqe)) {
+      const int want =
+          static_cast<int>(std::max(G.cq_reserved + need, 2 * static_cast<uint32_t>(G.cq->cqe)));
+      // Past the device's limit the QPs share what there is (as with a fixed CQ).
+      if (ibv_resize_cq(G.cq, want) != 0) SV_INFO("rds: CQ stays at %d entries", G.cq->cqe);
+    }
+    G.cq_reserved += need;
+  }
+  if (rdma_create_qp(id, G.pd, a)) {
+    const int e = errno;
+    std::lock_guard lk(G.cq_size_mu);
+    G.cq_reserved -= need;
+    errno = e;
+    return -1;
+  }
+  std::lock_guard lk(G.cq_size_mu);
+  G.cq_share[id->qp] = need;
+  return 0;
+}
+
+void destroy_qp(rdma_cm_id* id) {
+  if (!id->qp) return;
+  Global& G = g();
+  {
+    std::lock_guard lk(G.cq_size_mu);
+    auto it = G.cq_share.find(id->qp);
+    if (it != G.cq_share.end()) {
+      G.cq_reserved -= it->second;
+      G.cq_share.erase(it);
+    }
+  }
+  rdma_destroy_qp(id);
+}
+
+namespace {
+
 int setup_qp(Conn* c, rdma_cm_id* id) {
   Global& G = g();
   ibv_qp_init_attr a{};
@@ -94,7 +142,7 @@ int setup_qp(Conn* c, rdma_cm_id* id) {
   a.cap.max_recv_wr = kRecvBufs + 1;
   a.cap.max_send_sge = static_cast<uint32_t>(g_max_send_sge);
   a.cap.max_recv_sge = 1;
-  if (rdma_create_qp(id, G.pd, &a)) return -errno;
+  if (create_qp(id, &a)) return -errno;
   // RFC 5040's rule on the data channel, whatever the process default: RDS's own sequence
   // numbers and acks say what the peer has, and a send slot that comes back on transmit
   // costs no round trip (busy-polled rds-stress -D 4096: 100 us a request under IB's rule,
@@ -142,7 +190,7 @@ int setup_rdma_qp(rdma_cm_id* id) {
   a.cap.max_send_sge = static_cast<uint32_t>(g_max_send_sge);
   a.cap.max_recv_sge = 1;
   a.cap.max_inline_data = wire::kRdsFenceLen;
-  if (rdma_create_qp(id, G.pd, &a)) return -errno;
+  if (create_qp(id, &a)) return -errno;
   // Only one-sided ops and fences run here, so no Send of the peer's can hold its acks back (RNR).
   // SOFTVERBS_RDS_CONFIRM_READ=1 keeps the confirming Read (the rule of any iWARP peer).
   if (g_qp_set_ib_completion && !settings::flag_value(SV_SETTING("SOFTVERBS_RDS_CONFIRM_READ")))
@@ -169,7 +217,7 @@ void destroy_id(Conn* c) {
   rdma_cm_id* id = c->id;
   c->id = nullptr;
   id->context = nullptr;
-  if (id->qp) rdma_destroy_qp(id);
+  destroy_qp(id);
   rdma_destroy_id(id);
 }
 
@@ -367,7 +415,7 @@ void rdma_chan_down(Conn* c, const char* why) {
     rdma_cm_id* id = c->chan_id;
     c->chan_id = nullptr;
     g().chan_conn.erase(id);
-    if (id->qp) rdma_destroy_qp(id);
+    destroy_qp(id);
     rdma_destroy_id(id);
   }
   ++c->chan_inc;
@@ -442,7 +490,7 @@ void destroy_fence_chan(rdma_cm_id* id) {
   if (it == g().passive_rids.end()) return;
   FenceChan* f = it->second.get();
   g().fence_chans.erase(f->key);  // its receives' completions still queued are stale now
-  if (id->qp) rdma_destroy_qp(id);
+  destroy_qp(id);
   if (f->mr) ibv_dereg_mr(f->mr);
   g().passive_rids.erase(it);
   rdma_destroy_id(id);
@@ -482,7 +530,7 @@ void accept_rdma_chan(rdma_cm_id* id, Conn* pc) {
   cp.rnr_retry_count = 7;  // its fences wait for a receive rather than end the channel
   if (!ok || rdma_accept(id, &cp)) {
     if (f->mr) ibv_dereg_mr(f->mr);
-    rdma_destroy_qp(id);
+    destroy_qp(id);
     rdma_reject(id, nullptr, 0);
     return;
   }
@@ -600,7 +648,7 @@ void handle_cm(rdma_cm_event* ev) {
       pc->state = ConnState::connecting;
       if (setup_qp(pc, id)) {
         pc->id = nullptr;
-        if (id->qp) rdma_destroy_qp(id);
+        destroy_qp(id);
         ++pc->inc;
         rdma_reject(id, nullptr, 0);
         pc->state = ConnState::down;
@@ -873,7 +921,12 @@ int transport_start() {
   ibv_device_attr da{};
   if (ibv_query_device(G.verbs, &da) == 0) G.mr_max = static_cast<uint32_t>(da.max_mr);
   G.cq_ch = ibv_create_comp_channel(G.verbs);
-  G.cq = G.pd && G.cq_ch ? ibv_create_cq(G.verbs, 16384, nullptr, G.cq_ch, 0) : nullptr;
+  G.cq = G.pd && G.cq_ch ? ibv_create_cq(G.verbs, kCqInitial, nullptr, G.cq_ch, 0) : nullptr;
+  G.cq_resizable = G.cq && ibv_resize_cq(G.cq, kCqInitial) == 0;
+  if (G.cq && !G.cq_resizable) {  // create_qp cannot grow it: take the fixed size now
+    ibv_destroy_cq(G.cq);
+    G.cq = ibv_create_cq(G.verbs, kCqFixed, nullptr, G.cq_ch, 0);
+  }
   G.cm_ch = rdma_create_event_channel();
   if (!G.cq || !G.cm_ch) return -ENOMEM;
   fcntl(G.cm_ch->fd, F_SETFL, fcntl(G.cm_ch->fd, F_GETFL) | O_NONBLOCK);

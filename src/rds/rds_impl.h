@@ -64,9 +64,11 @@ inline constexpr size_t kMaxMsgSize = 1u << 20;  // RDS_MAX_MSG_SIZE
 inline constexpr int kLocalWrite = IBV_ACCESS_LOCAL_WRITE;
 inline constexpr size_t kFragSize = 64 * 1024;  // payload bytes per SEND
 inline constexpr size_t kBufSize = kFragSize + wire::kRdsHeaderLen;
-inline constexpr int kRecvBufs = 64;   // per connection
-inline constexpr int kSendSlots = 64;  // per connection
-inline constexpr int kRdmaDepth = 16;  // RDMA ops in flight per connection (its ORD)
+inline constexpr int kRecvBufs = 64;     // per connection
+inline constexpr int kSendSlots = 64;    // per connection
+inline constexpr int kCqInitial = 1024;  // the CQ's first size; it grows with the QPs
+inline constexpr int kCqFixed = 16384;   // its size where the provider cannot resize
+inline constexpr int kRdmaDepth = 16;    // RDMA ops in flight per connection (its ORD)
 // Receives for fences on a peer's RDMA channel: one per op it may have in flight, twice over,
 // so its fences never wait for us to re-post one.
 inline constexpr int kFenceRecvs = 2 * kRdmaDepth;
@@ -342,6 +344,11 @@ struct Global {
   ibv_pd* pd = nullptr;
   ibv_comp_channel* cq_ch = nullptr;
   ibv_cq* cq = nullptr;
+  // Slots of cq promised to the QPs on it (create_qp): the CQ grows with them.
+  std::mutex cq_size_mu;
+  uint32_t cq_reserved = 0;
+  std::map<ibv_qp*, uint32_t> cq_share;
+  bool cq_resizable = false;
   std::deque<ibv_wc> wc_backlog;  // polled, not yet handled (drain_cq_locked)
   rdma_event_channel* cm_ch = nullptr;
   rdma_cm_id* listen_id = nullptr;
@@ -446,6 +453,10 @@ void registry_forget(uint64_t gen);  // that process is gone: drop cached answer
 
 // ib_transport.cc
 int transport_start();  // lazily: device, PD, CQ, listener, engine thread
+// Every RDS QP is made and destroyed through these: they size the shared CQ (ib_transport.cc).
+// create_qp: 0, or -1 with errno. destroy_qp: nothing if id has no QP.
+int create_qp(rdma_cm_id* id, ibv_qp_init_attr* a);
+void destroy_qp(rdma_cm_id* id);
 // The connection from our address laddr to the peer process `peer_gen` at faddr (whose
 // rdma_cm listener is on cm_port), created down if new.
 Conn* conn_get(uint64_t peer_gen, in_addr laddr, const sockaddr_in& faddr, uint16_t cm_port);

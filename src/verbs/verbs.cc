@@ -520,7 +520,7 @@ Cq* cq_new(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channe
   cq->ctx = Context::from(ctx);
   cq->channel = reinterpret_cast<CompChannel*>(channel);
   cq->cqe = cqe;
-  cq->ring.resize(static_cast<size_t>(cqe) + 1);
+  cq->ring.allocate(static_cast<size_t>(cqe) + 1);
   ibv_cq* c = cq->ibcq();
   c->context = ctx;
   c->channel = channel;

@@ -19,7 +19,7 @@ ibv_wc wc(uint32_t qpn, uint64_t id) {
 
 TEST(CqRing, CleanDropsOneQpsCompletionsAndKeepsTheRestInOrder) {
   Cq cq;
-  cq.ring.resize(8);
+  cq.ring.allocate(8);
   cq.ts.resize(8);
   // Start mid-ring so the kept entries wrap around the end.
   cq.head = 5;
