@@ -1,10 +1,11 @@
-// /proc facts about a process, shared by the statistics writer (engine/stats.cc) and its
-// reader (tools/softverbs-stat.cc).
+// /proc facts about a process, shared by the statistics writer (engine/stats.cc), its
+// reader (tools/softverbs-stat.cc), and the tests that measure memory.
 #pragma once
 #include <sys/types.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace sv {
@@ -29,6 +30,25 @@ inline uint64_t proc_start_time(pid_t pid) {
                   "%llu",
                   &v) != 1)
     return 0;
+  return v;
+}
+
+// A "Key: N kB" line of /proc/self/<file> ("status": VmRSS; "smaps_rollup": Private_Dirty,
+// ...), in KiB; 0 if absent. For the tests and benchmarks that report memory.
+inline long proc_self_kib(const char* file, const char* key) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/%s", file);
+  FILE* f = std::fopen(path, "re");
+  if (!f) return 0;
+  char line[256];
+  long v = 0;
+  const size_t klen = std::strlen(key);
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, key, klen) == 0 && line[klen] == ':') {
+      v = std::strtol(line + klen + 1, nullptr, 10);
+      break;
+    }
+  std::fclose(f);
   return v;
 }
 

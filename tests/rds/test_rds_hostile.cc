@@ -14,6 +14,8 @@
 #include "rds_test_util.h"
 #include "wire/rds_hdr.h"
 
+#include "util/proc.h"
+
 using namespace rdstest;
 namespace wire = sv::wire;
 
@@ -33,15 +35,7 @@ uint16_t victim_cm_port(uint16_t port) {
 }
 
 long rss_kib() {
-  std::ifstream f("/proc/self/status");
-  std::string k;
-  long v = 0;
-  while (f >> k)
-    if (k == "VmRSS:") {
-      f >> v;
-      break;
-    }
-  return v;
+  return sv::proc_self_kib("status", "VmRSS");
 }
 
 class Attacker {

@@ -12,6 +12,8 @@
 
 #include "rds_test_util.h"
 
+#include "util/proc.h"
+
 using namespace rdstest;
 
 namespace {
@@ -28,15 +30,7 @@ constexpr long kPerPeerKiB = 256;
 const bool g_short_idle = setenv("SOFTVERBS_RDS_IDLE_MS", "500", 1) == 0;
 
 long rss_kib() {
-  std::ifstream f("/proc/self/status");
-  std::string k;
-  long v = 0;
-  while (f >> k)
-    if (k == "VmRSS:") {
-      f >> v;
-      break;
-    }
-  return v;
+  return sv::proc_self_kib("status", "VmRSS");
 }
 
 // Peers are new processes that set up their own engine: under a sanitizer on a loaded
@@ -78,15 +72,7 @@ int reap(pid_t pid) {
 // Private_Clean: library text this process alone maps counts there until the peer maps
 // the same libraries.)
 long private_kib() {
-  std::ifstream f("/proc/self/smaps_rollup");
-  std::string k;
-  long v = 0;
-  while (f >> k)
-    if (k == "Private_Dirty:") {
-      f >> v;
-      return v;
-    }
-  return 0;
+  return sv::proc_self_kib("smaps_rollup", "Private_Dirty");
 }
 
 // Answers n messages on fd with "ok".

@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "util/proc.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -36,15 +38,7 @@ struct Opts {
 };
 
 long rss_kib() {
-  std::ifstream f("/proc/self/status");
-  std::string k;
-  long v = 0;
-  while (f >> k)
-    if (k == "VmRSS:") {
-      f >> v;
-      break;
-    }
-  return v;
+  return sv::proc_self_kib("status", "VmRSS");
 }
 
 bool write_all(int fd, const void* p, size_t n) {
