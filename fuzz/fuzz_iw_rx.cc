@@ -109,9 +109,9 @@ struct World {
     qp = Qp::from(q);
     qp->attr.max_rd_atomic = 4;
     qp->attr.max_dest_rd_atomic = 4;
-    qp->conn.rxbuf.resize(64 * 1024);
-    qp->conn.iov.resize(Conn::kMaxIov);
-    qp->conn.arena.resize(Conn::kHdrArena);
+    qp->conn.rxbuf.allocate(64 * 1024);
+    qp->conn.iov.allocate(Conn::kMaxIov);
+    qp->conn.arena.allocate(Conn::kHdrArena);
   }
 
   // The QP as qp_create and a new connection leave it: empty rings, fresh parser and
@@ -122,7 +122,7 @@ struct World {
     std::lock_guard rq(qp->rq_mu);
     Conn fresh;
     fresh.rxbuf.swap(qp->conn.rxbuf);
-    fresh.rxbuf.resize(64 * 1024);
+    fresh.rxbuf.allocate(64 * 1024);
     fresh.iov.swap(qp->conn.iov);
     fresh.arena.swap(qp->conn.arena);
     qp->conn = std::move(fresh);
@@ -231,7 +231,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     c.ird = c.ord = 4;
     c.max_ulpdu = 1448;
     static constexpr size_t kRxBuf[4] = {37, 512, 4096, 64 * 1024};
-    c.rxbuf.resize(kRxBuf[cfg >> 6]);
+    c.rxbuf.allocate(kRxBuf[cfg >> 6]);
     c.registered = true;
     sv::transport::set_nonblock(sv[0], true);
     qp->conn_state = sv::engine::ConnState::up;
