@@ -214,7 +214,8 @@ bool rx_run_locked(Qp* qp) {
           continue;
         }
       } else {
-        const size_t asked = rx_read_len(c);
+        // Never more than the buffer holds (a fuzzed connection runs with small ones).
+        const size_t asked = std::min(rx_read_len(c), c.rxbuf.size());
         n = transport::sys_recv(c.fd, c.rxbuf.data(), asked, MSG_DONTWAIT);
         if (n > 0) {
           drained = static_cast<size_t>(n) < asked;
