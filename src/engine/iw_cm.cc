@@ -55,6 +55,9 @@ struct LiveEndpoints {
   uint64_t next = 1;
   int waiting_requests = 0;  // passive endpoints in wait_request
   std::map<peer_guard::AddrKey, int> waiting_by_addr;
+  // When each address last completed a Request (admit's slowloris test); entries older
+  // than kPromptWindow are pruned past kMaxPromptAddrs.
+  std::map<peer_guard::AddrKey, std::chrono::steady_clock::time_point> last_request;
   // Listeners stopped (fd, handler): at kMaxPendingRequests, or when this round's accept
   // budget is spent; resumed below the one with budget left.
   std::vector<std::pair<int, Progress::Handler*>> paused;
@@ -62,6 +65,18 @@ struct LiveEndpoints {
   bool refill_posted = false;
 };
 ForkLocal<LiveEndpoints> g_live;
+
+constexpr size_t kMaxPromptAddrs = 4096;
+
+void note_request(const peer_guard::AddrKey& from) {
+  auto& lr = g_live.get().last_request;
+  const auto now = std::chrono::steady_clock::now();
+  if (lr.size() >= kMaxPromptAddrs) {
+    std::erase_if(lr, [&](const auto& e) { return now - e.second >= Endpoint::kPromptWindow; });
+    if (lr.size() >= kMaxPromptAddrs) lr.erase(lr.begin());
+  }
+  lr[from] = now;
+}
 
 void resume_listeners() {
   auto& live = g_live.get();
@@ -117,7 +132,12 @@ bool admit(int fd, const peer_guard::AddrKey& key) {
   auto& live = g_live.get();
   auto it = live.waiting_by_addr.find(key);
   if (it == live.waiting_by_addr.end() || it->second < Endpoint::kMaxPendingPerAddr) return true;
-  SV_WARN("%s has %d MPA handshakes pending: refusing fd %d", peer.str().c_str(), it->second, fd);
+  auto done = live.last_request.find(key);
+  if (done != live.last_request.end() &&
+      std::chrono::steady_clock::now() - done->second < Endpoint::kPromptWindow)
+    return true;  // its Requests keep coming: a busy peer, not a silent one
+  SV_WARN("%s has %d MPA handshakes pending and sends no Request: refusing fd %d",
+          peer.str().c_str(), it->second, fd);
   close(fd);
   return false;
 }
@@ -161,9 +181,9 @@ void Endpoint::listener_closed(int lfd) {
           p.end());
 }
 
-bool Endpoint::requests_unread() {
+bool Endpoint::requests_unread(const transport::SockAddr& from) {
   const auto& live = g_live.get();
-  return live.waiting_requests > 0 || !live.paused.empty();
+  return live.waiting_by_addr.count(peer_guard::addr_key(from)) > 0;
 }
 
 void Endpoint::stop_waiting() {
@@ -419,6 +439,7 @@ void Endpoint::on_event(uint32_t events) {
     out_.peer_ird = req_.v2.ird;
     out_.peer_ord = req_.v2.ord;
     out_.peer_pdata.assign(req_.ulp_pdata.begin(), req_.ulp_pdata.end());
+    note_request(addr_key_);
     stop_waiting();
     st_ = State::wait_decision;
     Progress::get().del(fd_);
@@ -697,13 +718,16 @@ void on_active_done(uint32_t qpn, int attempt, Endpoint* ep, int err) {
     return;
   }
   // Refused: the peer's QP is not there (a rejecting Reply) or nothing listens; or we are
-  // out of descriptors or memory here: the transport timer runs. A reset or a timeout is
-  // the peer pushing back or overloaded: its QP may be ready, the set-up is in flight.
+  // out of descriptors or memory here: the transport timer runs. A reset is the peer
+  // pushing back (a refused slot): its QP may be ready, the set-up is in flight.
   if (err == -EMFILE || err == -ENFILE || err == -ENOMEM || err == -ENOBUFS) {
     if (attempt == 0) SV_WARN("qp %u: cannot connect: %s", qpn, std::strerror(-err));
     peer_not_ready(qpn);
   }
-  if (ep->rejected() || err == -ECONNREFUSED) peer_not_ready(qpn);
+  // Unreachable, or silent for a whole handshake timeout: the peer is not answering.
+  if (ep->rejected() || err == -ECONNREFUSED || err == -EHOSTUNREACH || err == -ENETUNREACH ||
+      err == -ETIMEDOUT)
+    peer_not_ready(qpn);
   ep->dispose();
   // The peer may not have created its listener's QP yet or is slow: retry with backoff
   // for retry_cnt rounds, then give up like an RC QP whose retries are exhausted.
@@ -859,7 +883,6 @@ bool setup_in_flight(Qp* qp, std::chrono::milliseconds period) {
   const uint32_t qpn = qp->qpn();
   transport::SockAddr peer;
   remote_of(qp, peer);
-  std::vector<int> fds;
   {
     auto& r = reg();
     std::lock_guard lk(r.mu);
@@ -870,13 +893,9 @@ bool setup_in_flight(Qp* qp, std::chrono::milliseconds period) {
     // others to us within the period, it is alive and this one's turn is coming.
     auto h = r.heard.find(peer_guard::addr_key(peer));
     if (h != r.heard.end() && std::chrono::steady_clock::now() - h->second < period) return true;
-    for (auto* l : r.listeners) fds.push_back(l->fd);
   }
-  // Or its Request is waiting in our own queues.
-  if (Endpoint::requests_unread()) return true;
-  std::vector<pollfd> p;
-  for (int fd : fds) p.push_back(pollfd{fd, POLLIN, 0});
-  return ::poll(p.data(), p.size(), 0) > 0;
+  // Or one of its Requests is waiting in our own queues.
+  return Endpoint::requests_unread(peer);
 }
 
 void forget(Qp* qp) {
@@ -887,6 +906,7 @@ void forget(Qp* qp) {
     auto range = r.parked.equal_range(qp->qpn());
     for (auto it = range.first; it != range.second; ++it) drop.push_back(it->second);
     r.parked.erase(range.first, range.second);
+    r.active_setup.erase(qp->qpn());  // its QPN may be the next QP's
   }
   for (auto* ep : drop) ep->reject({});
 }

@@ -117,24 +117,27 @@ class Endpoint : public Progress::Handler {
   // address, without refusing a prompt legitimate peer (issue 28 item 1):
   //  - at kMaxPendingRequests the listeners stop accepting, and connections wait in the
   //    kernel's listen backlog (as a SYN queue pushes back) until handshakes finish;
-  //  - one address holding kMaxPendingPerAddr is refused further connections (accepted and
-  //    closed), so a slowloris address cannot fill the table; a softverbs initiator retries
-  //    a refused handshake with backoff within its QP's retry budget;
+  //  - an address holding kMaxPendingPerAddr that has not completed a Request within
+  //    kPromptWindow (a slowloris: it opens connections and says nothing) is refused more
+  //    (accepted and closed), so it cannot fill the table. An address whose Requests keep
+  //    coming (a peer connecting thousands of QPs, whose Requests trail its connects) is
+  //    not; a softverbs initiator retries a refused handshake with backoff anyway;
   //  - an address whose protection errors emptied its bucket is refused (peer_guard.h).
   // All listeners together take at most kAcceptBatch connections per progress-loop round,
   // so the Requests of those taken are read before more are: prompt peers never pile up
   // as "pending", however many listeners they connect to.
   static constexpr int kMaxPendingRequests = 1024;
-  static constexpr int kMaxPendingPerAddr = 512;
+  static constexpr int kMaxPendingPerAddr = 256;
+  static constexpr std::chrono::milliseconds kPromptWindow{1000};
   static constexpr int kAcceptBatch = 32;
   // Takes connections from listening socket lfd (progress thread; h is its handler) and
   // calls start(fd) for each admitted one, which must make it a passive endpoint.
   static void accept_batch(int lfd, Progress::Handler* h, const std::function<void(int)>& start);
   // A listener is being closed: it is no longer resumed after a pause (progress thread).
   static void listener_closed(int lfd);
-  // Connections accepted or waiting to be accepted whose Request this process has not read
-  // yet: a peer whose Request is among them is not to blame for a slow set-up. Progress thread.
-  static bool requests_unread();
+  // Connections from this address accepted whose Request this process has not read yet: a
+  // peer whose Request is among them is not to blame for a slow set-up. Progress thread.
+  static bool requests_unread(const transport::SockAddr& from);
   // accept4 on a listener failed with err. Out of descriptors, the connection at the head of
   // the backlog is taken with a spare descriptor kept for this and closed, so the listener
   // drains instead of staying readable (and the progress thread spinning on it).
@@ -188,10 +191,11 @@ void start(Qp* qp);
 void forget(Qp* qp);
 // Whether qp's connection is still being set up through no fault of its peer's QP: our
 // handshake is under way (or between retries after being pushed back) and the peer has
-// neither parked nor rejected it; or, as the responder, this process has Requests it has
-// not read yet, or the peer's address sent us one within `period` (it is connecting its
-// QPs one by one). An IB requester's transport timer runs on the responder's silence, not
-// on packets in flight; ours then waits (qp.cc arm_transport_timer). Progress thread.
+// neither parked nor rejected it nor been unreachable; or, as the responder, this process
+// has Requests from the peer's address it has not read yet, or that address sent us one
+// within `period` (it is connecting its QPs one by one). An IB requester's transport timer
+// runs on the responder's silence, not on packets in flight; ours then waits, a bounded
+// number of periods (qp.cc arm_transport_timer). Progress thread.
 bool setup_in_flight(Qp* qp, std::chrono::milliseconds period);
 }  // namespace oob
 

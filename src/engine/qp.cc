@@ -474,6 +474,9 @@ static int check_send_wr(const Qp* qp, const ibv_send_wr* wr) {
   return 0;
 }
 
+// At most this many extra periods for a set-up in flight (oob::setup_in_flight).
+constexpr uint16_t kMaxSetupDeferrals = 64;
+
 // Work posted while the connection to the peer is not up (its QP has not reached RTR, or is
 // not there): an IB requester retransmits retry_cnt times, each after the local ACK timeout
 // (4.096 us * 2^timeout), then completes with IBV_WC_RETRY_EXC_ERR (IB spec 9.7.6.1.3). We
@@ -496,7 +499,10 @@ static void arm_transport_timer(Qp* qp) {
       std::lock_guard lk(qp->tx_mu);
       qp->ack_timer_armed = false;
       expired = !qp->conn_up() && qp->sq_count && qp->state.load() != IBV_QPS_ERR;
-      if (expired && in_flight) {
+      // Bounded: a set-up that is always "in flight" (a peer that keeps connecting other
+      // QPs to us, never this one) still ends.
+      if (expired && in_flight && qp->setup_deferrals < kMaxSetupDeferrals) {
+        ++qp->setup_deferrals;
         arm_transport_timer(qp);
         return;
       }

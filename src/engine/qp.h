@@ -299,6 +299,7 @@ struct Qp {
   bool cm_managed = false;  // rdma_cm drives transitions and owns set-up
   bool error_reported = false;
   bool ack_timer_armed = false;  // tx_mu: a transport-timeout check is pending
+  uint16_t setup_deferrals = 0;  // transport-timer periods granted to a set-up in flight
   void* cm_id = nullptr;         // rdma_cm_id when cm_managed
   uint64_t cm_serial = 0;        // and that id's serial: a later id may reuse its address
   // rdma_cm is told when the connection ends (peer closed or QP error). Cleared by

@@ -96,11 +96,12 @@ int create_qp(rdma_cm_id* id, ibv_qp_init_attr* a) {
   const uint32_t need = a->cap.max_send_wr + a->cap.max_recv_wr;
   {
     std::lock_guard lk(G.cq_size_mu);
-    if (G.cq_resizable && G.cq_reserved + need > static_cast<uint32_t>(G.cq->cqe)) {
-      const int want =
-          static_cast<int>(std::max(G.cq_reserved + need, 2 * static_cast<uint32_t>(G.cq->cqe)));
+    if (G.cq_resizable && G.cq_reserved + need > static_cast<uint32_t>(G.cq->cqe) &&
+        G.cq->cqe < G.cq_max) {
+      const uint32_t want = std::max(G.cq_reserved + need, 2 * static_cast<uint32_t>(G.cq->cqe));
       // Past the device's limit the QPs share what there is (as with a fixed CQ).
-      if (ibv_resize_cq(G.cq, want) != 0) SV_INFO("rds: CQ stays at %d entries", G.cq->cqe);
+      if (ibv_resize_cq(G.cq, static_cast<int>(std::min<uint32_t>(want, G.cq_max))) != 0)
+        SV_INFO("rds: CQ stays at %d entries", G.cq->cqe);
     }
     G.cq_reserved += need;
   }
@@ -919,13 +920,16 @@ int transport_start() {
   }
   G.pd = ibv_alloc_pd(G.verbs);
   ibv_device_attr da{};
-  if (ibv_query_device(G.verbs, &da) == 0) G.mr_max = static_cast<uint32_t>(da.max_mr);
+  if (ibv_query_device(G.verbs, &da) == 0) {
+    G.mr_max = static_cast<uint32_t>(da.max_mr);
+    G.cq_max = std::max(da.max_cqe, kCqInitial);
+  }
   G.cq_ch = ibv_create_comp_channel(G.verbs);
   G.cq = G.pd && G.cq_ch ? ibv_create_cq(G.verbs, kCqInitial, nullptr, G.cq_ch, 0) : nullptr;
   G.cq_resizable = G.cq && ibv_resize_cq(G.cq, kCqInitial) == 0;
   if (G.cq && !G.cq_resizable) {  // create_qp cannot grow it: take the fixed size now
     ibv_destroy_cq(G.cq);
-    G.cq = ibv_create_cq(G.verbs, kCqFixed, nullptr, G.cq_ch, 0);
+    G.cq = ibv_create_cq(G.verbs, std::min(kCqFixed, G.cq_max), nullptr, G.cq_ch, 0);
   }
   G.cm_ch = rdma_create_event_channel();
   if (!G.cq || !G.cm_ch) return -ENOMEM;

@@ -349,6 +349,7 @@ struct Global {
   uint32_t cq_reserved = 0;
   std::map<ibv_qp*, uint32_t> cq_share;
   bool cq_resizable = false;
+  int cq_max = kCqFixed;          // the device's max_cqe
   std::deque<ibv_wc> wc_backlog;  // polled, not yet handled (drain_cq_locked)
   rdma_event_channel* cm_ch = nullptr;
   rdma_cm_id* listen_id = nullptr;

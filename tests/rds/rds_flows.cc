@@ -1,12 +1,14 @@
 // rds_flows: exactly-once, in-order delivery check for RDS under loss and connection
 // resets (the kernel selftest tools/testing/selftests/net/rds/test.py, reworked).
-//   rds_flows --local IP --peer IP --port P --sockets N --messages M --seed S [--timeout s]
-// Each side binds N sockets (P..P+N-1 on its address) and sends M messages, each from a
-// pseudo-random socket to a pseudo-random peer socket, with a pseudo-random size. Every
-// message carries its flow's sequence number and a hash chain over the flow so far; the
-// receiver recomputes both, so a lost, duplicated, reordered or corrupted message fails
-// the run. Both sides send M, so each knows when it has everything; it then listens two
-// more seconds for anything extra. Exit 0 and "flows: ... OK" when all checks hold.
+//   rds_flows --local IP --peer IP[,IP...] --port P --sockets N --messages M --seed S
+//             [--timeout s]
+// Each side binds N sockets (P..P+N-1 on its address) and sends M messages to each peer
+// (in turn), each from a pseudo-random socket to a pseudo-random socket of that peer, with
+// a pseudo-random size. Every message carries its flow's sequence number and a hash chain
+// over the flow so far; the receiver recomputes both, so a lost, duplicated, reordered or
+// corrupted message fails the run. Every side sends M to every other, so each knows when
+// it has everything; it then listens two more seconds for anything extra. Exit 0 and
+// "flows: ... OK" when all checks hold.
 #include <arpa/inet.h>
 #include <getopt.h>
 #include <poll.h>
@@ -20,6 +22,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -111,13 +114,26 @@ int main(int argc, char** argv) {
     svrds_setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
     fds.push_back(fd);
   }
-  sockaddr_in peer_addr{};
-  peer_addr.sin_family = AF_INET;
-  inet_pton(AF_INET, peer.c_str(), &peer_addr.sin_addr);
-  sleep(1);  // let the peer bind its sockets
+  std::vector<sockaddr_in> peers;
+  for (size_t at = 0; at <= peer.size();) {
+    const size_t end = std::min(peer.find(',', at), peer.size());
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    if (inet_pton(AF_INET, peer.substr(at, end - at).c_str(), &a.sin_addr) != 1) {
+      std::fprintf(stderr, "flows: bad --peer %s\n", peer.c_str());
+      return 2;
+    }
+    peers.push_back(a);
+    at = end + 1;
+  }
+  const long npeers = static_cast<long>(peers.size());
+  messages *= npeers;  // M to each peer, M from each
+  sleep(1);            // let the peers bind their sockets
   Rng rng{seed | 1};
-  std::map<std::pair<int, int>, FlowState> out;  // (my socket, peer socket) -> sent state
-  std::map<std::pair<int, int>, FlowState> in;   // (peer port, my port) -> expected state
+  // (peer, my socket, peer socket) -> sent state
+  std::map<std::tuple<long, int, int>, FlowState> out;
+  // (peer address, peer port, my port) -> expected state
+  std::map<std::tuple<uint32_t, int, int>, FlowState> in;
   long sent = 0, received = 0, eagain = 0;
   std::vector<char> buf(70000), rbuf(70000);
   const auto start = std::chrono::steady_clock::now();
@@ -148,12 +164,13 @@ int main(int argc, char** argv) {
                            : static_cast<uint32_t>(rng.next() % 65536);
         cur_len = std::max<uint32_t>(cur_len, sizeof(Hdr));
       }
-      FlowState& f = out[{cur_src, cur_dst}];
+      const long to = sent % npeers;
+      FlowState& f = out[{to, cur_src, cur_dst}];
       Hdr h{kMagic, static_cast<uint16_t>(port + cur_src), static_cast<uint16_t>(port + cur_dst),
             f.seq,  mix(mix(f.chain, f.seq), cur_len),     cur_len};
       std::memcpy(buf.data(), &h, sizeof h);
       for (size_t i = sizeof h; i < cur_len; ++i) buf[i] = static_cast<char>(filler(h.chain, i));
-      sockaddr_in d = peer_addr;
+      sockaddr_in d = peers[static_cast<size_t>(to)];
       d.sin_port = htons(static_cast<uint16_t>(port + cur_dst));
       if (svrds_sendto(fds[cur_src], buf.data(), cur_len, 0, reinterpret_cast<sockaddr*>(&d),
                        sizeof d) < 0) {
@@ -186,7 +203,7 @@ int main(int argc, char** argv) {
           return 1;
         }
         std::memcpy(&h, rbuf.data(), sizeof h);
-        FlowState& f = in[{ntohs(from.sin_port), port + k}];
+        FlowState& f = in[{from.sin_addr.s_addr, ntohs(from.sin_port), port + k}];
         const uint64_t want = mix(mix(f.chain, f.seq), h.len);
         if (h.magic != kMagic || h.flow_seq != f.seq || h.chain != want ||
             h.len != static_cast<uint32_t>(n) || h.dst_port != port + k ||
