@@ -44,7 +44,8 @@ long rss_kib() {
 bool write_all(int fd, const void* p, size_t n) {
   auto* b = static_cast<const char*>(p);
   while (n) {
-    const ssize_t w = write(fd, b, n);
+    // The other side may have died: a failure to report, not a SIGPIPE that hides it.
+    const ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
     if (w <= 0) return false;
     b += w;
     n -= static_cast<size_t>(w);
