@@ -85,6 +85,18 @@ int softverbs_qp_set_ib_completion(struct ibv_qp* qp, int on);
  * for an invalid QP. */
 int softverbs_qp_ib_completion(struct ibv_qp* qp);
 
+/* Injects a fault on a connected RC or UC QP now, for a program that wants it at a chosen
+ * moment (SOFTVERBS_FAULT chooses frames by rule; docs/fault-injection.md):
+ *   "reset"       an abortive close of the connection (a TCP RST), as a pulled cable: the
+ *                 QP's outstanding WRs fail (IBV_WC_RETRY_EXC_ERR, then flushes), the peer's
+ *                 QP fails too;
+ *   "stall:ms=N"  nothing is sent or read on the connection for N ms (1 to 3600000);
+ *   "corrupt"     one bit of the next outgoing FPDU's MPA CRC flips: the peer Terminates.
+ * Each is counted (fault_reset, fault_stall, fault_corrupt in softverbs-stat). Returns 0;
+ * EINVAL for an invalid QP or fault; EOPNOTSUPP for a UD QP, or "corrupt" on a connection
+ * without MPA CRC (SOFTVERBS_MPA_CRC=1 turns it on); ENOTCONN if the QP has no connection. */
+int softverbs_qp_inject_fault(struct ibv_qp* qp, const char* fault);
+
 #ifdef __cplusplus
 }
 #endif

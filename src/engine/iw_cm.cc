@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 
+#include "engine/fault.h"
 #include "engine/log.h"
 #include "engine/peer_guard.h"
 #include "engine/qp.h"
@@ -42,6 +43,12 @@ bool OobHeader::decode(std::span<const std::byte> pd, OobHeader& out) {
   out.src_qpn = wire::load_be32(pd.data() + 8);
   out.flags = pd.size() >= 16 ? wire::load_be32(pd.data() + 12) : 0;
   return true;
+}
+
+bool mpa_crc_wanted() {
+  static const bool on =
+      settings::flag_value(SV_SETTING("SOFTVERBS_MPA_CRC")) || fault::wants_crc();
+  return on;
 }
 
 // ---- Endpoint ------------------------------------------------------------------------
@@ -572,11 +579,6 @@ Registry& reg() {
   return g_reg.get();
 }
 
-bool crc_wanted() {
-  static const bool on = settings::flag_value(SV_SETTING("SOFTVERBS_MPA_CRC"));
-  return on;
-}
-
 Listener* new_listener() {
   auto* l = new Listener();
   transport::SockAddr any;
@@ -601,7 +603,7 @@ Listener* new_listener() {
 
 void accept_parked(Qp* qp, Endpoint* ep) {
   MpaOffer o;
-  o.crc = crc_wanted();
+  o.crc = mpa_crc_wanted();
   o.ird = static_cast<uint16_t>(std::max<uint8_t>(qp->attr.max_dest_rd_atomic, 1));
   o.ord = static_cast<uint16_t>(kMaxRdAtom);
   o.ib_completion = ib_completion_wanted(qp);
@@ -774,7 +776,7 @@ void connect_active(uint32_t qpn, int attempt) {
   transport::SockAddr to;
   remote_of(qp, to);
   MpaOffer o;
-  o.crc = crc_wanted();
+  o.crc = mpa_crc_wanted();
   o.ird = static_cast<uint16_t>(std::max<uint8_t>(qp->attr.max_dest_rd_atomic, 1));
   o.ord = static_cast<uint16_t>(kMaxRdAtom);
   o.p2p = true;

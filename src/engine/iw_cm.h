@@ -23,6 +23,11 @@ namespace sv::engine {
 
 struct Qp;
 
+// Whether this side asks for MPA CRC (RFC 5044 §7.1: used if either side asks):
+// SOFTVERBS_MPA_CRC, or a corrupt fault rule (a flipped bit must be caught, as a NIC's link
+// CRC catches it).
+bool mpa_crc_wanted();
+
 // What one side offers in its MPA frame.
 struct MpaOffer {
   bool crc = false;

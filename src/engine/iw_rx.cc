@@ -118,6 +118,33 @@ void conn_eof(Qp* qp) {
   qp_conn_lost(qp, IBV_WC_RETRY_EXC_ERR);
 }
 
+// An incoming FPDU, whole, before its CRC check (SOFTVERBS_FAULT dir=rx). False if a reset
+// fault ended the connection.
+bool rx_fault(Qp* qp, size_t pad) {
+  Conn& c = qp->conn;
+  fault::Fired fx;
+  if (!qp->faults->on_frame(fault::FaultDir::rx, false, fx)) return true;
+  qp_fault_count(qp, fx.action);
+  switch (fx.action) {
+    case fault::FaultAction::reset:
+      qp->rx_stalled = true;  // read nothing more; the QP fails (qp_fault_reset_locked)
+      qp_fault_reset_locked(qp);
+      return false;
+    case fault::FaultAction::corrupt:
+      // As a bit flipped on the wire: the CRC check below fails and Terminates.
+      if (c.crc)
+        c.trailer[pad + fx.bit / 8] ^= static_cast<std::byte>(1u << (fx.bit % 8));
+      else
+        SV_WARN("qp %u: corrupt fault on a connection without MPA CRC: not applied", qp->qpn());
+      return true;
+    case fault::FaultAction::stall:
+      qp_fault_hold(qp, fx.ms);  // this FPDU is taken; the next waits
+      return true;
+    default:
+      return true;
+  }
+}
+
 // One accepted DDP segment; a message is counted at its last segment.
 void count_rx_segment(stats::Slot* s, const wire::DdpSegment& seg) {
   stats::add(s, stats::Ctr::rcvd_pkts);
@@ -168,6 +195,9 @@ bool rx_run_locked(Qp* qp) {
   // it is not lost: the socket stays readable (level-triggered) for the next pass.
   bool drained = false;
   for (;;) {
+    // A stall fault: nothing is read until its timer (qp_fault_hold).
+    if (qp->fault_held.load(std::memory_order_acquire)) [[unlikely]]
+      break;
     if (qp->rx_stalled) {
       // Retry the header that stalled (a receive may have been posted since).
       if (qp->state.load() == IBV_QPS_ERR) return false;
@@ -303,6 +333,9 @@ bool rx_run_locked(Qp* qp) {
         c.trailer_have += take;
         c.rx_begin += take;
         if (c.trailer_have < need) continue;
+        if (qp->faults) [[unlikely]] {
+          if (!rx_fault(qp, pad)) return false;
+        }
         if (c.crc) {
           uint32_t s = wire::crc32c_update(c.crc_state, c.trailer.data(), pad);
           if (wire::crc32c_final(s) != wire::load_le32(&c.trailer[pad])) {

@@ -233,6 +233,7 @@ Qp* qp_create(Context* ctx, Pd* pd, const ibv_qp_init_attr* init, int* err) {
     b.handle = qpn;
   }
   qp->stats = stats::attach(b.qp_num, init->qp_type);
+  qp->faults = fault::attach(b.qp_num);
   qp->attr.qp_state = IBV_QPS_RESET;
   qp->attr.cap = qp->cap;
   qp->attr.path_mtu = IBV_MTU_4096;
@@ -956,6 +957,14 @@ void qp_update_interest(Qp* qp) {
   auto apply = [qp] {
     // Only a connection that is up is watched (a failed one is shut down, qp_state.cc).
     if (qp->conn.fd < 0 || !qp->conn_up()) return;
+    if (qp->fault_held.load(std::memory_order_acquire)) [[unlikely]] {
+      // A stall fault: unwatched, even for a hang-up, until its timer (qp_fault_hold).
+      if (qp->conn.registered) Progress::get().del(qp->conn.fd);
+      qp->conn.registered = false;
+      qp->conn.events = 0;
+      qp_wait_sync(qp);
+      return;
+    }
     uint32_t ev = 0;
     if (!qp->rx_stalled && !qp->rx_yielded) ev |= EPOLLIN;
     if (qp->tx_blocked) ev |= EPOLLOUT;

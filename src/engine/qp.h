@@ -36,6 +36,7 @@
 
 #include "engine/context.h"
 #include "engine/cq.h"
+#include "engine/fault.h"
 #include "engine/mr.h"
 #include "engine/progress.h"
 #include "engine/qp_state.h"
@@ -211,8 +212,9 @@ struct Conn {
   // on transmit (RFC 5040), else a peer that placed them would wait on us and we on it.
   bool acks_unseen = false;
 
-  bool registered = false;  // in the progress thread's epoll set
-  uint32_t events = 0;      // current epoll interest
+  bool fault_reset = false;  // tx_mu: a reset fault cut the batch; abort once it is sent
+  bool registered = false;   // in the progress thread's epoll set
+  uint32_t events = 0;       // current epoll interest
 };
 
 // The ibv_wr_* batch being built between ibv_wr_start and ibv_wr_complete (verbs/qp_ex.cc).
@@ -330,6 +332,13 @@ struct Qp {
   static Qp* from(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
   uint32_t qpn() const { return qpx.qp_base.qp_num; }
   stats::Slot* stats = nullptr;  // counters, published for softverbs-stat (never null once made)
+  // SOFTVERBS_FAULT (engine/fault.h): null unless the process runs under fault rules; set
+  // at creation, never changed.
+  std::unique_ptr<fault::QpFaults> faults;
+  std::atomic<bool> fault_corrupt_armed{false};  // softverbs_qp_inject_fault: the next FPDU
+  // A stall fault holds the connection both ways: nothing is sent or read until its timer.
+  std::atomic<bool> fault_held{false};
+  std::atomic<uint32_t> fault_hold_gen{0};  // the latest stall's: only its timer releases
 
   // Lifetime, as rxe's kref on its QP (rxe_get/rxe_put): ibv_create_qp's reference, and one
   // per piece of deferred work (QpRef). qp_destroy tears the QP down, sets `destroyed` on the
@@ -414,6 +423,19 @@ void qp_attach_conn(Qp* qp);
 void qp_update_interest(Qp* qp);
 // The connection ended under us (EOF, reset, Terminate): error the QP.
 void qp_conn_lost(Qp* qp, ibv_wc_status status);
+
+// ---- qp_fault.cc ----------------------------------------------------------------------
+// What a fired SOFTVERBS_FAULT rule does to a connected QP (fault.h decides which frame).
+// Counts the firing in the QP's counters.
+void qp_fault_count(Qp* qp, fault::FaultAction a);
+// stall: nothing is sent or read on the connection for `ms`, then it goes on as before.
+void qp_fault_hold(Qp* qp, uint32_t ms);
+// reset: an abortive close (RST), as a pulled cable; the QP then fails as on a lost
+// connection. Caller holds tx_mu or rx_mu.
+void qp_fault_reset_locked(Qp* qp);
+// softverbs_qp_inject_fault: 0, EINVAL (unknown fault), EOPNOTSUPP (not a connected QP,
+// or corrupt on a connection without MPA CRC) or ENOTCONN (no connection to act on).
+int qp_inject_fault(Qp* qp, const char* what);
 
 // ---- qp_requester.cc ------------------------------------------------------------------
 // Frames and writes as much as the socket takes. Caller holds tx_mu.

@@ -30,6 +30,7 @@ constexpr size_t kCopyBelow = 64;       // small payloads are copied next to the
 // into the arena; adjacent arena bytes share one iovec, large payloads are referenced.
 struct Framer {
   Conn& c;
+  Qp* qp = nullptr;          // for fault rules; null on the Terminate path (no faults there)
   std::byte* hdr = nullptr;  // start of ULPDU_Length in the arena
   size_t ulpdu = 0;
   size_t mark = 0;       // arena bytes from here are not yet in the iovec list
@@ -38,7 +39,7 @@ struct Framer {
   uint64_t fpdus = 0;    // FPDUs framed: counted once per batch
 
   bool room(size_t pieces) const {
-    return c.iov_n + pieces + 3 <= Conn::kMaxIov &&
+    return !c.fault_reset && c.iov_n + pieces + 3 <= Conn::kMaxIov &&
            c.arena_used + kMaxFpduHdr + kCopyBelow + 8 <= c.arena.size();
   }
   void add_iov(std::byte* p, size_t len) {
@@ -79,6 +80,7 @@ struct Framer {
     }
     ulpdu += len;
   }
+  bool on_fault();
   void end() {
     ++fpdus;
     wire::store_be16(hdr, static_cast<uint16_t>(ulpdu));
@@ -100,11 +102,55 @@ struct Framer {
       }
       wire::store_le32(&c.arena[c.arena_used], wire::crc32c_final(s));
     }
+    if (qp && (qp->faults || qp->fault_corrupt_armed.load(std::memory_order_relaxed)))
+        [[unlikely]] {
+      if (!on_fault()) return;
+    }
     c.arena_used += 4;
     flush_arena();
     c.tx_queued += 2 + ulpdu + pad + 4;
   }
 };
+
+// A fault rule's frame (SOFTVERBS_FAULT), with its CRC at arena_used. False if a reset
+// cut it: this FPDU and all after it are lost with the connection, as on a pulled cable.
+bool Framer::on_fault() {
+  fault::Fired fx;
+  if (qp->fault_corrupt_armed.exchange(false, std::memory_order_relaxed)) {
+    fx.action = fault::FaultAction::corrupt;
+    fx.bit = static_cast<uint32_t>(c.tx_queued % 32);
+    SV_WARN("fault: qp %u corrupt tx (injected)", qp->qpn());
+  } else if (!qp->faults || !qp->faults->on_frame(fault::FaultDir::tx, false, fx)) {
+    return true;
+  }
+  qp_fault_count(qp, fx.action);
+  switch (fx.action) {
+    case fault::FaultAction::corrupt:
+      // One bit of the MPA CRC: the receiver's check fails for certain (RFC 5044 §4.4 then
+      // Terminates), and no header or payload byte that could be placed is touched.
+      if (!c.crc) {
+        SV_WARN("qp %u: corrupt fault on a connection without MPA CRC: not applied", qp->qpn());
+        return true;
+      }
+      c.arena[c.arena_used + fx.bit / 8] ^= static_cast<std::byte>(1u << (fx.bit % 8));
+      return true;
+    case fault::FaultAction::stall:
+      qp_fault_hold(qp, fx.ms);  // this batch waits too: tx_run_locked checks the hold
+      return true;
+    case fault::FaultAction::reset:
+      if (first_off) {
+        c.iov_n = first + 1;
+        c.iov[first].iov_len = first_off;
+      } else {
+        c.iov_n = first;
+      }
+      --fpdus;
+      c.fault_reset = true;  // room() is false from now on; tx_run_locked sends the RST
+      return false;
+    default:
+      return true;
+  }
+}
 
 // Adds payload bytes [off, off+len) of a WQE's gather list.
 void gather(Framer& f, const SendWqe& w, uint32_t off, uint32_t len) {
@@ -431,7 +477,7 @@ ssize_t send_queued(Qp* qp) {
 bool build_batch(Qp* qp) {
   Conn& c = qp->conn;
   if (c.tx_gated) return false;
-  Framer f{c};
+  Framer f{c, qp};
   const size_t before = c.iov_n;
   uint32_t local_ops = 0;
   if (c.send_rtr) {
@@ -475,6 +521,9 @@ void tx_run_locked(Qp* qp) {
   Conn& c = qp->conn;
   if (c.fd < 0 || c.iov.empty()) return;
   for (;;) {
+    // A stall fault holds everything, queued bytes included; its timer kicks TX again.
+    if (qp->fault_held.load(std::memory_order_acquire)) [[unlikely]]
+      return;
     while (c.iov_pos < c.iov_n) {
       if (send_queued(qp) < 0) {
         if (errno == EINTR) continue;
@@ -494,6 +543,15 @@ void tx_run_locked(Qp* qp) {
         return;
       }
     }
+    if (c.fault_reset) [[unlikely]] {
+      // Everything before the cut FPDU is on its way: now the RST, and nothing after it.
+      c.fault_reset = false;
+      c.tx_gated = true;
+      c.iov_n = c.iov_pos = 0;
+      c.arena_used = 0;
+      qp_fault_reset_locked(qp);
+      return;
+    }
     if (qp->tx_blocked) {
       qp->tx_blocked = false;
       qp_update_interest(qp);
@@ -501,7 +559,7 @@ void tx_run_locked(Qp* qp) {
     c.iov_n = c.iov_pos = 0;
     c.arena_used = 0;
     complete_sq_locked(qp);
-    if (!build_batch(qp)) return;
+    if (!build_batch(qp) && !c.fault_reset) return;
   }
 }
 

@@ -282,7 +282,9 @@ void qp_take_endpoint(Qp* qp, Endpoint* ep) {
 }
 
 void qp_attach_conn(Qp* qp) {
-  stats::set_peer(qp->stats, transport::peer_addr(qp->conn.fd), qp->attr.dest_qp_num);
+  const transport::SockAddr peer = transport::peer_addr(qp->conn.fd);
+  stats::set_peer(qp->stats, peer, qp->attr.dest_qp_num);
+  if (qp->faults) qp->faults->set_peer(peer);
   // SOFTVERBS_SNDBUF=bytes fixes the socket's send buffer (the kernel's autotuning otherwise):
   // a knob for tuning, and for tests that need a transmit that stops when the peer stops reading.
   static const int sndbuf = static_cast<int>(settings::uint_value(SV_SETTING("SOFTVERBS_SNDBUF")));

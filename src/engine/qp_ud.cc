@@ -464,6 +464,13 @@ void ud_rx_fd_locked(Qp* qp, int fd, bool mcast) {
       continue;
     }
     transport::SockAddr src = transport::SockAddr::from(reinterpret_cast<sockaddr*>(&from));
+    if (qp->faults) [[unlikely]] {
+      fault::Fired fx;  // on the way in, only drop applies (wire/fault_spec.h)
+      if (qp->faults->on_frame(fault::FaultDir::rx, true, fx, &src)) {
+        qp_fault_count(qp, fx.action);
+        continue;
+      }
+    }
     if (!deliver(qp, static_cast<size_t>(n), src, dest_gid(m), mcast)) return;
   }
   // Budget spent with more waiting: come back through epoll (still readable).
@@ -482,6 +489,24 @@ static void ud_fail_locked(Qp* qp, SendWqe& w, ibv_wc_status st) {
   Progress::get().post([ref = QpRef(qp)] {
     if (ref.live()) qp_set_error(ref.get(), IBV_WC_WR_FLUSH_ERR, true);
   });
+}
+
+// A delay fault: the datagram, copied now (its buffers are the application's, reusable once
+// the Send completes), leaves `ms` later from the progress thread.
+static void ud_send_later(Qp* qp, const transport::SockAddr& to, const iovec* iov, size_t niov,
+                          uint32_t ms) {
+  std::vector<std::byte> bytes;
+  for (size_t i = 0; i < niov; ++i) {
+    const auto* b = static_cast<const std::byte*>(iov[i].iov_base);
+    bytes.insert(bytes.end(), b, b + iov[i].iov_len);
+  }
+  Progress::get().post_after(
+      std::chrono::milliseconds(ms), [ref = QpRef(qp), to, bytes = std::move(bytes)] {
+        // ud_close runs here too, after `destroyed` is set.
+        if (!ref.live() || ref.get()->ud_fd < 0) return;
+        (void)!sendto(ref.get()->ud_fd, bytes.data(), bytes.size(), MSG_DONTWAIT,
+                      reinterpret_cast<const sockaddr*>(&to.ss), to.len);
+      });
 }
 
 void ud_tx_locked(Qp* qp) {
@@ -534,12 +559,28 @@ void ud_tx_locked(Qp* qp) {
               ? !mcast_dest(qp, w, to)
               : !dest_addr(qp, w.dgid, static_cast<uint16_t>(w.remote_qpn >> 8), to))
         continue;
+      int copies = 1;
+      if (qp->faults) [[unlikely]] {
+        fault::Fired fx;
+        if (qp->faults->on_frame(fault::FaultDir::tx, true, fx, &to)) {
+          qp_fault_count(qp, fx.action);
+          // Lost, duplicated or late on the way, as a fabric may do to a datagram: the
+          // Send completes successfully whatever becomes of it (IBA 9.8.2).
+          if (fx.action == fault::FaultAction::drop) continue;
+          if (fx.action == fault::FaultAction::delay) {
+            ud_send_later(qp, to, iov.data(), niov, fx.ms);
+            continue;
+          }
+          if (fx.action == fault::FaultAction::dup) copies = 2;
+        }
+      }
       msghdr m{};
       m.msg_name = &to.ss;
       m.msg_namelen = to.len;
       m.msg_iov = iov.data();
       m.msg_iovlen = niov;
-      const ssize_t n = transport::sys_sendmsg(qp->ud_fd, &m, MSG_DONTWAIT);
+      ssize_t n = transport::sys_sendmsg(qp->ud_fd, &m, MSG_DONTWAIT);
+      if (copies == 2 && n >= 0) n = transport::sys_sendmsg(qp->ud_fd, &m, MSG_DONTWAIT);
       if (n < 0) {
         // Unreliable by definition: a full socket buffer or an unreachable host loses the
         // datagram, and the Send still completes successfully (IBA 9.8.2).

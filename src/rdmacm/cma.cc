@@ -318,10 +318,6 @@ void Listener::on_event(uint32_t) {
   });
 }
 
-bool crc_wanted() {
-  return sv::settings::flag_value(SV_SETTING("SOFTVERBS_MPA_CRC"));
-}
-
 int fail(int e) {
   errno = e;
   return -1;
@@ -1078,7 +1074,7 @@ SV_EXPORT int rdma_connect(rdma_cm_id* i, rdma_conn_param* param) {
   SockAddr dst = id_dst(id);
   if (!dst.len) return fail(EINVAL);
   MpaOffer o;
-  o.crc = crc_wanted();
+  o.crc = sv::engine::mpa_crc_wanted();
   o.ird = param ? param->responder_resources : 1;
   o.ord = param ? param->initiator_depth : 1;
   o.p2p = true;  // RFC 6581: ask for a Write RTR so either side may send first
@@ -1167,7 +1163,7 @@ SV_EXPORT int rdma_accept(rdma_cm_id* i, rdma_conn_param* param) {
   Endpoint* ep = id->ep;
   if (!ep || ep->role() != Endpoint::Role::passive) return fail(EINVAL);
   MpaOffer o;
-  o.crc = crc_wanted();
+  o.crc = sv::engine::mpa_crc_wanted();
   o.ird = param ? param->responder_resources : std::max<uint8_t>(id->resp_res, 1);
   o.ord = param ? param->initiator_depth : std::max<uint8_t>(id->init_depth, 1);
   o.ib_completion = ib_completion_wanted(i->qp ? Qp::from(i->qp) : nullptr);

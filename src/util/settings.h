@@ -70,6 +70,8 @@ inline constexpr Setting kAll[] = {
     {"SOFTVERBS_STATS_DIR", Kind::text, 0, 0, 0, 0},
     {"SOFTVERBS_STATS_QPS", Kind::uint, 1024, 1, 65535, 0},
     {"SOFTVERBS_SYSFS", Kind::text, 0, 0, 0, 0},
+    // Fault injection (engine/fault.cc; its grammar: wire/fault_spec.h).
+    {"SOFTVERBS_FAULT", Kind::text, 0, 0, 0, 0},
     // RDS (src/rds, src/rds_preload). IDLE_MS 0: never close an idle connection.
     {"SOFTVERBS_RDS_DIR", Kind::text, 0, 0, 0, 0},
     {"SOFTVERBS_RDS_IDLE_MS", Kind::uint, 30000, 0, 86400000, 0},

@@ -16,6 +16,7 @@
 #include "engine/context.h"
 #include "engine/cq.h"
 #include "engine/device.h"
+#include "engine/fault.h"
 #include "engine/mr.h"
 #include "engine/qp.h"
 #include "engine/settings.h"
@@ -167,6 +168,12 @@ SV_EXPORT int ibv_get_device_index(ibv_device*) {
 
 SV_EXPORT ibv_context* ibv_open_device(ibv_device* dev) {
   sv::engine::check_settings();  // once per process: a bad SOFTVERBS_* value is named
+  if (!sv::engine::fault::plan_ok()) {
+    // A malformed SOFTVERBS_FAULT (named on stderr): a test run under "faults" that are not
+    // there would prove nothing, so the device does not open.
+    errno = EINVAL;
+    return nullptr;
+  }
   auto* c = new (std::nothrow) Context();
   if (!c) {
     errno = ENOMEM;
@@ -603,6 +610,11 @@ SV_EXPORT int softverbs_qp_set_ib_completion(ibv_qp* ibqp, int on) {
   if (!handle_ok(HKind::qp, ibqp) || on < -1 || on > 1) return EINVAL;
   Qp::from(ibqp)->ib_completion_pref.store(on);
   return 0;
+}
+
+SV_EXPORT int softverbs_qp_inject_fault(ibv_qp* ibqp, const char* fault) {
+  if (!handle_ok(HKind::qp, ibqp)) return EINVAL;
+  return qp_inject_fault(Qp::from(ibqp), fault);
 }
 
 SV_EXPORT int softverbs_qp_ib_completion(ibv_qp* ibqp) {

@@ -117,6 +117,18 @@ const char* ctr_name(Ctr c) {
       return "ud_dropped";
     case Ctr::uc_dropped:
       return "uc_dropped";
+    case Ctr::fault_reset:
+      return "fault_reset";
+    case Ctr::fault_stall:
+      return "fault_stall";
+    case Ctr::fault_corrupt:
+      return "fault_corrupt";
+    case Ctr::fault_drop:
+      return "fault_drop";
+    case Ctr::fault_dup:
+      return "fault_dup";
+    case Ctr::fault_delay:
+      return "fault_delay";
     case Ctr::count:
       break;
   }

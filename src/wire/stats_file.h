@@ -38,9 +38,15 @@ enum class Ctr : uint8_t {
   rcvd_atomics,
   sent_terminates,
   rcvd_terminates,
-  rnr_waits,   // a Send arrived with no receive posted (we stop reading: RNR)
-  ud_dropped,  // UD datagrams dropped: malformed, Q_Key/P_Key/QPN mismatch, QP not ready
-  uc_dropped,  // UC messages dropped: no receive posted, too long, Write access denied
+  rnr_waits,    // a Send arrived with no receive posted (we stop reading: RNR)
+  ud_dropped,   // UD datagrams dropped: malformed, Q_Key/P_Key/QPN mismatch, QP not ready
+  uc_dropped,   // UC messages dropped: no receive posted, too long, Write access denied
+  fault_reset,  // SOFTVERBS_FAULT firings, by action (wire/fault_spec.h's order)
+  fault_stall,
+  fault_corrupt,
+  fault_drop,
+  fault_dup,
+  fault_delay,
   count
 };
 inline constexpr size_t kCtrCount = static_cast<size_t>(Ctr::count);
