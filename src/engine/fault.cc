@@ -82,6 +82,10 @@ bool plan_ok() {
   return plan().ok;
 }
 
+bool active() {
+  return !plan().plan.rules.empty();
+}
+
 bool wants_crc() {
   return plan().crc;
 }

@@ -25,6 +25,8 @@ using wire::FaultDir;
 // The process plan. False if SOFTVERBS_FAULT is malformed (said once on stderr, naming the
 // token); the verbs layer then refuses to open the device with EINVAL.
 bool plan_ok();
+// Whether the plan has any rule.
+bool active();
 // Whether a corrupt rule exists: MPA CRC is then asked for on every connection, so the
 // flipped bit is caught by the receiver as a NIC's link CRC would catch it.
 bool wants_crc();

@@ -163,6 +163,12 @@ void detach(Slot* s) {
   }
 }
 
+void add_retired(Ctr c, uint64_t n) {
+  File& f = g_file.get();
+  std::lock_guard lk(f.mu);  // the file may be mapped meanwhile
+  add(f.retired(), c, n);
+}
+
 void set_peer(Slot* s, const transport::SockAddr& peer, uint32_t dest_qpn) {
   File& f = g_file.get();
   std::lock_guard lk(f.mu);  // the address is plain bytes: one writer at a time

@@ -39,6 +39,8 @@ static_assert(offsetof(Slot, addr) == wire::kSlotAddr);
 Slot* attach(uint32_t qpn, uint32_t qp_type);
 // Adds the slot's counts to the destroyed-QP totals and frees it.
 void detach(Slot* s);
+// Counts into the process's totals directly: events of no QP (rdma_cm's UD set-up messages).
+void add_retired(Ctr c, uint64_t n = 1);
 
 inline void add(Slot* s, Ctr c, uint64_t n = 1) {
   s->ctr[static_cast<size_t>(c)].fetch_add(n, std::memory_order_relaxed);

@@ -27,6 +27,7 @@
 #include <mutex>
 #include <vector>
 
+#include "engine/fault.h"
 #include "engine/iw_cm.h"
 #include "engine/qp.h"
 #include "util/fork_local.h"
@@ -407,13 +408,73 @@ void sidr_finish(SidrSock* s, rdma_cm_event_type type, int status, const wire::S
   queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0, &pd, nullptr, 0, 0, &ud);
 }
 
+// RDMA_PS_UDP set-up messages go under SOFTVERBS_FAULT's datagram rules as the QPs' own
+// datagrams do (docs/fault-injection.md): one frame count for the process's set-up
+// messages, as if one QP sent them all, and the firings in the process's totals.
+struct SidrFaults {
+  std::mutex mu;
+  sv::engine::fault::QpFaults f{0, ~uint64_t{0}};
+};
+SidrFaults* sidr_faults() {
+  static SidrFaults* sf = sv::engine::fault::active() ? new SidrFaults() : nullptr;
+  return sf;
+}
+
+bool sidr_fault(sv::engine::fault::FaultDir dir, const SockAddr& peer,
+                sv::engine::fault::Fired& fx) {
+  SidrFaults* sf = sidr_faults();
+  if (!sf) return false;
+  {
+    std::lock_guard lk(sf->mu);
+    if (!sf->f.on_frame(dir, true, fx, &peer)) return false;
+  }
+  sv::engine::stats::add_retired(static_cast<sv::engine::stats::Ctr>(
+      static_cast<size_t>(sv::engine::stats::Ctr::fault_reset) + static_cast<size_t>(fx.action)));
+  return true;
+}
+
+// Sends one set-up message on fd, to `to` (or, with none, to the socket's peer): lost,
+// twice or late if a fault rule says so. The requester retries a lost REQ; a lost REP is
+// answered again when the REQ comes again (sidr_on_request). False, with errno, if the
+// socket refused it (a fault's loss is no error: UD is unreliable).
+bool sidr_send(int fd, const std::vector<std::byte>& msg, const SockAddr* to) {
+  int copies = 1;
+  sv::engine::fault::Fired fx;
+  if (sidr_fault(sv::engine::fault::FaultDir::tx, to ? *to : sv::transport::peer_addr(fd), fx)) {
+    using sv::engine::fault::FaultAction;
+    if (fx.action == FaultAction::drop) return true;
+    if (fx.action == FaultAction::dup) copies = 2;
+    if (fx.action == FaultAction::delay) {
+      // Its own descriptor: the answering id closes its reply socket right after this.
+      const int late = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+      if (late < 0) return false;
+      SockAddr dst;
+      if (to) dst = *to;
+      Progress::get().post_after(std::chrono::milliseconds(fx.ms), [late, msg, dst] {
+        if (dst.len)
+          (void)!sendto(late, msg.data(), msg.size(), MSG_DONTWAIT,
+                        reinterpret_cast<const sockaddr*>(&dst.ss), dst.len);
+        else
+          (void)!send(late, msg.data(), msg.size(), MSG_DONTWAIT);
+        close(late);
+      });
+      return true;
+    }
+  }
+  ssize_t n = 0;
+  for (int i = 0; i < copies; ++i) {
+    n = to ? sendto(fd, msg.data(), msg.size(), MSG_DONTWAIT,
+                    reinterpret_cast<const sockaddr*>(&to->ss), to->len)
+           : send(fd, msg.data(), msg.size(), MSG_DONTWAIT);
+  }
+  return n >= 0;
+}
+
 void sidr_on_request(SidrSock* s, const wire::Sidr& m, const SockAddr& from) {
   for (auto& seen : s->seen) {
     if (seen.req_id != m.req_id || !same_addr(seen.from, from)) continue;
     // A retransmission: answer again, or keep waiting for the application.
-    if (!seen.rep.empty())
-      sendto(s->fd, seen.rep.data(), seen.rep.size(), 0,
-             reinterpret_cast<const sockaddr*>(&from.ss), from.len);
+    if (!seen.rep.empty()) (void)sidr_send(s->fd, seen.rep, &from);
     return;
   }
   // Room: forget the oldest answered request; with none to forget, or the backlog full of
@@ -470,6 +531,8 @@ void SidrSock::on_event(uint32_t) {
     wire::Sidr m;
     if (!wire::decode_sidr(buf.data(), static_cast<size_t>(n), m)) continue;  // not ours
     const SockAddr src = SockAddr::from(reinterpret_cast<sockaddr*>(&from));
+    sv::engine::fault::Fired fx;
+    if (sidr_fault(sv::engine::fault::FaultDir::rx, src, fx)) continue;  // drop on the way in
     if (passive && m.kind == wire::SidrKind::req) {
       sidr_on_request(this, m, src);
     } else if (!passive && m.kind == wire::SidrKind::rep && m.req_id == req_id) {
@@ -489,7 +552,7 @@ void sidr_retry(CmId* id, SidrSock* s) {
       sidr_finish(s, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT, nullptr);
       return;
     }
-    send(s->fd, s->req.data(), s->req.size(), MSG_DONTWAIT);
+    (void)sidr_send(s->fd, s->req, nullptr);
     sidr_retry(id, s);
   });
 }
@@ -548,7 +611,7 @@ int sidr_connect(CmId* id, const rdma_conn_param* param) {
     id->sidr = s;
   }
   Progress::get().run_sync([s] { Progress::get().add(s->fd, EPOLLIN, s); });
-  send(fd, s->req.data(), s->req.size(), MSG_DONTWAIT);
+  (void)sidr_send(fd, s->req, nullptr);
   sidr_retry(id, s);
   return sync ? sync_wait(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
 }
@@ -568,8 +631,7 @@ int sidr_answer(CmId* id, uint8_t status, uint32_t qpn, uint32_t qkey, const voi
   std::vector<std::byte> rep(wire::kSidrHdrLen + m.pdata_len);
   rep.resize(wire::encode_sidr(m, rep.data()));
   const SockAddr to = id->sidr_peer;
-  const ssize_t sent = sendto(id->sidr_reply_fd, rep.data(), rep.size(), 0,
-                              reinterpret_cast<const sockaddr*>(&to.ss), to.len);
+  const bool sent = sidr_send(id->sidr_reply_fd, rep, &to);
   const int send_err = errno;
   // Remembered by the listener, if it is still there, for a retransmitted REQ.
   std::lock_guard reg(g_live.get().mu);
@@ -580,7 +642,7 @@ int sidr_answer(CmId* id, uint8_t status, uint32_t qpn, uint32_t qkey, const voi
   }
   close(id->sidr_reply_fd);  // one answer per request, delivered or not (UD is unreliable)
   id->sidr_reply_fd = -1;
-  return sent < 0 ? fail(send_err) : 0;
+  return sent ? 0 : fail(send_err);
 }
 
 }  // namespace

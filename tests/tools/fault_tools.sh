@@ -7,7 +7,9 @@
 #   ib_write_bw -R, reset:after=2000,count=1: both sides end within 15 s (a reset is an
 #     error, never a hang);
 #   ibv_rc_pingpong, stall:ms=300,every=150,count=2: both sides succeed (a stall loses
-#     nothing).
+#     nothing);
+#   udaddy, drop:count=1: its first rdma_cm UD set-up message (SIDR REQ) is lost and
+#     retried, and both sides succeed.
 # Each case also requires the fault to have fired (the client's "fault: qp" log line).
 # Usage: fault_tools.sh <libdir>
 set -u
@@ -30,7 +32,7 @@ case_run() {
   timeout 15 bash -c "$PRE $scmd" >"$TMP/s.log" 2>&1 &
   spid=$!
   for i in $(seq 100); do
-    ss -Hltn 2>/dev/null | grep -q ":$port " && break
+    ss -Hltun 2>/dev/null | grep -q ":$port " && break  # TCP, or UDP for udaddy
     sleep 0.1
   done
   SOFTVERBS_FAULT=$fault timeout 15 bash -c "$PRE $ccmd" >"$TMP/c.log" 2>&1
@@ -67,6 +69,10 @@ case_run write_bw_reset 18515 'reset:after=2000,count=1' ends \
   "ib_write_bw -R -D 5 -p 18515" "ib_write_bw -R -D 5 -p 18515 127.0.0.1"
 case_run rc_pingpong_stall 18516 'stall:ms=300,every=150,count=2' ok \
   "ibv_rc_pingpong -g 0 -p 18516 -n 500" "ibv_rc_pingpong -g 0 -p 18516 -n 500 127.0.0.1"
+# udaddy sets up over RDMA_PS_UDP (SIDR messages): the rule loses its first REQ,
+# rdma_cm retries it, and all four connections and their datagrams get through.
+case_run udaddy_sidr_drop 7174 'drop:count=1' ok \
+  "udaddy -c 4 -C 20" "udaddy -s 127.0.0.1 -c 4 -C 20" "fault: qp 0 drop tx frame 1"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
