@@ -259,7 +259,7 @@ void wait_set(Qp* qp, bool want) {
 void qp_wait_sync(Qp* qp) {
   if (qp->ud) return;  // UD receives on its own socket, driven by the progress thread
   wait_set(qp, qp->conn.fd >= 0 && qp->conn_up() && !qp->rx_stalled.load() &&
-                   !qp->fault_held.load() && qp->state.load() != IBV_QPS_ERR);
+                   qp->fault_held.load() == 0 && qp->state.load() != IBV_QPS_ERR);
 }
 
 void qp_wait_drop(Qp* qp) {

@@ -196,7 +196,7 @@ bool rx_run_locked(Qp* qp) {
   bool drained = false;
   for (;;) {
     // A stall fault: nothing is read until its timer (qp_fault_hold).
-    if (qp->fault_held.load(std::memory_order_acquire)) [[unlikely]]
+    if (qp->fault_held.load(std::memory_order_acquire) != 0) [[unlikely]]
       break;
     if (qp->rx_stalled) {
       // Retry the header that stalled (a receive may have been posted since).

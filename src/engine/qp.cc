@@ -957,7 +957,7 @@ void qp_update_interest(Qp* qp) {
   auto apply = [qp] {
     // Only a connection that is up is watched (a failed one is shut down, qp_state.cc).
     if (qp->conn.fd < 0 || !qp->conn_up()) return;
-    if (qp->fault_held.load(std::memory_order_acquire)) [[unlikely]] {
+    if (qp->fault_held.load(std::memory_order_acquire) != 0) [[unlikely]] {
       // A stall fault: unwatched, even for a hang-up, until its timer (qp_fault_hold).
       if (qp->conn.registered) Progress::get().del(qp->conn.fd);
       qp->conn.registered = false;

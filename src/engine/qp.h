@@ -337,8 +337,10 @@ struct Qp {
   std::unique_ptr<fault::QpFaults> faults;
   std::atomic<bool> fault_corrupt_armed{false};  // softverbs_qp_inject_fault: the next FPDU
   // A stall fault holds the connection both ways: nothing is sent or read until its timer.
-  std::atomic<bool> fault_held{false};
-  std::atomic<uint32_t> fault_hold_gen{0};  // the latest stall's: only its timer releases
+  // Non-zero while held: the generation of the latest stall, so only its timer releases it
+  // (a compare-and-swap, which a newer stall makes fail).
+  std::atomic<uint32_t> fault_held{0};
+  std::atomic<uint32_t> fault_hold_gen{0};
 
   // Lifetime, as rxe's kref on its QP (rxe_get/rxe_put): ibv_create_qp's reference, and one
   // per piece of deferred work (QpRef). qp_destroy tears the QP down, sets `destroyed` on the

@@ -15,15 +15,16 @@ void qp_fault_count(Qp* qp, fault::FaultAction a) {
 }
 
 void qp_fault_hold(Qp* qp, uint32_t ms) {
-  const uint32_t gen = qp->fault_hold_gen.fetch_add(1, std::memory_order_relaxed) + 1;
-  qp->fault_held.store(true, std::memory_order_release);
+  uint32_t gen = qp->fault_hold_gen.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (gen == 0) gen = qp->fault_hold_gen.fetch_add(1, std::memory_order_relaxed) + 1;  // 0: free
+  qp->fault_held.store(gen, std::memory_order_release);
   qp_update_interest(qp);  // out of the epoll set while held (a HUP must not spin us)
   Progress::get().post_after(std::chrono::milliseconds(ms), [ref = QpRef(qp), gen] {
     if (!ref.live()) return;
     Qp* q = ref.get();
-    // A later stall extends the hold: only its own timer ends it.
-    if (q->fault_hold_gen.load(std::memory_order_relaxed) != gen) return;
-    q->fault_held.store(false, std::memory_order_release);
+    // A later stall extends the hold: only its own timer ends it (and a QP reset ended it).
+    uint32_t mine = gen;
+    if (!q->fault_held.compare_exchange_strong(mine, 0, std::memory_order_acq_rel)) return;
     qp_update_interest(q);
     {
       std::lock_guard lk(q->rx_mu);

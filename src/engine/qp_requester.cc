@@ -81,7 +81,9 @@ struct Framer {
     ulpdu += len;
   }
   bool on_fault();
-  void end() {
+  // Closes the FPDU. False if a reset fault cut it: the caller records nothing of it as
+  // sent (no WQE, IRQ or ack progress) and frames nothing more.
+  bool end() {
     ++fpdus;
     wire::store_be16(hdr, static_cast<uint16_t>(ulpdu));
     const size_t pad = wire::fpdu_pad(ulpdu);
@@ -104,11 +106,12 @@ struct Framer {
     }
     if (qp && (qp->faults || qp->fault_corrupt_armed.load(std::memory_order_relaxed)))
         [[unlikely]] {
-      if (!on_fault()) return;
+      if (!on_fault()) return false;
     }
     c.arena_used += 4;
     flush_arena();
     c.tx_queued += 2 + ulpdu + pad + 4;
+    return true;
   }
 };
 
@@ -116,12 +119,13 @@ struct Framer {
 // cut it: this FPDU and all after it are lost with the connection, as on a pulled cable.
 bool Framer::on_fault() {
   fault::Fired fx;
-  if (qp->fault_corrupt_armed.exchange(false, std::memory_order_relaxed)) {
+  // Every frame is numbered, injected or not, so rules fire on the same frames either way.
+  const bool ruled = qp->faults && qp->faults->on_frame(fault::FaultDir::tx, false, fx);
+  if (!ruled) {
+    if (!qp->fault_corrupt_armed.exchange(false, std::memory_order_relaxed)) return true;
     fx.action = fault::FaultAction::corrupt;
     fx.bit = static_cast<uint32_t>(c.tx_queued % 32);
     SV_WARN("fault: qp %u corrupt tx (injected)", qp->qpn());
-  } else if (!qp->faults || !qp->faults->on_frame(fault::FaultDir::tx, false, fx)) {
-    return true;
   }
   qp_fault_count(qp, fx.action);
   switch (fx.action) {
@@ -227,7 +231,7 @@ bool frame_irq(Qp* qp, Framer& f) {
       wire::encode_untagged(h, RdmapOpcode::atomic_response, true, 0, wire::kQnAtomicResponse,
                             ++c.aresp_msn_tx, 0);
       wire::encode_atomic_response(h + wire::kDdpUntaggedHdrLen, e.aresp);
-      f.end();
+      if (!f.end()) return false;
     } else {
       const uint32_t chunk =
           std::min<uint32_t>(e.length - e.sent, c.max_ulpdu - wire::kDdpTaggedHdrLen);
@@ -236,7 +240,7 @@ bool frame_irq(Qp* qp, Framer& f) {
       std::byte* h = f.begin(wire::kDdpTaggedHdrLen);
       wire::encode_tagged(h, RdmapOpcode::read_response, last, e.sink_stag, e.sink_to + e.sent);
       f.payload(e.src + e.sent, chunk);
-      f.end();
+      if (!f.end()) return false;
       e.sent += chunk;
       if (!last) continue;
     }
@@ -355,7 +359,7 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
         wire::encode_untagged(h, op, last, rsvd, wire::kQnSend, w.msn, w.sent);
         if (last && w.opcode != IBV_WR_SEND_WITH_IMM) mark_ack_request(qp, c, w, h);
         gather(f, w, w.sent, chunk);
-        f.end();
+        if (!f.end()) return false;
         w.sent += chunk;
         if (!last) continue;
         ++c.units_tx;
@@ -370,7 +374,7 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
         wire::encode_tagged(h, RdmapOpcode::rdma_write, last, w.rkey, w.remote_addr + w.sent);
         if (last && w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM) mark_ack_request(qp, c, w, h);
         gather(f, w, w.sent, chunk);
-        f.end();
+        if (!f.end()) return false;
         w.sent += chunk;
         if (!last) continue;
         ++c.units_tx;
@@ -388,7 +392,7 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
         rr.source_stag = w.rkey;
         rr.source_to = w.remote_addr;
         wire::encode_read_request(h + wire::kDdpUntaggedHdrLen, rr);
-        f.end();
+        if (!f.end()) return false;
         break;
       }
       case IBV_WR_ATOMIC_CMP_AND_SWP:
@@ -408,7 +412,7 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
         ar.compare = cas ? w.compare_add : 0;
         ar.compare_mask = ~0ull;
         wire::encode_atomic_request(h + wire::kDdpUntaggedHdrLen, ar);
-        f.end();
+        if (!f.end()) return false;
         break;
       }
       default:
@@ -421,6 +425,7 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
       if (w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
         // RFC 7306 §6 Immediate Data: 4 bytes of imm, 4 bytes saying whether it belongs to
         // the Send just sent (softverbs) or stands alone (Write with immediate).
+        if (!f.room(0)) return false;  // the message's last FPDU was cut (a reset fault)
         f.start();
         const bool se = w.flags & IBV_SEND_SOLICITED;
         std::byte* h = f.begin(wire::kDdpUntaggedHdrLen + wire::kImmDataLen);
@@ -430,7 +435,7 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
         wire::store_be32(h + wire::kDdpUntaggedHdrLen + 4,
                          w.opcode == IBV_WR_SEND_WITH_IMM ? kSvImmAttached : 0);
         mark_ack_request(qp, c, w, h);
-        f.end();
+        if (!f.end()) return false;
         ++c.units_tx;
       }
       w.state = WqeState::sent;
@@ -486,8 +491,7 @@ bool build_batch(Qp* qp) {
     f.start();
     std::byte* h = f.begin(wire::kDdpTaggedHdrLen);
     wire::encode_tagged(h, RdmapOpcode::rdma_write, true, 0, 0);
-    f.end();
-    c.send_rtr = false;
+    if (f.end()) c.send_rtr = false;
   }
   if (c.ack_to_send != c.ack_sent && f.room(0)) {
     // Placement Ack (softverbs peers only): ahead of anything else, so an answer framed in
@@ -495,8 +499,7 @@ bool build_batch(Qp* qp) {
     f.start();
     std::byte* h = f.begin(wire::kDdpUntaggedHdrLen);
     wire::encode_untagged(h, RdmapOpcode::sv_ack, true, 0, wire::kQnSvAck, c.ack_to_send, 0);
-    f.end();
-    c.ack_sent = c.ack_to_send;
+    if (f.end()) c.ack_sent = c.ack_to_send;
   }
   const ibv_qp_state st = qp->state.load();
   if (st == IBV_QPS_RTS || st == IBV_QPS_SQD || st == IBV_QPS_RTR) {
@@ -522,7 +525,7 @@ void tx_run_locked(Qp* qp) {
   if (c.fd < 0 || c.iov.empty()) return;
   for (;;) {
     // A stall fault holds everything, queued bytes included; its timer kicks TX again.
-    if (qp->fault_held.load(std::memory_order_acquire)) [[unlikely]]
+    if (qp->fault_held.load(std::memory_order_acquire) != 0) [[unlikely]]
       return;
     while (c.iov_pos < c.iov_n) {
       if (send_queued(qp) < 0) {
@@ -549,6 +552,10 @@ void tx_run_locked(Qp* qp) {
       c.tx_gated = true;
       c.iov_n = c.iov_pos = 0;
       c.arena_used = 0;
+      if (qp->tx_blocked) {
+        qp->tx_blocked = false;
+        qp_update_interest(qp);
+      }
       qp_fault_reset_locked(qp);
       return;
     }

@@ -137,9 +137,12 @@ bool conn_transition_locked(Qp* qp, ConnEvent ev) {
         c.fd = -1;
       }
       if (ev == ConnEvent::reset) {
-        // IB spec 10.3.1: RESET empties the QP; a new connection starts from nothing.
+        // IB spec 10.3.1: RESET empties the QP; a new connection starts from nothing, fault
+        // holds and injections included.
         Conn fresh;
         std::swap(qp->conn, fresh);
+        qp->fault_held.store(0, std::memory_order_release);
+        qp->fault_corrupt_armed.store(false, std::memory_order_relaxed);
         qp->rx_stalled = false;
         qp->tx_blocked = false;
         qp->ud_tx_failed = false;
@@ -255,6 +258,14 @@ void qp_take_endpoint(Qp* qp, Endpoint* ep) {
     return;
   }
   Conn& c = qp->conn;
+  // A connection after an idle peer left (peer_gone) starts a new stream: the last one may
+  // have ended mid-FPDU, or with reading stopped (conn_eof, a reset fault).
+  c.phase = RxPhase::header;
+  c.hdr_have = 0;
+  c.ulpdu_len = 0;
+  c.trailer_have = 0;
+  c.rx_begin = c.rx_end = 0;
+  qp->rx_stalled = false;
   c.fd = ep->release_fd();
   c.crc = o.crc;
   c.peer_sv = o.peer_sv;

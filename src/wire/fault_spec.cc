@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 
+#include <cstring>
 #include <limits>
 
 namespace sv::wire {
@@ -132,6 +133,14 @@ bool parse_rule(std::string_view item, FaultRule& r, FaultSpecError& err) {
           r.peer_family = 4;
         } else if (inet_pton(AF_INET6, ip.c_str(), r.peer.data()) == 1) {
           r.peer_family = 6;
+          // ::ffff:a.b.c.d is the IPv4 peer a dual-stack socket reports (engine/fault.cc
+          // compares IPv4 peers as such).
+          static constexpr uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+          if (std::memcmp(r.peer.data(), kMapped, 12) == 0) {
+            std::memmove(r.peer.data(), r.peer.data() + 12, 4);
+            std::memset(r.peer.data() + 4, 0, 12);
+            r.peer_family = 4;
+          }
         } else {
           return fail(err, kv, "peer must be an IPv4 or IPv6 address");
         }

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -49,7 +50,8 @@ struct Dev {
     ibv_free_device_list(list);
     if (!ctx) return false;
     pd = ibv_alloc_pd(ctx);
-    mr = ibv_reg_mr(pd, buf.data(), buf.size() * 4, IBV_ACCESS_LOCAL_WRITE);
+    mr = ibv_reg_mr(pd, buf.data(), buf.size() * 4,
+                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     return pd && mr && ibv_query_gid(ctx, 1, 0, &gid) == 0;
   }
 };
@@ -190,10 +192,16 @@ int run_ud(uint32_t n, bool all) {
   return 0;
 }
 
-// --rc N [inject]: N numbered Sends from RC QP a to RC QP b (connected out of band in this
-// process), each after the last one completed. With `inject`, after the 20th Send the
-// helper calls softverbs_qp_inject_fault(a, inject) and prints what it returned.
-int run_rc(uint32_t n, const char* inject) {
+// The Write-with-immediate target: word kWriteBase + i receives i.
+constexpr size_t kWriteBase = 32768;
+
+// --rc N [inject|-] [send|wimm]: N numbered messages from RC QP a to RC QP b (connected out
+// of band in this process), each after the last one completed: Sends carrying i, or RDMA
+// Writes with immediate putting i in b's word kWriteBase + i with immediate data i. With
+// `inject`, after the 20th the helper calls softverbs_qp_inject_fault(a, inject) and prints
+// what it returned. It prints how many of a's completed successfully (`ok:`), the wall time
+// (`ms:`), and for wimm how many received immediates found their Write's data missing.
+int run_rc(uint32_t n, const char* inject, bool wimm) {
   Dev d;
   if (!d.open()) return 2;
   ibv_cq* acq = ibv_create_cq(d.ctx, 1024, nullptr, nullptr, 0);
@@ -205,6 +213,7 @@ int run_rc(uint32_t n, const char* inject) {
     ibv_qp_attr at{};
     at.qp_state = IBV_QPS_INIT;
     at.port_num = 1;
+    at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
     if (ibv_modify_qp(q, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
       return 2;
   }
@@ -234,9 +243,11 @@ int run_rc(uint32_t n, const char* inject) {
                           IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC))
       return 2;
   }
-  const auto deadline = Clock::now() + kWait;
+  const auto t0 = Clock::now();
+  const auto deadline = t0 + kWait;
   std::vector<uint32_t> got;
   int a_err = 0, b_err = 0;
+  uint32_t a_ok = 0, missing_data = 0;
   auto drain_b = [&] {
     ibv_wc wc;
     while (ibv_poll_cq(bcq, 1, &wc) == 1) {
@@ -244,7 +255,13 @@ int run_rc(uint32_t n, const char* inject) {
         if (!b_err) b_err = wc.status;
         continue;
       }
-      got.push_back(d.buf[kRecvBase + wc.wr_id * kSlotWords]);
+      if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+        const uint32_t v = ntohl(wc.imm_data);
+        got.push_back(v);
+        if (v >= 1024 || d.buf[kWriteBase + v] != v) ++missing_data;
+      } else {
+        got.push_back(d.buf[kRecvBase + wc.wr_id * kSlotWords]);
+      }
     }
   };
   for (uint32_t i = 1; i <= n && !a_err; ++i) {
@@ -255,6 +272,12 @@ int run_rc(uint32_t n, const char* inject) {
     wr.sg_list = &s;
     wr.num_sge = 1;
     wr.opcode = IBV_WR_SEND;
+    if (wimm) {
+      wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+      wr.imm_data = htonl(i);
+      wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(&d.buf[kWriteBase + i % 1024]);
+      wr.wr.rdma.rkey = d.mr->rkey;
+    }
     wr.send_flags = IBV_SEND_SIGNALED;
     if (ibv_post_send(a, &wr, &bad)) {
       a_err = -1;
@@ -262,9 +285,13 @@ int run_rc(uint32_t n, const char* inject) {
     }
     ibv_wc wc;
     if (!wait_wc(acq, wc, deadline)) return 3;
-    if (wc.status != IBV_WC_SUCCESS) a_err = wc.status;
+    if (wc.status != IBV_WC_SUCCESS)
+      a_err = wc.status;
+    else
+      ++a_ok;
     drain_b();
-    if (inject && i == 20) std::printf("inject: %d\n", softverbs_qp_inject_fault(a, inject));
+    if (inject && std::strcmp(inject, "-") != 0 && i == 20)
+      std::printf("inject: %d\n", softverbs_qp_inject_fault(a, inject));
   }
   // After an error the receiver fails too if it was told (a Terminate): give it a second.
   // One that was not (a reset with only receives posted) stays up, as an IB responder with
@@ -277,7 +304,10 @@ int run_rc(uint32_t n, const char* inject) {
   drain_b();
   std::printf("recv:");
   for (uint32_t v : got) std::printf(" %u", v);
-  std::printf("\nwc: %d %d\n", a_err, b_err);
+  std::printf(
+      "\nwc: %d %d\nok: %u\nmissing_data: %u\nms: %lld\n", a_err, b_err, a_ok, missing_data,
+      static_cast<long long>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count()));
   ibv_qp* ud = make_qp(d, IBV_QPT_UD, acq, 4);
   std::printf("inject_ud: %d\n", ud ? softverbs_qp_inject_fault(ud, "reset") : -1);
   print_stats();
@@ -307,6 +337,7 @@ struct Outcome {
   int a_err = 0, b_err = 0;
   std::map<std::string, uint64_t> stat;  // softverbs-stat's key/value lines
   int inject = 1000, inject_ud = 1000;
+  long ok = -1, missing_data = -1, ms = -1;
   // A counter the helper's softverbs-stat printed; a missing one fails the test.
   uint64_t ctr(const std::string& k) const {
     auto it = stat.find(k);
@@ -360,6 +391,12 @@ Outcome helper(const std::string& args, const std::string& fault,
       l >> r.inject;
     } else if (key == "inject_ud:") {
       l >> r.inject_ud;
+    } else if (key == "ok:") {
+      l >> r.ok;
+    } else if (key == "missing_data:") {
+      l >> r.missing_data;
+    } else if (key == "ms:") {
+      l >> r.ms;
     } else if (key == "link") {
       // softverbs-stat's stat line: "link DEV/PORT" then KEY VALUE pairs.
       std::string k, v;
@@ -416,10 +453,13 @@ TEST(Fault, UdDupSendsEveryNthDatagramTwice) {
 }
 
 TEST(Fault, UdDelayLosesNothing) {
-  const Outcome r = helper("--ud 100 all", "delay:ms=30,every=10");
+  const Outcome r = helper("--ud 100 all", "delay:ms=300,every=10");
   ASSERT_EQ(r.status, 0) << r.err;
   for (uint32_t i = 1; i <= 100; ++i) EXPECT_EQ(count(r.recv, i), 1u) << i;
   EXPECT_GE(r.ctr("fault_delay"), 10u);
+  // Late: datagram 10 left 300 ms after 11 could (a delay that did nothing keeps the order).
+  const auto pos = [&](uint32_t v) { return std::find(r.recv.begin(), r.recv.end(), v); };
+  EXPECT_GT(pos(10), pos(11));
 }
 
 TEST(Fault, UdReceiveSideDropAndPeerSelector) {
@@ -447,6 +487,42 @@ TEST(Fault, RcResetFailsTheOutstandingWorkAndNothingHangs) {
   for (size_t i = 0; i < r.recv.size(); ++i) EXPECT_EQ(r.recv[i], i + 1);  // in order, no gap
 }
 
+// What a reset cut never completes as a success. With IB's completion rule (the default
+// between softverbs peers) a success means the peer placed it: every one is received. With
+// RFC 5040's (SOFTVERBS_IB_COMPLETION=0) a success means TCP had it, and the receiver's
+// kernel drops what it had not read when the RST comes; but the message whose frame the
+// reset cut never reached TCP. Only a sends frames then (no Placement Acks), so the cut is
+// a's frame 40: message 39 or 40 (39 when the peer-to-peer RTR, RFC 6581 §4, went first
+// from a: the initiator is chosen by QPN), or for a Write with immediate (two frames)
+// message 20's Write or immediate.
+TEST(Fault, RcResetCompletesNothingItCut) {
+  for (const char* op : {"send", "wimm"}) {
+    SCOPED_TRACE(op);
+    const bool send = std::string(op) == "send";
+    const Outcome ib = helper(std::string("--rc 100 - ") + op, "reset:after=40,count=1");
+    ASSERT_EQ(ib.status, 0) << ib.err;
+    EXPECT_EQ(ib.ctr("fault_reset"), 1u);
+    EXPECT_NE(ib.a_err, 0);
+    EXPECT_LE(ib.ok, static_cast<long>(ib.recv.size())) << "a success the peer never placed";
+    EXPECT_EQ(ib.missing_data, 0) << "an immediate without its Write's data";
+    for (size_t i = 0; i < ib.recv.size(); ++i) EXPECT_EQ(ib.recv[i], i + 1);
+
+    const Outcome rfc = helper(std::string("--rc 100 - ") + op, "reset:after=40,count=1",
+                               "SOFTVERBS_IB_COMPLETION=0");
+    ASSERT_EQ(rfc.status, 0) << rfc.err;
+    EXPECT_EQ(rfc.ctr("fault_reset"), 1u);
+    EXPECT_EQ(rfc.a_err, IBV_WC_RETRY_EXC_ERR);
+    if (send) {
+      EXPECT_TRUE(rfc.ok == 38 || rfc.ok == 39) << rfc.ok << ": the cut message completed";
+    } else {
+      EXPECT_EQ(rfc.ok, 19) << "the cut message completed";
+    }
+    EXPECT_LE(static_cast<long>(rfc.recv.size()), rfc.ok);
+    EXPECT_EQ(rfc.missing_data, 0) << "an immediate without its Write's data";
+    for (size_t i = 0; i < rfc.recv.size(); ++i) EXPECT_EQ(rfc.recv[i], i + 1);
+  }
+}
+
 TEST(Fault, RcCorruptIsCaughtByTheCrcAndNeverDeliveredAsData) {
   const Outcome r = helper("--rc 200", "corrupt:every=30,count=1");
   ASSERT_EQ(r.status, 0) << r.err;
@@ -472,6 +548,8 @@ TEST(Fault, RcStallDelaysButLosesNothing) {
   EXPECT_EQ(r.b_err, 0);
   ASSERT_EQ(r.recv.size(), 200u);
   for (size_t i = 0; i < r.recv.size(); ++i) EXPECT_EQ(r.recv[i], i + 1);
+  // A lower bound, not a speed: the run cannot be shorter than the stalls it went through.
+  EXPECT_GE(r.ms, 300);
 }
 
 TEST(Fault, InjectedResetAndStallAndTheirErrors) {
@@ -487,6 +565,7 @@ TEST(Fault, InjectedResetAndStallAndTheirErrors) {
   EXPECT_EQ(stall.a_err, 0);
   EXPECT_EQ(stall.recv.size(), 60u);
   EXPECT_EQ(stall.ctr("fault_stall"), 1u);
+  EXPECT_GE(stall.ms, 100);
   const Outcome bogus = helper("--rc 30 stall:ms=100,every=2", "");
   EXPECT_EQ(bogus.inject, EINVAL);
   EXPECT_EQ(bogus.a_err, 0);
@@ -509,7 +588,8 @@ int main(int argc, char** argv) {
     return run_ud(static_cast<uint32_t>(std::atoi(argv[2])),
                   argc >= 4 && std::strcmp(argv[3], "all") == 0);
   if (argc >= 3 && std::strcmp(argv[1], "--rc") == 0)
-    return run_rc(static_cast<uint32_t>(std::atoi(argv[2])), argc >= 4 ? argv[3] : nullptr);
+    return run_rc(static_cast<uint32_t>(std::atoi(argv[2])), argc >= 4 ? argv[3] : nullptr,
+                  argc >= 5 && std::strcmp(argv[4], "wimm") == 0);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -62,6 +62,15 @@ TEST(WireFaultSpec, EverySelectorParses) {
   EXPECT_EQ(p.rules[3].p_threshold, 0u);
 }
 
+TEST(WireFaultSpec, AnIpv4MappedPeerIsTheIpv4Peer) {
+  const FaultPlan p = parse_ok("drop:peer=::ffff:10.0.0.2");
+  ASSERT_EQ(p.rules.size(), 1u);
+  EXPECT_EQ(p.rules[0].peer_family, 4);
+  EXPECT_EQ(p.rules[0].peer[0], 10);
+  EXPECT_EQ(p.rules[0].peer[3], 2);
+  EXPECT_EQ(p.rules[0].peer[4], 0);
+}
+
 TEST(WireFaultSpec, EmptyItemsAndAnEmptySpecAreNoRules) {
   EXPECT_TRUE(parse_ok("").rules.empty());
   EXPECT_EQ(parse_ok("reset;;stall:ms=5;").rules.size(), 2u);
