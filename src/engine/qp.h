@@ -140,10 +140,15 @@ struct Placement {
 struct Conn {
   int fd = -1;
   bool crc = false;
-  bool peer_sv = false;       // peer is softverbs: RFC 7306 opcodes allowed
-  bool send_acks = false;     // softverbs peer asked for Placement Acks (SOFTVERBS_IB_COMPLETION)
-  bool wait_acks = false;     // we did: our Sends/Writes complete on its acks
-  bool tx_gated = false;      // responder: send nothing until the first FPDU arrives
+  bool peer_sv = false;    // peer is softverbs: RFC 7306 opcodes allowed
+  bool send_acks = false;  // softverbs peer asked for Placement Acks (SOFTVERBS_IB_COMPLETION)
+  bool wait_acks = false;  // we did: our Sends/Writes complete on its acks
+  // Responder: send nothing until the first FPDU arrives. Written with rx_mu and tx_mu
+  // held (set up, and RX taking the first FPDU), so either lock reads it.
+  bool tx_gated = false;
+  // tx_mu: nothing more is framed, after a Terminate or a reset fault. Apart from tx_gated,
+  // which the peer's next FPDU lifts.
+  bool tx_stopped = false;
   bool expect_rtr = false;    // p2p responder: the first FPDU is the RTR, not for the ULP
   bool send_rtr = false;      // p2p initiator: send a zero-length Write first
   uint32_t max_ulpdu = 0;     // largest ULPDU we send

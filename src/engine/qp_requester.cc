@@ -196,14 +196,14 @@ uint32_t ord_limit(const Qp* qp) {
 // ours to send. The QP ends as for a bad STag on arrival (a Terminate, a remote access error
 // for the requester), from the progress thread since we hold tx_mu mid-batch.
 bool read_source_still_valid(Qp* qp, IrqEntry& e, uint32_t chunk) {
-  if (qp->conn.tx_gated) return false;
+  if (qp->conn.tx_gated || qp->conn.tx_stopped) return false;
   auto& kt = KeyTable::get();
   auto g = kt.read_guard();
   std::byte* p = nullptr;
   const AccessResult r =
       kt.check(e.src_stag, qp->pd, e.src_to + e.sent, chunk, IBV_ACCESS_REMOTE_READ, true, &p, qp);
   if (r == AccessResult::ok && p == e.src + e.sent) return true;
-  qp->conn.tx_gated = true;  // nothing more is framed; the Terminate below goes first
+  qp->conn.tx_stopped = true;  // nothing more is framed; the Terminate below goes first
   const wire::Terminate t =
       access_to_terminate(r == AccessResult::ok ? AccessResult::invalid_key : r, false);
   Progress::get().post([ref = QpRef(qp), t] {
@@ -211,7 +211,6 @@ bool read_source_still_valid(Qp* qp, IrqEntry& e, uint32_t chunk) {
     Qp* qp = ref.get();
     {
       std::lock_guard lk(qp->tx_mu);
-      qp->conn.tx_gated = false;
       tx_terminate_locked(qp, t);
     }
     qp_set_error(qp, IBV_WC_WR_FLUSH_ERR, true, IBV_EVENT_QP_ACCESS_ERR);
@@ -481,7 +480,7 @@ ssize_t send_queued(Qp* qp) {
 // Builds the next batch. Returns true if anything was framed.
 bool build_batch(Qp* qp) {
   Conn& c = qp->conn;
-  if (c.tx_gated) return false;
+  if (c.tx_gated || c.tx_stopped) return false;
   Framer f{c, qp};
   const size_t before = c.iov_n;
   uint32_t local_ops = 0;
@@ -549,7 +548,7 @@ void tx_run_locked(Qp* qp) {
     if (c.fault_reset) [[unlikely]] {
       // Everything before the cut FPDU is on its way: now the RST, and nothing after it.
       c.fault_reset = false;
-      c.tx_gated = true;
+      c.tx_stopped = true;
       c.iov_n = c.iov_pos = 0;
       c.arena_used = 0;
       if (qp->tx_blocked) {
@@ -623,7 +622,7 @@ void tx_terminate_locked(Qp* qp, const wire::Terminate& t) {
   wire::encode_untagged(h, RdmapOpcode::terminate, true, 0, wire::kQnTerminate, ++c.term_msn_tx, 0);
   wire::encode_terminate(h + wire::kDdpUntaggedHdrLen, t);
   f.end();
-  c.tx_gated = true;  // nothing after the Terminate
+  c.tx_stopped = true;  // nothing after the Terminate
   stats::add(qp->stats, stats::Ctr::sent_terminates);
   stats::add(qp->stats, stats::Ctr::sent_pkts, f.fpdus);
   drain_until(qp, deadline);

@@ -66,6 +66,10 @@ if [ $ra -ne 0 ] || [ $rb -ne 0 ]; then
   ok=0
   for log in "$LOG_A" "$LOG_B"; do
     echo "== $log"
+    # A sanitizer report is long and its second stack is the useful one: print it whole.
+    if grep -q "^WARNING: ThreadSanitizer\|^==[0-9]*==ERROR: \|runtime error:" "$log"; then
+      sed -n '/^==================$/,/^SUMMARY: /p;/^==[0-9]*==ERROR/,/^SUMMARY: /p;/runtime error:/p' "$log" | head -n 400
+    fi
     grep -v "fault: qp" "$log" | tail -n 20
   done
 fi
