@@ -14,6 +14,7 @@ PKGS=(
   iproute2 tshark                                              # netns hosts, frame captures
   nftables                                                     # packet loss where netem is absent
   qemu-system-x86 busybox-static cpio kmod                     # a guest kernel with sch_netem
+  gdb                                                          # stacks of a test program that hangs
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -44,6 +44,21 @@ else
   export SOFTVERBS_NETDEV=lo   # keep every GID, so all traffic, on loopback
 fi
 
+# stacks_if_hung PID SECONDS FILE: if PID (a timeout(1) running one program) is still there
+# after SECONDS, its program's threads' stacks go to FILE (gdb, when installed): a rare hang
+# in CI is then a report, not only an exit code 124.
+stacks_if_hung() {
+  local pid=$1 secs=$2 out=$3 i child
+  for i in $(seq $((secs * 10))); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  command -v gdb >/dev/null || return 0
+  child=$(pgrep -P "$pid" | head -1)
+  [ -n "$child" ] && timeout 30 gdb -batch -p "$child" -ex "thread apply all bt" >"$out" 2>&1
+  return 0
+}
+
 # run_pair NAME "server cmd" "client cmd" [regex the client output must match]
 # With DAEMON=1 the server serves until stopped (cmtime): it must still be running when the
 # client is done (no crash), and is then stopped with SIGTERM.
@@ -64,8 +79,17 @@ run_pair() {
     sleep 0.1
   done
   sleep 0.1
-  "${CLI[@]}" timeout 60 bash -c "$PRE $ccmd" >"$TMP/c.log" 2>&1
+  rm -f "$TMP/c.stacks" "$TMP/s.stacks"
+  "${CLI[@]}" timeout 60 bash -c "$PRE $ccmd" >"$TMP/c.log" 2>&1 &
+  local cpid=$!
+  stacks_if_hung $cpid 55 "$TMP/c.stacks" &
+  local cwatch=$!
+  stacks_if_hung $spid 55 "$TMP/s.stacks" &
+  local swatch=$!
+  wait $cpid
   local crc=$?
+  kill $cwatch 2>/dev/null
+  wait $cwatch 2>/dev/null
   # RACE: the client output of a race in the program itself, not in softverbs; the case is
   # run once more when it shows. perftest -R closes its TCP handshake listener and only then
   # opens its rdma_cm listener on the same port, while the client connects right after the
@@ -73,8 +97,8 @@ run_pair() {
   # any device. Upstream perftest retries; 4.5's retry crashes on the cm id it destroyed.
   if [ $crc -ne 0 ] && [ -n "${RACE:-}" ] && [ "${RETRIED:-0}" = 0 ] &&
     grep -Eq "$RACE" "$TMP/c.log"; then
-    kill $spid 2>/dev/null
-    wait $spid 2>/dev/null
+    kill $spid $swatch 2>/dev/null
+    wait $spid $swatch 2>/dev/null
     echo "RETRY $name (client lost the program's own race: $(grep -Eo "$RACE" "$TMP/c.log" | head -1))"
     RETRIED=1 run_pair "$@"
     return
@@ -94,6 +118,8 @@ run_pair() {
     wait $spid
     local src=$?
   fi
+  kill $swatch 2>/dev/null
+  wait $swatch 2>/dev/null
   local ok=1
   [ $crc -eq 0 ] && [ $src -eq 0 ] || ok=0
   if [ -n "$want" ] && ! grep -Eq "$want" "$TMP/c.log"; then ok=0; fi
@@ -107,6 +133,11 @@ run_pair() {
     echo "FAIL $name (server rc=$src client rc=$crc)"
     sed 's/^/  server| /' "$TMP/s.log" | tail -8
     sed 's/^/  client| /' "$TMP/c.log" | tail -8
+    for w in server client; do
+      [ -s "$TMP/${w:0:1}.stacks" ] || continue
+      echo "  $w was still running at 55 s; its threads:"
+      grep -E "^Thread|^#[0-9]" "$TMP/${w:0:1}.stacks" | head -n 60 | sed "s/^/  $w| /"
+    done
   fi
 }
 
