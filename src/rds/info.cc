@@ -4,10 +4,15 @@
 // process publishes its records to <registry>/info/<pid> about twice a second, and a
 // query returns this process' live records plus those of every other live process
 // (counters summed by name), so rds-info sees the whole host.
+// Counters only grow, as net/rds's rds_stats (per-cpu sums since boot): a process that
+// ends folds its counters into <registry>/info/retired.<uid>, and a killed process'
+// last snapshot is folded by the next reader of its user, so the host's sums never go
+// down when a process exits.
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -79,6 +84,17 @@ constexpr int kInfoIds[] = {
     RDS6_INFO_SEND_MESSAGES, RDS6_INFO_RETRANS_MESSAGES, RDS6_INFO_RECV_MESSAGES,
     RDS6_INFO_IB_CONNECTIONS};
 
+namespace {
+std::string retired_path(uid_t u) {
+  return info_dir() + "/retired." + std::to_string(u);
+}
+std::string snapshot_path(long pid) {
+  return info_dir() + "/" + std::to_string(pid);
+}
+void fold_snapshot(const std::string& snap);
+void fold_stale_own();
+}  // namespace
+
 void info_publish() {
   // File: repeated [int id][int each][u32 bytes][records].
   std::string blob;
@@ -90,8 +106,20 @@ void info_publish() {
   }
   const std::string dir = info_dir();
   if (!shared_dir_ready(dir.substr(0, dir.rfind('/'))) || !shared_dir_ready(dir)) return;
-  const std::string path = dir + "/" + std::to_string(getpid());
+  const std::string path = snapshot_path(getpid());
   const std::string tmp = path + ".tmp";
+  static pid_t first_published = 0;  // per process: a fork()ed child publishes anew
+  if (first_published != getpid()) {
+    // Our retired file exists before any snapshot of ours does, so a reader that saw one
+    // also lists the file it will be folded into (see counter_view). A snapshot left
+    // under our pid by a process that died before it (pid reuse) is folded first.
+    const int rfd = open_own_entry(retired_path(geteuid()));
+    if (rfd < 0) return;
+    close(rfd);
+    fold_snapshot(path);
+    fold_stale_own();
+    first_published = getpid();
+  }
   // Never through a symlink, never into another user's file (bind.cc open_own_entry).
   const int fd = open_own_entry(tmp);
   if (fd < 0) return;
@@ -106,30 +134,137 @@ void info_publish() {
 }
 
 void info_unpublish() {
-  unlink((info_dir() + "/" + std::to_string(getpid())).c_str());
+  // Our final counters, then into the retired sum (atexit: the engine thread may still run).
+  std::lock_guard lk(g().mu);
+  if (!g().cm_port) return;  // a fork()ed child that never used RDS: nothing to publish
+  info_publish();
+  fold_snapshot(snapshot_path(getpid()));
 }
 
 namespace {
-// A snapshot another process published: a regular file (no symlink), at most 16 MiB.
-bool read_snapshot(const std::string& p, std::string& out) {
+// A file another process (maybe another user) wrote: a regular file, at most 16 MiB.
+bool read_bounded(int fd, std::string& out, struct stat* st_out = nullptr) {
   constexpr size_t kMax = 16u << 20;
-  const int fd = open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) return false;
   struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<size_t>(st.st_size) > kMax) {
-    close(fd);
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<size_t>(st.st_size) > kMax)
     return false;
-  }
   out.resize(static_cast<size_t>(st.st_size));
   size_t got = 0;
   while (got < out.size()) {
-    const ssize_t r = read(fd, out.data() + got, out.size() - got);
+    const ssize_t r = pread(fd, out.data() + got, out.size() - got, static_cast<off_t>(got));
     if (r <= 0) break;
     got += static_cast<size_t>(r);
   }
   out.resize(got);
-  close(fd);
+  if (st_out) *st_out = st;
   return true;
+}
+
+int open_foreign(const std::string& p) {
+  return open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+}
+
+// A snapshot another process published (never through a symlink).
+bool read_snapshot(const std::string& p, std::string& out, uid_t* owner = nullptr) {
+  const int fd = open_foreign(p);
+  if (fd < 0) return false;
+  struct stat st {};
+  const bool ok = read_bounded(fd, out, &st);
+  close(fd);
+  if (owner) *owner = st.st_uid;
+  return ok;
+}
+
+// flock, waiting at most ~50 ms: the files are world-readable, so another user can hold
+// a lock on ours forever; then we go on without it (only the exactness of a sum suffers).
+bool lock_bounded(int fd, int op) {
+  for (int i = 0; i < 50; ++i) {
+    if (flock(fd, op | LOCK_NB) == 0) return true;
+    if (errno != EWOULDBLOCK && errno != EINTR) return false;
+    usleep(1000);
+  }
+  return false;
+}
+
+bool process_gone(long pid) {
+  return kill(static_cast<pid_t>(pid), 0) < 0 && errno == ESRCH;
+}
+
+// Adds counter records to `sum` by name. Only the names `sum` already has (ours, in
+// kCtrNames' order) are taken: another user's file cannot grow the table, and the merge
+// stays O(records x names) whatever it holds. Sums saturate rather than wrap.
+void merge_counters(std::vector<rds_info_counter>& sum, const char* recs, size_t bytes) {
+  for (size_t off = 0; off + sizeof(rds_info_counter) <= bytes; off += sizeof(rds_info_counter)) {
+    rds_info_counter c;
+    std::memcpy(&c, recs + off, sizeof c);
+    for (auto& x : sum)
+      if (!std::memcmp(x.name, c.name, sizeof c.name)) {
+        x.value = x.value + c.value < x.value ? UINT64_MAX : x.value + c.value;
+        break;
+      }
+  }
+}
+
+std::vector<rds_info_counter> zero_counters() {
+  std::vector<rds_info_counter> v(kCtrCount);
+  for (size_t i = 0; i < kCtrCount; ++i)
+    std::strncpy(reinterpret_cast<char*>(v[i].name), kCtrNames[i], sizeof v[i].name - 1);
+  return v;
+}
+
+// Moves the counters of snapshot `snap` (ours: written by this user) into our retired
+// sum and removes it, under the retired file's lock, so a reader holding that lock
+// (counter_view) sees them in exactly one of the two places. Without the lock nothing
+// moves: the snapshot stays, counted as it is, for a later fold.
+void fold_snapshot(const std::string& snap) {
+  const int rfd = open_own_entry(retired_path(geteuid()));
+  if (rfd < 0) return;
+  if (lock_bounded(rfd, LOCK_EX)) {
+    std::string blob, old;
+    uid_t owner = 0;
+    // The snapshot is read under the lock: two folders of one stale file count it once.
+    if (read_snapshot(snap, blob, &owner) && owner == geteuid()) {
+      std::vector<char> recs;
+      std::vector<rds_info_counter> sum = zero_counters();
+      if (read_bounded(rfd, old)) {
+        wire::info_blob_records(old, RDS_INFO_COUNTERS, sizeof(rds_info_counter), recs);
+        merge_counters(sum, recs.data(), recs.size());
+      }
+      recs.clear();
+      wire::info_blob_records(blob, RDS_INFO_COUNTERS, sizeof(rds_info_counter), recs);
+      merge_counters(sum, recs.data(), recs.size());
+      std::string out;
+      wire::info_blob_append(out, RDS_INFO_COUNTERS, sizeof(rds_info_counter),
+                             reinterpret_cast<const char*>(sum.data()),
+                             static_cast<uint32_t>(sum.size() * sizeof(rds_info_counter)));
+      if (pwrite(rfd, out.data(), out.size(), 0) == static_cast<ssize_t>(out.size()) &&
+          ftruncate(rfd, static_cast<off_t>(out.size())) == 0)
+        unlink(snap.c_str());
+    }
+  }
+  close(rfd);
+}
+
+// Snapshots of this user's processes that died without exiting (SIGKILL): folded.
+void fold_stale_own() {
+  DIR* d = opendir(info_dir().c_str());
+  if (!d) return;
+  std::vector<std::string> stale;
+  while (dirent* e = readdir(d)) {
+    char* end;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    const bool tmp = std::strcmp(end, ".tmp") == 0;  // killed while publishing
+    if ((*end && !tmp) || pid <= 0 || pid == getpid() || !process_gone(pid)) continue;
+    struct stat st {};
+    const std::string p = info_dir() + "/" + e->d_name;
+    if (lstat(p.c_str(), &st) != 0 || st.st_uid != geteuid()) continue;
+    if (tmp)
+      unlink(p.c_str());
+    else
+      stale.push_back(p);
+  }
+  closedir(d);
+  for (const auto& p : stale) fold_snapshot(p);
 }
 
 // Other live processes' published records for one id.
@@ -140,10 +275,9 @@ void remote_records(int optname, int each, std::vector<char>& out) {
     char* end;
     const long pid = std::strtol(e->d_name, &end, 10);
     if (*end || pid <= 0 || pid == getpid()) continue;
-    if (kill(static_cast<pid_t>(pid), 0) < 0 && errno == ESRCH) {
-      unlink((info_dir() + "/" + e->d_name).c_str());  // its owner is gone
-      continue;
-    }
+    // A process that is gone has no sockets or connections, but its counters still
+    // count until they are folded into its user's retired sum.
+    if (optname != RDS_INFO_COUNTERS && process_gone(pid)) continue;
     std::string blob;
     if (!read_snapshot(info_dir() + "/" + e->d_name, blob)) continue;
     // Another process' (maybe another user's) file: only whole records of the size we
@@ -158,29 +292,55 @@ void remote_records(int optname, int each, std::vector<char>& out) {
 }
 }  // namespace
 
+namespace {
+// Counters are host-wide in Linux: ours, every other process' snapshot and every user's
+// retired sum, added by name. The retired files are read-locked first and held until the
+// snapshots are read, so no fold (fold_snapshot) runs in between to make one process'
+// counters count twice or not at all.
+void counter_view(std::vector<char>& all) {
+  fold_stale_own();
+  std::vector<int> retired;
+  if (DIR* d = opendir(info_dir().c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (std::strncmp(e->d_name, "retired.", 8) != 0 || retired.size() >= 4096) continue;
+      char* end;
+      const unsigned long uid = std::strtoul(e->d_name + 8, &end, 10);
+      const int fd = *end ? -1 : open_foreign(info_dir() + "/" + e->d_name);
+      if (fd < 0) continue;
+      // One sum per user, in a file that user owns: nobody adds to another's share.
+      struct stat st {};
+      if (fstat(fd, &st) != 0 || st.st_uid != uid) {
+        close(fd);
+        continue;
+      }
+      lock_bounded(fd, LOCK_SH);
+      retired.push_back(fd);
+    }
+    closedir(d);
+  }
+  remote_records(RDS_INFO_COUNTERS, sizeof(rds_info_counter), all);
+  for (int fd : retired) {
+    std::string blob;
+    if (read_bounded(fd, blob) &&
+        !wire::info_blob_records(blob, RDS_INFO_COUNTERS, sizeof(rds_info_counter), all))
+      count(Ctr::info_snapshot_malformed);
+    close(fd);
+  }
+  std::vector<rds_info_counter> sum = zero_counters();
+  merge_counters(sum, all.data(), all.size());
+  all.assign(reinterpret_cast<const char*>(sum.data()),
+             reinterpret_cast<const char*>(sum.data()) + sum.size() * sizeof(rds_info_counter));
+}
+}  // namespace
+
 int info_get(int optname, void* buf, socklen_t* len) {
   std::vector<char> all;
   int each = 0;
   if (int r = local_records(optname, all, &each); r < 0) return r;
-  remote_records(optname, each, all);
-  if (optname == RDS_INFO_COUNTERS) {
-    // Counters are host-wide in Linux: sum them by name.
-    std::vector<rds_info_counter> sum;
-    for (size_t off = 0; off + sizeof(rds_info_counter) <= all.size();
-         off += sizeof(rds_info_counter)) {
-      rds_info_counter c;
-      std::memcpy(&c, all.data() + off, sizeof c);
-      bool merged = false;
-      for (auto& x : sum)
-        if (!std::memcmp(x.name, c.name, sizeof c.name)) {
-          x.value += c.value;
-          merged = true;
-        }
-      if (!merged) sum.push_back(c);
-    }
-    all.assign(reinterpret_cast<const char*>(sum.data()),
-               reinterpret_cast<const char*>(sum.data()) + sum.size() * sizeof(rds_info_counter));
-  }
+  if (optname == RDS_INFO_COUNTERS)
+    counter_view(all);
+  else
+    remote_records(optname, each, all);
   if (*len < all.size()) {
     *len = static_cast<socklen_t>(all.size());
     return -ENOSPC;

@@ -209,3 +209,115 @@ TEST(RdsFork, MessageForAProcessThatDiedIsDroppedWhenNobodyHoldsItsPort) {
   }
   svrds_close(a);
 }
+
+namespace {
+// `n` messages between two sockets of this process; then this process' view of the host's
+// recv_delivered (just ours, in a private directory with no one else).
+int exchange_and_count(int n, uint16_t pa, uint16_t pb, uint64_t* delivered) {
+  const int a = bound_socket(pa), b = bound_socket(pb);
+  if (a < 0 || b < 0) return 1;
+  for (int i = 0; i < n; ++i)
+    if (!message_round(a, b, pb, "count me")) return 2;
+  *delivered = counter(a, "recv_delivered");
+  return 0;
+}
+
+bool write_u64(int fd, uint64_t v) {
+  return write(fd, &v, sizeof v) == sizeof v;
+}
+bool read_u64(int fd, uint64_t& v) {
+  return read(fd, &v, sizeof v) == sizeof v;
+}
+}  // namespace
+
+// Linux's RDS counters (rds_stats) count since boot and only grow. Here each process keeps
+// its own and rds-info sums the host's: a process that exits, or is killed, must not take
+// its counts with it (a reader computing deltas would see them go down, or wrap).
+TEST(RdsInfo, CountersOfProcessesThatEndedStillCount) {
+  const int rc = in_private_child([] {
+    const int me = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
+    if (me < 0) return 1;
+    int fds[2];
+    if (pipe(fds) != 0) return 2;
+    // A: 7 messages, then a normal exit.
+    pid_t a = fork();
+    if (a == 0) {
+      uint64_t v = 0;
+      const int r = exchange_and_count(7, port(70), port(71), &v);
+      std::exit(r == 0 && write_u64(fds[1], v) ? 0 : 1);
+    }
+    uint64_t va = 0;
+    if (!read_u64(fds[0], va) || va < 7) return 3;
+    if (wait_child(a) != 0) return 4;
+    const uint64_t after_a = counter(me, "recv_delivered");
+    if (after_a < va) return 10;  // A's counts left with it
+    // B: 5 messages, then killed once its snapshot is out.
+    const pid_t b = fork();
+    if (b == 0) {
+      uint64_t v = 0;
+      const int r = exchange_and_count(5, port(72), port(73), &v);
+      if (r != 0 || !write_u64(fds[1], v)) std::exit(1);
+      for (;;) pause();
+    }
+    // B's view: A's retired counts and its own.
+    uint64_t vb = 0;
+    const bool got = read_u64(fds[0], vb);
+    uint64_t seen = 0;
+    for (int i = 0; got && i < 1000 && seen < vb; ++i, usleep(10000))
+      seen = counter(me, "recv_delivered");
+    kill(b, SIGKILL);
+    waitpid(b, nullptr, 0);
+    if (!got || vb < after_a + 5) return 5;
+    if (seen < vb) return 6;                              // B never published
+    if (counter(me, "recv_delivered") < seen) return 11;  // B's counts died with it
+    // B's snapshot was folded into this user's retired sum, not left behind.
+    const std::string info = std::string(std::getenv("SOFTVERBS_RDS_DIR")) + "/info/";
+    if (access((info + std::to_string(b)).c_str(), F_OK) == 0) return 12;
+    if (access((info + "retired." + std::to_string(geteuid())).c_str(), F_OK) != 0) return 13;
+    if (counter(me, "recv_delivered") < seen) return 14;
+    return 0;
+  });
+  EXPECT_NE(rc, 10) << "an exited process' counts left the host's sum";
+  EXPECT_NE(rc, 11) << "a killed process' counts left the host's sum";
+  EXPECT_EQ(rc, 0) << "1-6: set-up, 12: stale snapshot kept, 13: no retired sum, 14: folded twice?";
+}
+
+// Another user's files cannot grow rds-info's counter table or slow it down: names we do
+// not know are not listed, however many there are.
+TEST(RdsInfo, UnknownCounterNamesInOthersFilesAreIgnored) {
+  const int rc = in_private_child([] {
+    const int me = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
+    if (me < 0) return 1;
+    socklen_t len = 0;
+    char probe[1];
+    const int each = svrds_getsockopt(me, SOL_RDS, RDS_INFO_COUNTERS, probe, &len);
+    if (each != -1 || len == 0) return 2;
+    const socklen_t ours = len;
+    // A live process' (our parent's) snapshot: 100,000 names of its own, then one we know.
+    std::vector<rds_info_counter> v(100001);
+    for (size_t i = 0; i < v.size() - 1; ++i)
+      std::snprintf(reinterpret_cast<char*>(v[i].name), sizeof v[i].name, "bogus_%zu", i);
+    std::snprintf(reinterpret_cast<char*>(v.back().name), sizeof v.back().name, "recv_ping");
+    for (auto& c : v) c.value = 1000;
+    std::string blob;
+    const int32_t id = RDS_INFO_COUNTERS, sz = sizeof(rds_info_counter);
+    const uint32_t bytes = static_cast<uint32_t>(v.size() * sizeof(rds_info_counter));
+    blob.append(reinterpret_cast<const char*>(&id), 4);
+    blob.append(reinterpret_cast<const char*>(&sz), 4);
+    blob.append(reinterpret_cast<const char*>(&bytes), 4);
+    blob.append(reinterpret_cast<const char*>(v.data()), bytes);
+    const std::string info = std::string(std::getenv("SOFTVERBS_RDS_DIR")) + "/info";
+    mkdir(info.c_str(), 01777);
+    FILE* f = std::fopen((info + "/" + std::to_string(getppid())).c_str(), "w");
+    if (!f || std::fwrite(blob.data(), 1, blob.size(), f) != blob.size()) return 3;
+    std::fclose(f);
+    len = 0;
+    svrds_getsockopt(me, SOL_RDS, RDS_INFO_COUNTERS, probe, &len);
+    if (len != ours) return 10;  // the table grew
+    if (counter(me, "recv_ping") != 1000) return 11;
+    return 0;
+  });
+  EXPECT_NE(rc, 10) << "another process' unknown names were listed";
+  EXPECT_NE(rc, 11) << "a known name in another process' snapshot was not summed";
+  EXPECT_EQ(rc, 0);
+}
