@@ -10,7 +10,9 @@ set -u
 BIN=$(cd "$1" && pwd)
 PER_SIDE=${2:-3000}
 SEED=${3:-7}
-RULES="reset:p=0.002;stall:ms=200,every=700;seed=$SEED"
+# The stall fires on frames 100 and 101 of the first QP that gets that far: with resets
+# at p=0.002 a QP seldom lives 700 frames, so "every=700" left some runs without a stall.
+RULES="reset:p=0.002;stall:ms=200,after=100,count=2;seed=$SEED"
 A=svfa_$$
 B=svfb_$$
 pids=()
