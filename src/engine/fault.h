@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/stats.h"
 #include "transport/tcp.h"
 #include "wire/fault_spec.h"
 
@@ -56,6 +57,15 @@ class QpFaults {
   uint8_t family_ = 0;
   uint8_t addr_[16] = {};
 };
+
+// The counter of an action's firings: stats::Ctr has one per action, in FaultAction's order.
+inline stats::Ctr counter_of(FaultAction a) {
+  static_assert(static_cast<size_t>(stats::Ctr::fault_delay) -
+                    static_cast<size_t>(stats::Ctr::fault_reset) + 1 ==
+                wire::kFaultActions);
+  return static_cast<stats::Ctr>(static_cast<size_t>(stats::Ctr::fault_reset) +
+                                 static_cast<size_t>(a));
+}
 
 // A QP's fault state, or null when the plan has no rules.
 std::unique_ptr<QpFaults> attach(uint32_t qpn);

@@ -10,8 +10,7 @@
 namespace sv::engine {
 
 void qp_fault_count(Qp* qp, fault::FaultAction a) {
-  stats::add(qp->stats, static_cast<stats::Ctr>(static_cast<size_t>(stats::Ctr::fault_reset) +
-                                                static_cast<size_t>(a)));
+  stats::add(qp->stats, fault::counter_of(a));
 }
 
 void qp_fault_hold(Qp* qp, uint32_t ms) {

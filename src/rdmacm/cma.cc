@@ -428,8 +428,7 @@ bool sidr_fault(sv::engine::fault::FaultDir dir, const SockAddr& peer,
     std::lock_guard lk(sf->mu);
     if (!sf->f.on_frame(dir, true, fx, &peer)) return false;
   }
-  sv::engine::stats::add_retired(static_cast<sv::engine::stats::Ctr>(
-      static_cast<size_t>(sv::engine::stats::Ctr::fault_reset) + static_cast<size_t>(fx.action)));
+  sv::engine::stats::add_retired(sv::engine::fault::counter_of(fx.action));
   return true;
 }
 

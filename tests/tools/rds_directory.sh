@@ -9,6 +9,7 @@
 #      rds-stress from A (a fresh process, so nothing cached) reaches it again.
 # Usage: rds_directory.sh <bindir>
 set -u
+. "$(dirname "$0")/netns_pair.sh"
 BIN=$(cd "$1" && pwd)
 A=svda_$$
 B=svdb_$$
@@ -16,20 +17,11 @@ TMP=$(mktemp -d)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  ip netns del $A 2>/dev/null
-  ip netns del $B 2>/dev/null
+  netns_pair_del $A $B
   rm -rf "$TMP"
 }
 trap cleanup EXIT
-ip netns add $A && ip netns add $B || { echo "cannot create namespaces"; echo "0 passed, 1 failed"; exit 1; }
-ip link add sda$$ type veth peer name sdb$$
-ip link set sda$$ netns $A
-ip link set sdb$$ netns $B
-ip -n $A addr add 10.79.0.1/24 dev sda$$
-ip -n $B addr add 10.79.0.2/24 dev sdb$$
-for ns in $A $B; do ip -n $ns link set lo up; done
-ip -n $A link set sda$$ up
-ip -n $B link set sdb$$ up
+netns_pair $A $B sda$$ sdb$$ 10.79.0
 inA() { SOFTVERBS_RDS_DIR=$TMP/regA ip netns exec $A "$@"; }
 inB() { SOFTVERBS_RDS_DIR=$TMP/regB ip netns exec $B "$@"; }
 pass=0

@@ -7,6 +7,7 @@
 # each side's log says ("fault: qp N reset ...").
 # Usage: rds_faults.sh <tests-bindir> [messages-per-side] [seed]
 set -u
+. "$(dirname "$0")/netns_pair.sh"
 BIN=$(cd "$1" && pwd)
 PER_SIDE=${2:-3000}
 SEED=${3:-7}
@@ -22,21 +23,12 @@ DIR_A=/dev/shm/softverbs-rds-flt-a-$$
 DIR_B=/dev/shm/softverbs-rds-flt-b-$$
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  ip netns del $A 2>/dev/null
-  ip netns del $B 2>/dev/null
+  netns_pair_del $A $B
   rm -f "$LOG_A" "$LOG_B"
   rm -rf "$DIR_A" "$DIR_B"
 }
 trap cleanup EXIT
-ip netns add $A && ip netns add $B || { echo "cannot create namespaces"; echo "0 passed, 1 failed"; exit 1; }
-ip link add sfa$$ type veth peer name sfb$$
-ip link set sfa$$ netns $A
-ip link set sfb$$ netns $B
-ip -n $A addr add 10.79.0.1/24 dev sfa$$
-ip -n $B addr add 10.79.0.2/24 dev sfb$$
-for ns in $A $B; do ip -n $ns link set lo up; done
-ip -n $A link set sfa$$ up
-ip -n $B link set sfb$$ up
+netns_pair $A $B sfa$$ sfb$$ 10.79.0
 echo "rules on both sides: SOFTVERBS_FAULT='$RULES'"
 
 export SOFTVERBS_FAULT="$RULES" SOFTVERBS_LOG=warn

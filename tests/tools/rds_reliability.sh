@@ -6,6 +6,7 @@
 # checked for exactly-once, in-order delivery with a hash chain (tests/rds/rds_flows.cc).
 # Usage: rds_reliability.sh <tests-bindir> [messages-per-side]
 set -u
+. "$(dirname "$0")/netns_pair.sh"
 BIN=$(cd "$1" && pwd)
 PER_SIDE=${2:-25000}
 A=svra_$$
@@ -13,19 +14,10 @@ B=svrb_$$
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  ip netns del $A 2>/dev/null
-  ip netns del $B 2>/dev/null
+  netns_pair_del $A $B
 }
 trap cleanup EXIT
-ip netns add $A && ip netns add $B || { echo "cannot create namespaces"; echo "0 passed, 1 failed"; exit 1; }
-ip link add sva$$ type veth peer name svb$$
-ip link set sva$$ netns $A
-ip link set svb$$ netns $B
-ip -n $A addr add 10.78.0.1/24 dev sva$$
-ip -n $B addr add 10.78.0.2/24 dev svb$$
-for ns in $A $B; do ip -n $ns link set lo up; done
-ip -n $A link set sva$$ up
-ip -n $B link set svb$$ up
+netns_pair $A $B sva$$ svb$$ 10.78.0
 
 impair="none"
 if ip netns exec $A tc qdisc add dev sva$$ root netem loss 1% duplicate 1% corrupt 0.1% \

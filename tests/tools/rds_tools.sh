@@ -30,7 +30,7 @@ stress() {  # stress NAME ARGS...
   local pp=$!
   pids+=($pp)
   sleep 0.5
-  timeout 60 "$BIN/rds-stress" -s 127.0.0.2 -r 127.0.0.1 -p $PORT -T 3 "$@" >"$TMP/a.log" 2>&1
+  timeout 60 "$BIN/rds-stress" -s 127.0.0.2 -r 127.0.0.1 -p $PORT -T 2 "$@" >"$TMP/a.log" 2>&1
   local arc=$?
   wait $pp
   local prc=$?
