@@ -106,6 +106,13 @@ void snapshot(const std::byte* d, size_t n) {
   FUZZ_CHECK(out.size() <= blob.size());
   if (!out.empty()) FUZZ_CHECK(each > 0 && out.size() % static_cast<size_t>(each) == 0);
   (void)ok;
+  InfoMeta m;
+  (void)info_meta_parse(blob, m);
+  std::vector<char> counters;
+  std::vector<uint64_t> folded;
+  if (info_retired_parse(blob, id, each ? each : 1, counters, folded) && id != kInfoFolded)
+    FUZZ_CHECK(folded.size() <= kInfoFoldedMax &&
+               counters.size() + folded.size() * 8 <= blob.size());
 }
 
 void dir_priv(const std::byte* d, size_t n) {

@@ -14,6 +14,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -22,6 +23,8 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "rds/rds_impl.h"
@@ -85,19 +88,51 @@ constexpr int kInfoIds[] = {
     RDS6_INFO_IB_CONNECTIONS};
 
 namespace {
-std::string retired_path(uid_t u) {
-  return info_dir() + "/retired." + std::to_string(u);
-}
+void fold_stale_own();
 std::string snapshot_path(long pid) {
   return info_dir() + "/" + std::to_string(pid);
 }
-void fold_snapshot(const std::string& snap);
-void fold_stale_own();
+
+// /proc/<pid>/stat's starttime (field 22), 0 if the process is gone or unreadable.
+uint64_t start_time(long pid) {
+  char buf[1024];
+  const int fd = open(("/proc/" + std::to_string(pid) + "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  const ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  const char* p = std::strrchr(buf, ')');  // comm may hold spaces and parentheses
+  for (int field = 2; p && field < 22; ++field) p = std::strchr(p + 1, ' ');
+  return p ? std::strtoull(p + 1, nullptr, 10) : 0;
+}
+
+uint64_t pid_namespace() {
+  struct stat st {};
+  return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+wire::InfoMeta my_meta() {
+  static const wire::InfoMeta m = [] {
+    wire::InfoMeta x;
+    x.start = start_time(getpid());
+    x.pidns = pid_namespace();
+    return x;
+  }();
+  wire::InfoMeta x = m;
+  x.gen = g().gen;
+  return x;
+}
 }  // namespace
 
 void info_publish() {
+  Global& G = g();
+  if (G.info_retired) return;  // exiting: our counters are in the retired sum already
   // File: repeated [int id][int each][u32 bytes][records].
   std::string blob;
+  const wire::InfoMeta meta = my_meta();
+  wire::info_blob_append(blob, wire::kInfoMeta, sizeof meta, reinterpret_cast<const char*>(&meta),
+                         sizeof meta);
   for (int id : kInfoIds) {
     std::vector<char> r;
     int each = 0;
@@ -110,13 +145,7 @@ void info_publish() {
   const std::string tmp = path + ".tmp";
   static pid_t first_published = 0;  // per process: a fork()ed child publishes anew
   if (first_published != getpid()) {
-    // Our retired file exists before any snapshot of ours does, so a reader that saw one
-    // also lists the file it will be folded into (see counter_view). A snapshot left
-    // under our pid by a process that died before it (pid reuse) is folded first.
-    const int rfd = open_own_entry(retired_path(geteuid()));
-    if (rfd < 0) return;
-    close(rfd);
-    fold_snapshot(path);
+    // A snapshot left under our pid by a process that died before us: fold it first.
     fold_stale_own();
     first_published = getpid();
   }
@@ -131,14 +160,6 @@ void info_publish() {
   }
   close(fd);
   if (ok) std::rename(tmp.c_str(), path.c_str());
-}
-
-void info_unpublish() {
-  // Our final counters, then into the retired sum (atexit: the engine thread may still run).
-  std::lock_guard lk(g().mu);
-  if (!g().cm_port) return;  // a fork()ed child that never used RDS: nothing to publish
-  info_publish();
-  fold_snapshot(snapshot_path(getpid()));
 }
 
 namespace {
@@ -160,13 +181,9 @@ bool read_bounded(int fd, std::string& out, struct stat* st_out = nullptr) {
   return true;
 }
 
-int open_foreign(const std::string& p) {
-  return open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-}
-
-// A snapshot another process published (never through a symlink).
-bool read_snapshot(const std::string& p, std::string& out, uid_t* owner = nullptr) {
-  const int fd = open_foreign(p);
+// A file in the info directory (never through a symlink), and its owner.
+bool read_info_file(const std::string& p, std::string& out, uid_t* owner = nullptr) {
+  const int fd = open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return false;
   struct stat st {};
   const bool ok = read_bounded(fd, out, &st);
@@ -175,19 +192,16 @@ bool read_snapshot(const std::string& p, std::string& out, uid_t* owner = nullpt
   return ok;
 }
 
-// flock, waiting at most ~50 ms: the files are world-readable, so another user can hold
-// a lock on ours forever; then we go on without it (only the exactness of a sum suffers).
-bool lock_bounded(int fd, int op) {
-  for (int i = 0; i < 50; ++i) {
-    if (flock(fd, op | LOCK_NB) == 0) return true;
-    if (errno != EWOULDBLOCK && errno != EINTR) return false;
-    usleep(1000);
-  }
-  return false;
-}
-
 bool process_gone(long pid) {
   return kill(static_cast<pid_t>(pid), 0) < 0 && errno == ESRCH;
+}
+
+// Whether the process that wrote a snapshot has ended. Only a process of our own pid
+// namespace can be known to be gone; any other stays (counted, never folded by us).
+bool writer_gone(long pid, const wire::InfoMeta& m) {
+  if (m.pidns != my_meta().pidns) return false;
+  const uint64_t st = start_time(pid);
+  return st == 0 || st != m.start;
 }
 
 // Adds counter records to `sum` by name. Only the names `sum` already has (ours, in
@@ -212,59 +226,121 @@ std::vector<rds_info_counter> zero_counters() {
   return v;
 }
 
-// Moves the counters of snapshot `snap` (ours: written by this user) into our retired
-// sum and removes it, under the retired file's lock, so a reader holding that lock
-// (counter_view) sees them in exactly one of the two places. Without the lock nothing
-// moves: the snapshot stays, counted as it is, for a later fold.
-void fold_snapshot(const std::string& snap) {
-  const int rfd = open_own_entry(retired_path(geteuid()));
-  if (rfd < 0) return;
-  if (lock_bounded(rfd, LOCK_EX)) {
-    std::string blob, old;
-    uid_t owner = 0;
-    // The snapshot is read under the lock: two folders of one stale file count it once.
-    if (read_snapshot(snap, blob, &owner) && owner == geteuid()) {
-      std::vector<char> recs;
-      std::vector<rds_info_counter> sum = zero_counters();
-      if (read_bounded(rfd, old)) {
-        wire::info_blob_records(old, RDS_INFO_COUNTERS, sizeof(rds_info_counter), recs);
-        merge_counters(sum, recs.data(), recs.size());
-      }
-      recs.clear();
-      wire::info_blob_records(blob, RDS_INFO_COUNTERS, sizeof(rds_info_counter), recs);
-      merge_counters(sum, recs.data(), recs.size());
-      std::string out;
-      wire::info_blob_append(out, RDS_INFO_COUNTERS, sizeof(rds_info_counter),
-                             reinterpret_cast<const char*>(sum.data()),
-                             static_cast<uint32_t>(sum.size() * sizeof(rds_info_counter)));
-      if (pwrite(rfd, out.data(), out.size(), 0) == static_cast<ssize_t>(out.size()) &&
-          ftruncate(rfd, static_cast<off_t>(out.size())) == 0)
-        unlink(snap.c_str());
-    }
-  }
-  close(rfd);
+// A retired sum: its counters and the generations folded into it.
+struct Retired {
+  std::vector<char> counters;
+  std::vector<uint64_t> folded;
+};
+bool parse_retired(std::string_view blob, Retired& r) {
+  return wire::info_retired_parse(blob, RDS_INFO_COUNTERS, sizeof(rds_info_counter), r.counters,
+                                  r.folded);
 }
 
-// Snapshots of this user's processes that died without exiting (SIGKILL): folded.
+// This user's retired sum is rewritten by one process at a time: under an flock of a file
+// only this user can open (0600), so no other user can make our processes wait.
+int lock_retired() {
+  const std::string p = info_dir() + "/retired." + std::to_string(geteuid()) + ".lock";
+  const int fd = open(p.c_str(), O_CREAT | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return -1;
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+    close(fd);  // planted by someone else: nothing is folded (snapshots stay, counted)
+    return -1;
+  }
+  for (int i = 0; i < 100; ++i) {  // our own processes hold it for a file rewrite
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
+    if (errno != EWOULDBLOCK && errno != EINTR) break;
+    usleep(1000);
+  }
+  close(fd);
+  return -1;
+}
+
+// Adds `counters` of generation `gen` to this user's retired sum (a new file renamed into
+// place: a reader sees the old sum or the new one, whole), then removes `snapshot` if
+// given. Caller holds lock_retired(). Readers take a snapshot's counters only if its
+// generation is not in the sum's folded list, and read the sums after the snapshots (see
+// counter_view): so whenever this happens, a reader counts these counters exactly once.
+bool retire_locked(uint64_t gen, const char* counters, size_t bytes, const std::string& snapshot) {
+  const std::string path = info_dir() + "/retired." + std::to_string(geteuid());
+  Retired old;
+  std::string blob;
+  uid_t owner = 0;
+  if (read_info_file(path, blob, &owner) && owner == geteuid() && !parse_retired(blob, old))
+    return false;  // ours but unreadable: keep what we have rather than start over
+  std::vector<rds_info_counter> sum = zero_counters();
+  merge_counters(sum, old.counters.data(), old.counters.size());
+  merge_counters(sum, counters, bytes);
+  old.folded.push_back(gen);
+  if (old.folded.size() > wire::kInfoFoldedMax)
+    old.folded.erase(
+        old.folded.begin(),
+        old.folded.begin() + static_cast<long>(old.folded.size() - wire::kInfoFoldedMax));
+  std::string out;
+  wire::info_blob_append(out, RDS_INFO_COUNTERS, sizeof(rds_info_counter),
+                         reinterpret_cast<const char*>(sum.data()),
+                         static_cast<uint32_t>(sum.size() * sizeof(rds_info_counter)));
+  wire::info_blob_append(out, wire::kInfoFolded, 8,
+                         reinterpret_cast<const char*>(old.folded.data()),
+                         static_cast<uint32_t>(old.folded.size() * 8));
+  const std::string tmp = path + ".tmp";
+  const int fd = open_own_entry(tmp);
+  if (fd < 0) return false;
+  bool ok = ftruncate(fd, 0) == 0;
+  for (size_t off = 0; ok && off < out.size();) {
+    const ssize_t w = write(fd, out.data() + off, out.size() - off);
+    ok = w > 0;
+    off += ok ? static_cast<size_t>(w) : 0;
+  }
+  close(fd);
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) return false;
+  if (!snapshot.empty()) unlink(snapshot.c_str());
+  return true;
+}
+
+// Snapshots of this user's processes that ended without exiting (SIGKILL), or whose pid
+// we now have: folded into the retired sum. A leftover .tmp of such a process: removed.
 void fold_stale_own() {
   DIR* d = opendir(info_dir().c_str());
   if (!d) return;
-  std::vector<std::string> stale;
+  std::vector<std::pair<long, std::string>> stale;
   while (dirent* e = readdir(d)) {
     char* end;
     const long pid = std::strtol(e->d_name, &end, 10);
-    const bool tmp = std::strcmp(end, ".tmp") == 0;  // killed while publishing
-    if ((*end && !tmp) || pid <= 0 || pid == getpid() || !process_gone(pid)) continue;
+    const bool tmp = std::strcmp(end, ".tmp") == 0;
+    if ((*end && !tmp) || pid <= 0) continue;
     struct stat st {};
     const std::string p = info_dir() + "/" + e->d_name;
     if (lstat(p.c_str(), &st) != 0 || st.st_uid != geteuid()) continue;
-    if (tmp)
-      unlink(p.c_str());
-    else
-      stale.push_back(p);
+    if (tmp) {
+      if (pid != getpid() && process_gone(pid)) unlink(p.c_str());
+    } else if (stale.size() < 256) {  // per call; the next read takes the rest
+      stale.emplace_back(pid, p);
+    }
   }
   closedir(d);
-  for (const auto& p : stale) fold_snapshot(p);
+  int lk = -1;
+  for (const auto& [pid, p] : stale) {
+    std::string blob;
+    uid_t owner = 0;
+    wire::InfoMeta m;
+    // Read twice: cheaply to skip the live ones, then under the lock (another of our
+    // processes may have folded it meanwhile, or a new one taken the pid and published).
+    if (!read_info_file(p, blob, &owner)) continue;
+    if (!wire::info_meta_parse(blob, m)) {  // an older release's, or garbage: ours, so removable
+      if (pid != getpid() && process_gone(pid)) unlink(p.c_str());
+      continue;
+    }
+    if (m.gen == g().gen || !writer_gone(pid, m)) continue;
+    if (lk < 0 && (lk = lock_retired()) < 0) return;
+    if (!read_info_file(p, blob, &owner) || owner != geteuid() || !wire::info_meta_parse(blob, m) ||
+        m.gen == g().gen || !writer_gone(pid, m))
+      continue;
+    std::vector<char> recs;
+    if (!wire::info_blob_records(blob, RDS_INFO_COUNTERS, sizeof(rds_info_counter), recs)) continue;
+    retire_locked(m.gen, recs.data(), recs.size(), p);
+  }
+  if (lk >= 0) close(lk);
 }
 
 // Other live processes' published records for one id.
@@ -274,12 +350,9 @@ void remote_records(int optname, int each, std::vector<char>& out) {
   while (dirent* e = readdir(d)) {
     char* end;
     const long pid = std::strtol(e->d_name, &end, 10);
-    if (*end || pid <= 0 || pid == getpid()) continue;
-    // A process that is gone has no sockets or connections, but its counters still
-    // count until they are folded into its user's retired sum.
-    if (optname != RDS_INFO_COUNTERS && process_gone(pid)) continue;
+    if (*end || pid <= 0 || pid == getpid() || process_gone(pid)) continue;
     std::string blob;
-    if (!read_snapshot(info_dir() + "/" + e->d_name, blob)) continue;
+    if (!read_info_file(info_dir() + "/" + e->d_name, blob)) continue;
     // Another process' (maybe another user's) file: only whole records of the size we
     // know are taken, so a bad one cannot shift everyone else's.
     std::vector<char> recs;
@@ -290,41 +363,66 @@ void remote_records(int optname, int each, std::vector<char>& out) {
   }
   closedir(d);
 }
-}  // namespace
 
-namespace {
-// Counters are host-wide in Linux: ours, every other process' snapshot and every user's
-// retired sum, added by name. The retired files are read-locked first and held until the
-// snapshots are read, so no fold (fold_snapshot) runs in between to make one process'
-// counters count twice or not at all.
+// Counters are host-wide in Linux, and only grow: ours, every other process' snapshot (live
+// or not yet folded) and every user's retired sum, added by name. The snapshots are read
+// first, the retired sums after: a process whose counters were folded in between is in a
+// sum's folded list, and its snapshot is then not counted. A sum's list covers only its
+// own user's snapshots, so nobody can make another user's counters disappear.
 void counter_view(std::vector<char>& all) {
   fold_stale_own();
-  std::vector<int> retired;
-  if (DIR* d = opendir(info_dir().c_str())) {
+  struct Snap {
+    uid_t owner;
+    uint64_t gen;
+    std::vector<char> counters;
+  };
+  std::vector<Snap> snaps;
+  const std::string dir = info_dir();
+  if (DIR* d = opendir(dir.c_str())) {
     while (dirent* e = readdir(d)) {
-      if (std::strncmp(e->d_name, "retired.", 8) != 0 || retired.size() >= 4096) continue;
       char* end;
-      const unsigned long uid = std::strtoul(e->d_name + 8, &end, 10);
-      const int fd = *end ? -1 : open_foreign(info_dir() + "/" + e->d_name);
-      if (fd < 0) continue;
-      // One sum per user, in a file that user owns: nobody adds to another's share.
-      struct stat st {};
-      if (fstat(fd, &st) != 0 || st.st_uid != uid) {
-        close(fd);
+      const long pid = std::strtol(e->d_name, &end, 10);
+      if (*end || pid <= 0) continue;
+      Snap s{};
+      std::string blob;
+      wire::InfoMeta m;
+      if (!read_info_file(dir + "/" + e->d_name, blob, &s.owner)) continue;
+      if (!wire::info_meta_parse(blob, m)) {
+        count(Ctr::info_snapshot_malformed);
         continue;
       }
-      lock_bounded(fd, LOCK_SH);
-      retired.push_back(fd);
+      if (m.gen == g().gen) continue;  // ours: the live counters are in `all` already
+      s.gen = m.gen;
+      if (!wire::info_blob_records(blob, RDS_INFO_COUNTERS, sizeof(rds_info_counter), s.counters))
+        count(Ctr::info_snapshot_malformed);
+      snaps.push_back(std::move(s));
     }
     closedir(d);
   }
-  remote_records(RDS_INFO_COUNTERS, sizeof(rds_info_counter), all);
-  for (int fd : retired) {
-    std::string blob;
-    if (read_bounded(fd, blob) &&
-        !wire::info_blob_records(blob, RDS_INFO_COUNTERS, sizeof(rds_info_counter), all))
-      count(Ctr::info_snapshot_malformed);
-    close(fd);
+  std::unordered_map<uid_t, std::unordered_set<uint64_t>> folded;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (std::strncmp(e->d_name, "retired.", 8) != 0) continue;
+      char* end;
+      const unsigned long uid = std::strtoul(e->d_name + 8, &end, 10);
+      std::string blob;
+      uid_t owner = 0;
+      Retired r;
+      // One sum per user, in a file that user owns: nobody adds to another's share.
+      if (*end || !read_info_file(dir + "/" + e->d_name, blob, &owner) || owner != uid) continue;
+      if (!parse_retired(blob, r)) {
+        count(Ctr::info_snapshot_malformed);
+        continue;
+      }
+      all.insert(all.end(), r.counters.begin(), r.counters.end());
+      folded[owner].insert(r.folded.begin(), r.folded.end());
+    }
+    closedir(d);
+  }
+  for (const Snap& s : snaps) {
+    auto it = folded.find(s.owner);
+    if (it == folded.end() || !it->second.count(s.gen))
+      all.insert(all.end(), s.counters.begin(), s.counters.end());
   }
   std::vector<rds_info_counter> sum = zero_counters();
   merge_counters(sum, all.data(), all.size());
@@ -332,6 +430,31 @@ void counter_view(std::vector<char>& all) {
              reinterpret_cast<const char*>(sum.data()) + sum.size() * sizeof(rds_info_counter));
 }
 }  // namespace
+
+void info_unpublish() {
+  // atexit (every handler a fork()ed child inherited too: only the first does anything).
+  // Our final counters go into the retired sum and our snapshot away, and the engine
+  // thread, which runs until the process ends, publishes no more.
+  Global& G = g();
+  std::lock_guard lk(G.mu);
+  if (!G.cm_port || G.info_retired) return;  // never used RDS, or done
+  G.info_retired = true;
+  const std::string dir = info_dir();
+  if (!shared_dir_ready(dir.substr(0, dir.rfind('/'))) || !shared_dir_ready(dir)) return;
+  std::vector<char> recs;
+  int each = 0;
+  if (local_records(RDS_INFO_COUNTERS, recs, &each) < 0) return;
+  const int lk_fd = lock_retired();
+  if (lk_fd >= 0 && retire_locked(G.gen, recs.data(), recs.size(), snapshot_path(getpid()))) {
+    close(lk_fd);
+    return;
+  }
+  if (lk_fd >= 0) close(lk_fd);
+  // Not folded: our last counters stay in a snapshot, for our next process to fold.
+  G.info_retired = false;
+  info_publish();
+  G.info_retired = true;
+}
 
 int info_get(int optname, void* buf, socklen_t* len) {
   std::vector<char> all;

@@ -368,6 +368,7 @@ struct Global {
   // Our congestion map: one bit per port, little-endian bit order (net/rds cong.c).
   std::vector<uint8_t> lcong = std::vector<uint8_t>(kCongMapBytes, 0);
   Counters counters{};  // rds-info -c (counters.h)
+  bool info_retired = false;  // our counters are in the retired sum: publish no more (info.cc)
   // ib_transport.cc: connection ids (in wr ids), reconnect timers (connection, channel),
   // RDMA channels: ours (active, by id) and the peers' (passive: we only respond on them).
   std::map<uint32_t, Conn*> conn_by_id;

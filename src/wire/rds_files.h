@@ -1,7 +1,10 @@
 // Formats of the files RDS processes share on a host (another user may write them: parse
 // them as untrusted bytes). Pure functions, fuzzed by fuzz/fuzz_rds.cc.
 //   registry entry <dir>/<ip>_<port>: "<rdma_cm port> <generation>\n" (bind.cc)
-//   info snapshot <dir>/info/<pid>: repeated [i32 id][i32 record size][u32 bytes][records]
+//   info snapshot <dir>/info/<pid>: repeated [i32 id][i32 record size][u32 bytes][records]:
+//     the RDS_INFO_* tables, and kInfoMeta (who wrote it)
+//   retired sum <dir>/info/retired.<uid>: RDS_INFO_COUNTERS (the counters of that user's
+//     processes that ended) and kInfoFolded (the generations whose counters it holds)
 #pragma once
 #include <charconv>
 #include <cstdint>
@@ -32,6 +35,20 @@ inline bool registry_entry_parse(std::string_view s, uint16_t& cm_port, uint64_t
   return true;
 }
 
+// Tables of our own in the info files (RDS_INFO_* ids are positive).
+inline constexpr int32_t kInfoMeta = -1;    // one InfoMeta
+inline constexpr int32_t kInfoFolded = -2;  // u64 generations, oldest first
+inline constexpr size_t kInfoFoldedMax = 4096;
+
+// Who wrote a snapshot: the process' RDS generation, and what tells whether that process
+// still runs: its start time (/proc/<pid>/stat, clock ticks since boot: a reused pid has
+// another) in its pid namespace (the inode of /proc/self/ns/pid).
+struct InfoMeta {
+  uint64_t gen = 0;
+  uint64_t start = 0;
+  uint64_t pidns = 0;
+};
+
 inline void info_blob_append(std::string& blob, int32_t id, int32_t each, const char* data,
                              uint32_t bytes) {
   blob.append(reinterpret_cast<const char*>(&id), 4);
@@ -60,6 +77,27 @@ inline bool info_blob_records(std::string_view blob, int32_t id, int32_t each,
     }
     off += n;
   }
+  return true;
+}
+
+// The writer of a snapshot, if it says (exactly one InfoMeta record).
+inline bool info_meta_parse(std::string_view blob, InfoMeta& m) {
+  std::vector<char> r;
+  if (!info_blob_records(blob, kInfoMeta, sizeof m, r) || r.size() != sizeof m) return false;
+  std::memcpy(&m, r.data(), sizeof m);
+  return true;
+}
+
+// A retired sum: its counter records (each `counter_size` bytes) and the generations folded
+// into it (at most kInfoFoldedMax: a longer list is malformed).
+inline bool info_retired_parse(std::string_view blob, int32_t counters_id, int32_t counter_size,
+                               std::vector<char>& counters, std::vector<uint64_t>& folded) {
+  std::vector<char> gens;
+  if (!info_blob_records(blob, counters_id, counter_size, counters) ||
+      !info_blob_records(blob, kInfoFolded, 8, gens) || gens.size() / 8 > kInfoFoldedMax)
+    return false;
+  folded.resize(gens.size() / 8);
+  if (!gens.empty()) std::memcpy(folded.data(), gens.data(), gens.size());
   return true;
 }
 
