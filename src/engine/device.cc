@@ -4,6 +4,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -60,18 +61,28 @@ void refresh_gids(Device* d) {
   // Per process generation: a thread of a forking parent may have held it (fork_local.h).
   static ForkLocal<std::mutex> mu;
   std::lock_guard lk(mu.get());
-  d->gids.clear();
-  d->gid_addrs.clear();
+  std::vector<ibv_gid> gids;
+  std::vector<transport::SockAddr> addrs;
   for (const auto& h : transport::host_addresses()) {
     if (!netdev_selected(h.ifname)) continue;
-    d->gids.push_back(addr_to_gid(h.addr));
-    d->gid_addrs.push_back(h.addr);
+    gids.push_back(addr_to_gid(h.addr));
+    addrs.push_back(h.addr);
   }
-  if (d->gids.empty()) {  // never an empty table: perftest and devinfo walk it
+  if (gids.empty()) {  // never an empty table: perftest and devinfo walk it
     auto lo = transport::SockAddr::ipv4(htonl(INADDR_LOOPBACK), 0);
-    d->gids.push_back(addr_to_gid(lo));
-    d->gid_addrs.push_back(lo);
+    gids.push_back(addr_to_gid(lo));
+    addrs.push_back(lo);
   }
+  // Every open rescans, and the table is read without a lock (the progress thread picks a
+  // connection's active side by it, verbs answer ibv_query_gid): rewrite it only when the
+  // host's addresses changed, which a running program meets only if an interface comes or
+  // goes under it.
+  if (gids.size() == d->gids.size() &&
+      std::equal(gids.begin(), gids.end(), d->gids.begin(),
+                 [](const ibv_gid& a, const ibv_gid& b) { return !std::memcmp(a.raw, b.raw, 16); }))
+    return;
+  d->gids = std::move(gids);
+  d->gid_addrs = std::move(addrs);
 }
 
 namespace {
