@@ -89,6 +89,23 @@ constexpr int kInfoIds[] = {
 
 namespace {
 void fold_stale_own();
+
+// Writes `blob` to <path>.tmp (ours: never through a symlink, never another user's file,
+// bind.cc open_own_entry) and renames it over `path`: readers see the old file or the new
+// one, whole.
+bool replace_file(const std::string& path, const std::string& blob) {
+  const std::string tmp = path + ".tmp";
+  const int fd = open_own_entry(tmp);
+  if (fd < 0) return false;
+  bool ok = ftruncate(fd, 0) == 0;
+  for (size_t off = 0; ok && off < blob.size();) {
+    const ssize_t w = write(fd, blob.data() + off, blob.size() - off);
+    ok = w > 0;
+    off += ok ? static_cast<size_t>(w) : 0;
+  }
+  close(fd);
+  return ok && std::rename(tmp.c_str(), path.c_str()) == 0;
+}
 std::string snapshot_path(long pid) {
   return info_dir() + "/" + std::to_string(pid);
 }
@@ -142,24 +159,13 @@ void info_publish() {
   const std::string dir = info_dir();
   if (!shared_dir_ready(dir.substr(0, dir.rfind('/'))) || !shared_dir_ready(dir)) return;
   const std::string path = snapshot_path(getpid());
-  const std::string tmp = path + ".tmp";
   static pid_t first_published = 0;  // per process: a fork()ed child publishes anew
   if (first_published != getpid()) {
     // A snapshot left under our pid by a process that died before us: fold it first.
     fold_stale_own();
     first_published = getpid();
   }
-  // Never through a symlink, never into another user's file (bind.cc open_own_entry).
-  const int fd = open_own_entry(tmp);
-  if (fd < 0) return;
-  bool ok = ftruncate(fd, 0) == 0;
-  for (size_t off = 0; ok && off < blob.size();) {
-    const ssize_t w = write(fd, blob.data() + off, blob.size() - off);
-    ok = w > 0;
-    off += ok ? static_cast<size_t>(w) : 0;
-  }
-  close(fd);
-  if (ok) std::rename(tmp.c_str(), path.c_str());
+  replace_file(path, blob);
 }
 
 namespace {
@@ -283,17 +289,7 @@ bool retire_locked(uint64_t gen, const char* counters, size_t bytes, const std::
   wire::info_blob_append(out, wire::kInfoFolded, 8,
                          reinterpret_cast<const char*>(old.folded.data()),
                          static_cast<uint32_t>(old.folded.size() * 8));
-  const std::string tmp = path + ".tmp";
-  const int fd = open_own_entry(tmp);
-  if (fd < 0) return false;
-  bool ok = ftruncate(fd, 0) == 0;
-  for (size_t off = 0; ok && off < out.size();) {
-    const ssize_t w = write(fd, out.data() + off, out.size() - off);
-    ok = w > 0;
-    off += ok ? static_cast<size_t>(w) : 0;
-  }
-  close(fd);
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) return false;
+  if (!replace_file(path, out)) return false;
   if (!snapshot.empty()) unlink(snapshot.c_str());
   return true;
 }
@@ -491,11 +487,8 @@ int local_records(int optname, std::vector<char>& out, int* each) {
       Counters now = G.counters;
       now[static_cast<size_t>(Ctr::cq_handler_declined)] +=
           G.cq_declined.load(std::memory_order_relaxed);
-      std::vector<rds_info_counter> v(kCtrCount);
-      for (size_t i = 0; i < kCtrCount; ++i) {
-        std::strncpy(reinterpret_cast<char*>(v[i].name), kCtrNames[i], sizeof v[i].name - 1);
-        v[i].value = now[i];
-      }
+      std::vector<rds_info_counter> v = zero_counters();
+      for (size_t i = 0; i < kCtrCount; ++i) v[i].value = now[i];
       return as_bytes(v, out, each);
     }
     case RDS_INFO_SOCKETS: {
