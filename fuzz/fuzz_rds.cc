@@ -79,8 +79,8 @@ void conn_priv(const std::byte* d, size_t n) {
   rds_conn_priv_encode(p, out);
   RdsConnPriv q;
   FUZZ_CHECK(rds_conn_priv_decode(out, sizeof out, q));
-  FUZZ_CHECK(p.ip == q.ip && p.cm_port == q.cm_port && p.kind == q.kind && p.ack_seq == q.ack_seq &&
-             p.gen == q.gen);
+  FUZZ_CHECK(p.ip == q.ip && p.cm_port == q.cm_port && p.kind == q.kind && p.flags == q.flags &&
+             p.ack_seq == q.ack_seq && p.gen == q.gen);
 }
 
 void registry_entry(const std::byte* d, size_t n) {

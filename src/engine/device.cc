@@ -179,7 +179,11 @@ void fill_device_attr(const Device* d, ibv_device_attr* a) {
   a->max_ee_rd_atom = 0;
   a->max_res_rd_atom = kMaxRdAtom * 1024;
   a->max_qp_init_rd_atom = kMaxRdAtom;
-  a->atomic_cap = IBV_ATOMIC_HCA;
+  // Atomics travel as RFC 7306 Atomic Operations, which SOFTVERBS_RFC7306=0 turns off toward
+  // every peer: the device then has none, as siw reports (siw_query_device: IB_ATOMIC_NONE),
+  // so a program that checks atomic_cap (RDS does) does not post atomics bound to fail.
+  a->atomic_cap =
+      settings::flag_value(SV_SETTING("SOFTVERBS_RFC7306")) ? IBV_ATOMIC_HCA : IBV_ATOMIC_NONE;
   a->max_srq = limit_of(Limit::srq);
   a->max_srq_wr = kMaxSrqWr;
   a->max_srq_sge = kMaxSge;

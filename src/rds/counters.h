@@ -77,6 +77,7 @@ namespace sv::rds {
   X(send_rdma_fenced) \
   X(send_rdma_gave_up) \
   X(send_rdma_refused) \
+  X(send_atomic_unsupported) \
   X(send_rdma_verdict) \
   X(send_rerouted) \
   X(send_zcopy) \

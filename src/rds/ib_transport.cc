@@ -204,6 +204,7 @@ PrivBytes make_priv(Conn* c, uint16_t kind = kChanData) {
   p.ip = c->local.sin_addr.s_addr;
   p.cm_port = g().cm_port;
   p.kind = kind;
+  if (!g().atomics) p.flags |= wire::kRdsPrivNoAtomics;
   // An RDMA channel's accept acks the fences we have (rdma_fence_acked), a data
   // connection's the messages.
   p.ack_seq = kind == kChanRdma ? c->fence_seq : rx_ack_seq(c);
@@ -475,8 +476,10 @@ void handle_rdma_cm(Conn* c, rdma_cm_event* ev) {
       wire::RdsConnPriv p;
       if (wire::rds_conn_priv_decode(static_cast<const std::byte*>(ev->param.conn.private_data),
                                      ev->param.conn.private_data_len, p) &&
-          p.kind == kChanRdma)
+          p.kind == kChanRdma) {
+        c->peer_no_atomics = p.flags & wire::kRdsPrivNoAtomics;
         rdma_fence_acked(c, p.ack_seq);
+      }
       rdma_post_pending(c);
       break;
     }
@@ -622,6 +625,7 @@ void handle_cm(rdma_cm_event* ev) {
       // by a generation no process has (they are odd).
       Conn* pc =
           conn_get(theirs == mine ? (theirs & ~1ull) : theirs, to->sin_addr, peer, p->cm_port);
+      pc->peer_no_atomics = p->flags & wire::kRdsPrivNoAtomics;
       if (p->kind == kChanRdma) {  // its fences release messages of this connection
         accept_rdma_chan(id, pc);
         break;
@@ -679,6 +683,7 @@ void handle_cm(rdma_cm_event* ev) {
         } else if (wire::rds_conn_priv_decode(
                        static_cast<const std::byte*>(ev->param.conn.private_data),
                        ev->param.conn.private_data_len, p)) {
+          c->peer_no_atomics = p.flags & wire::kRdsPrivNoAtomics;
           conn_up(c, p);
         } else {
           count(Ctr::conn_reject_bad_priv);
@@ -917,13 +922,11 @@ int transport_start() {
   if (ibv_device_attr da{}; ibv_query_device(G.verbs, &da) == 0) {
     g_max_send_sge = std::clamp(da.max_sge, 1, 16);
     g_max_read_sge = std::clamp(da.max_sge_rd > 0 ? da.max_sge_rd : da.max_sge, 1, g_max_send_sge);
-  }
-  G.pd = ibv_alloc_pd(G.verbs);
-  ibv_device_attr da{};
-  if (ibv_query_device(G.verbs, &da) == 0) {
     G.mr_max = static_cast<uint32_t>(da.max_mr);
     G.cq_max = std::max(da.max_cqe, kCqInitial);
+    G.atomics = da.atomic_cap != IBV_ATOMIC_NONE;
   }
+  G.pd = ibv_alloc_pd(G.verbs);
   G.cq_ch = ibv_create_comp_channel(G.verbs);
   G.cq = G.pd && G.cq_ch ? ibv_create_cq(G.verbs, kCqInitial, nullptr, G.cq_ch, 0) : nullptr;
   G.cq_resizable = G.cq && ibv_resize_cq(G.cq, kCqInitial) == 0;

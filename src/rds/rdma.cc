@@ -98,8 +98,27 @@ bool post_fence(Conn* c, uint64_t wid, uint64_t seq, bool ok) {
   return ibv_post_send(c->chan_id->qp, &wr, &bad) == 0;
 }
 
+// The op fails alone, OTHER_ERROR, before it reaches the wire; the message is dropped with it
+// (fail_rest). Returns post_op's verdict: true, the op is done with, unless it is a repost
+// of a fenced Write, whose peer may hold the message and must hear the verdict first.
+bool refuse_op(Message* m, RdmaOp* op, Ctr why) {
+  op->status = RDS_RDMA_OTHER_ERROR;
+  notify(m, op, op->status);
+  fail_rest(m);
+  count(why);
+  if (op->fenced) {
+    op->verdict_due = true;
+    return false;
+  }
+  return true;
+}
+
 bool post_op(Conn* c, Message* m) {
   RdmaOp* op = chan_op(m);
+  // Queued before the peer's private data said it has no atomics (sendmsg refuses them
+  // once it knows): posted, the peer would answer with a Terminate and the channel, with
+  // every op behind this one, would go down for it.
+  if (op->atomic && c->peer_no_atomics) return refuse_op(m, op, Ctr::send_atomic_unsupported);
   const uint64_t wid = make_wr_id(conn_id_of(c), c->chan_inc, kRdma, c->next_rdma_wr++);
   if (op->verdict_due) {
     // The peer holds this message for its fence: tell it the Write failed.
@@ -182,15 +201,7 @@ bool post_op(Conn* c, Message* m) {
     if (e == ENOMEM) return false;  // send queue full: try again after completions
     // The device refuses the op itself (e.g. a misaligned atomic target, which a NIC would
     // fail at completion): it fails alone, OTHER_ERROR, rather than block the queue.
-    op->status = RDS_RDMA_OTHER_ERROR;
-    notify(m, op, op->status);
-    fail_rest(m);
-    count(Ctr::send_rdma_refused);
-    if (op->fenced) {  // a repost: the peer may hold the message, and must hear the verdict
-      op->verdict_due = true;
-      return false;
-    }
-    return true;
+    return refuse_op(m, op, Ctr::send_rdma_refused);
   }
   c->rdma_owner[wid] = m;
   ++c->chan_inflight;

@@ -292,6 +292,9 @@ struct Conn {
   // Its Writes complete once the peer placed them (softverbs peers: IB's completion rule),
   // so a Write's own completion is the op's status and no confirming Read follows it.
   bool chan_placed = false;
+  // The peer's device has no atomics (its private data said so): its atomics are refused at
+  // sendmsg, or fail alone at post, instead of costing the RDMA channel (send.cc, rdma.cc).
+  bool peer_no_atomics = false;
   bool chan_tearing_down = false;
   int chan_inflight = 0;
   std::deque<Message*> rdma_q;              // messages whose op is still to be posted
@@ -355,6 +358,7 @@ struct Global {
   rdma_cm_id* listen_id = nullptr;
   uint16_t cm_port = 0;  // our rdma_cm listen port (host byte order)
   uint32_t mr_max = 0;   // the device's max_mr (RDS_INFO_IB_CONNECTIONS)
+  bool atomics = true;   // the device's atomic_cap is not IBV_ATOMIC_NONE
   uint64_t gen = 0;      // random per process: a restarted peer is a new peer
   int wake_fd = -1;
   // When the engine thread's poll() times out (zero while it is awake): a completion handler
@@ -367,7 +371,7 @@ struct Global {
   bool started = false;
   // Our congestion map: one bit per port, little-endian bit order (net/rds cong.c).
   std::vector<uint8_t> lcong = std::vector<uint8_t>(kCongMapBytes, 0);
-  Counters counters{};  // rds-info -c (counters.h)
+  Counters counters{};        // rds-info -c (counters.h)
   bool info_retired = false;  // our counters are in the retired sum: publish no more (info.cc)
   // ib_transport.cc: connection ids (in wr ids), reconnect timers (connection, channel),
   // RDMA channels: ours (active, by id) and the peers' (passive: we only respond on them).

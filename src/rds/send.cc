@@ -333,6 +333,8 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   if (atomic && (atomic->local_addr & 7)) return fail(EFAULT);
 
   if (int r = transport_start()) return fail(-r);
+  // A device without atomics (Linux RDS: a transport without xmit_atomic, send.c).
+  if (atomic && !G.atomics) return fail(EOPNOTSUPP);
 
   auto m = std::make_unique<Message>();
   m->sock = s;
@@ -387,6 +389,12 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
     return static_cast<ssize_t>(len);
   }
   Conn* c = cm_port ? conn_get(peer_gen, s->bound_addr.sin_addr, dest, cm_port) : nullptr;
+  // A peer whose device has no atomics, once its private data said so (rdma.cc refuses
+  // the ones queued before that).
+  if (atomic && c && c->peer_no_atomics) {
+    ops_release(m.get());
+    return fail(EOPNOTSUPP);
+  }
   // 8. congestion of the destination port, before the send buffer (net/rds send.c).
   const uint16_t dport = ntohs(dest.sin_port);
   while (c && cong_port_blocked(c, dport)) {

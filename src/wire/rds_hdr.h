@@ -123,11 +123,18 @@ inline bool rds_decode(const std::byte* in, RdsHeader& h) {
 inline constexpr uint32_t kRdsConnMagic = 0x53565244;  // "SVRD"
 inline constexpr size_t kRdsConnPrivLen = 32;
 inline constexpr uint16_t kRdsChanData = 0, kRdsChanRdma = 1;
+// Flags (bytes 12-13, zero from peers that predate them, so zero must mean what they did).
+// NoAtomics: the sender's device has no atomics (atomic_cap IBV_ATOMIC_NONE: Linux siw, or
+// softverbs with SOFTVERBS_RFC7306=0). An atomic sent there would only cost the RDMA
+// channel its connection; Linux RDS refuses atomics on a transport without them
+// (send.c: EOPNOTSUPP when the transport has no xmit_atomic), and so does our sendmsg.
+inline constexpr uint16_t kRdsPrivNoAtomics = 0x1;
 
 struct RdsConnPriv {
   uint32_t ip = 0;       // the sender's address for this connection (network order)
   uint16_t cm_port = 0;  // the sender's rdma_cm listen port
   uint16_t kind = 0;     // kRdsChanData or kRdsChanRdma
+  uint16_t flags = 0;    // kRdsPriv*; unknown bits are ignored
   uint64_t ack_seq = 0;  // last in-order sequence the sender received from us
   uint64_t gen = 0;      // the sender process' generation number
 };
@@ -139,6 +146,7 @@ inline void rds_conn_priv_encode(const RdsConnPriv& p, std::byte* out) {
   std::memcpy(out + 4, &p.ip, 4);
   store_be16(out + 8, p.cm_port);
   store_be16(out + 10, p.kind);
+  store_be16(out + 12, p.flags);
   store_be64(out + 16, p.ack_seq);
   store_be64(out + 24, p.gen);
 }
@@ -149,6 +157,7 @@ inline bool rds_conn_priv_decode(const std::byte* in, size_t len, RdsConnPriv& p
   std::memcpy(&p.ip, in + 4, 4);
   p.cm_port = load_be16(in + 8);
   p.kind = load_be16(in + 10);
+  p.flags = load_be16(in + 12);
   p.ack_seq = load_be64(in + 16);
   p.gen = load_be64(in + 24);
   return p.kind == kRdsChanData || p.kind == kRdsChanRdma;

@@ -241,6 +241,25 @@ int peer_region(const char* port_arg) {
   }
 }
 
+// Peer mode "atomic": binds the first port, prints "ready", sends one atomic to the second
+// port and prints "sendmsg <result> <errno>", then a plain message: "plain <result>".
+int peer_atomic(const char* from_arg, const char* to_arg) {
+  const auto from = static_cast<uint16_t>(std::atoi(from_arg));
+  const auto to = static_cast<uint16_t>(std::atoi(to_arg));
+  const int fd = bound_socket(from);
+  if (fd < 0) return 2;
+  dprintf(1, "ready\n");
+  alignas(8) static uint64_t old = 0;
+  rds_atomic_args a = atomic_args(0x100, &old, 0, 1);
+  a.fadd.add = 1;
+  errno = 0;
+  const ssize_t r = send_with(fd, to, "atomic", {Cmsg::of(RDS_CMSG_ATOMIC_FADD, a)});
+  dprintf(1, "sendmsg %zd %d\n", r, r < 0 ? errno : 0);
+  dprintf(1, "plain %zd\n", send_with(fd, to, "plain", {}));
+  svrds_close(fd);
+  return 0;
+}
+
 struct Peer {
   pid_t pid = -1;
   int out = -1;
@@ -1204,6 +1223,80 @@ TEST(RdsAtomic, ConnectionLostUnderAnAtomicReportsDropped) {
   svrds_close(tx);
 }
 
+// A peer whose device has no atomics (Linux siw; here softverbs with SOFTVERBS_RFC7306=0,
+// which turns off RFC 7306 and so reports atomic_cap IBV_ATOMIC_NONE) says so in its
+// connection's private data. An atomic queued before that is known fails alone at post,
+// OTHER_ERROR, its message with it; once known, sendmsg refuses atomics with EOPNOTSUPP, as
+// Linux RDS does on a transport without atomics (send.c). Either way the RDMA channel stays
+// up: posted, the atomic would have cost the channel its connection (the peer's Terminate),
+// and every op queued behind it a reconnect.
+TEST(RdsAtomic, APeerWithoutAtomicsRefusesThemWithoutLosingTheRdmaChannel) {
+  const uint16_t pp = port(40), me = port(41);
+  setenv("SOFTVERBS_RFC7306", "0", 1);
+  Peer peer;
+  const bool up = peer.start({pp}, "region");
+  unsetenv("SOFTVERBS_RFC7306");
+  ASSERT_TRUE(up) << "peer process did not come up";
+  std::string line;
+  ASSERT_TRUE(peer.next_line(line, 5000));
+  ASSERT_EQ(line.rfind("cookie ", 0), 0u) << line;
+  const uint64_t cookie = std::stoull(line.substr(7));
+  int tx = bound_socket(me);
+  const uint64_t resets = counter(tx, "rdma_chan_reset");
+  const uint64_t unsupported = counter(tx, "send_atomic_unsupported");
+  // The first message to the peer: nothing is known of it yet, so the atomic is queued.
+  alignas(8) uint64_t old = 0;
+  rds_atomic_args a = atomic_args(cookie, &old, 0, 1);
+  a.fadd.add = 5;
+  ASSERT_EQ(send_with(tx, pp, "one", {Cmsg::of(RDS_CMSG_ATOMIC_FADD, a)}), 3);
+  rds_rdma_notify n{};
+  ASSERT_TRUE(get_notify(tx, n, 5000));
+  EXPECT_EQ(n.user_token, 1u);
+  EXPECT_EQ(n.status, RDS_RDMA_OTHER_ERROR);
+  EXPECT_GE(counter(tx, "send_atomic_unsupported"), unsupported + 1);
+  // Now it is known: refused at sendmsg, nothing queued, nothing to report.
+  rds_atomic_args b = atomic_args(cookie, &old, 0, 2);
+  b.fadd.add = 7;
+  EXPECT_EQ(send_with(tx, pp, "two", {Cmsg::of(RDS_CMSG_ATOMIC_FADD, b)}), -1);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  // The channel that carried the refused atomic still carries a Write, at once.
+  std::vector<char> src(16, 'W');
+  rds_iovec lv{reinterpret_cast<uint64_t>(src.data()), src.size()};
+  rds_rdma_args ra{};
+  ra.cookie = cookie;
+  ra.remote_vec = {0, src.size()};
+  ra.local_vec_addr = reinterpret_cast<uint64_t>(&lv);
+  ra.nr_local = 1;
+  ra.flags = RDS_RDMA_READWRITE | RDS_RDMA_NOTIFY_ME;
+  ra.user_token = 3;
+  ASSERT_EQ(send_with(tx, pp, "three", {Cmsg::of(RDS_CMSG_RDMA_ARGS, ra)}), 5);
+  ASSERT_TRUE(get_notify(tx, n, 5000));
+  EXPECT_EQ(n.user_token, 3u);
+  EXPECT_EQ(n.status, RDS_RDMA_SUCCESS);
+  EXPECT_FALSE(get_notify(tx, n, 200)) << "the refused atomic reported nothing";
+  EXPECT_EQ(counter(tx, "rdma_chan_reset"), resets) << "no RDMA channel was lost";
+  svrds_close(tx);
+}
+
+// A process whose own device has no atomics refuses them at sendmsg (EOPNOTSUPP, Linux RDS
+// on a transport without xmit_atomic), before anything is queued or connected.
+TEST(RdsAtomic, ADeviceWithoutAtomicsRefusesThemAtSendmsg) {
+  const uint16_t pp = port(42), from = port(43);
+  Peer target;
+  ASSERT_TRUE(target.start({pp}, "region")) << "peer process did not come up";
+  setenv("SOFTVERBS_RFC7306", "0", 1);
+  Peer sender;  // its own process: this one's device may be open already, with atomics
+  const bool up = sender.start({from, pp}, "atomic");
+  unsetenv("SOFTVERBS_RFC7306");
+  ASSERT_TRUE(up) << "sender process did not come up";
+  std::string line;
+  ASSERT_TRUE(sender.next_line(line, 5000));
+  EXPECT_EQ(line, "sendmsg -1 " + std::to_string(EOPNOTSUPP));
+  ASSERT_TRUE(sender.next_line(line, 5000));
+  EXPECT_EQ(line, "plain 5") << "a plain message from the same socket still goes";
+  EXPECT_EQ(sender.wait_exit(), 0);
+}
+
 // =============================================================================================
 // 5. IPv6 (rds-api.md §1.3: bind takes sockaddr_in or sockaddr_in6, v4 stored v4-mapped; §1.4:
 //    v4<->v6 mismatch on send is EOPNOTSUPP). Linux: net/rds bind.c rds_bind, send.c
@@ -1360,6 +1453,8 @@ int main(int argc, char** argv) {
       return peer_collect(argc - i - 1, argv + i + 1);
     else if (std::strcmp(argv[i], "--rds-peer=region") == 0 && i + 1 < argc)
       return peer_region(argv[i + 1]);
+    else if (std::strcmp(argv[i], "--rds-peer=atomic") == 0 && i + 2 < argc)
+      return peer_atomic(argv[i + 1], argv[i + 2]);
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
