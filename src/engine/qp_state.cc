@@ -324,7 +324,7 @@ void qp_cm_unbind(Qp* qp) {
   qp->on_disconnect = nullptr;
 }
 
-bool qp_cm_established(Qp* qp, Endpoint* ep) {
+bool qp_cm_established(Qp* qp, Endpoint* ep, uint8_t timeout) {
   {
     std::lock_guard lk(qp->tx_mu);
     const ibv_qp_state st = qp->state.load();
@@ -334,7 +334,7 @@ bool qp_cm_established(Qp* qp, Endpoint* ep) {
     qp->attr.max_dest_rd_atomic = static_cast<uint8_t>(std::max<uint16_t>(ep->negotiated_ird(), 1));
     qp->attr.rnr_retry = 7;
     qp->attr.retry_cnt = 7;
-    qp->attr.timeout = 14;
+    qp->attr.timeout = timeout;
     qp->attr.path_mtu = IBV_MTU_4096;
     qp->attr.dest_qp_num = 0;
     qp_set_state_locked(qp, IBV_QPS_RTS);  // through RTR: the connection sets both up

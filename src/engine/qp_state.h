@@ -71,8 +71,9 @@ void qp_cm_unbind(Qp* qp);
 // The connection's MPA exchange completed: the QP goes through RTR to RTS with the
 // negotiated IRD/ORD (as iw_cm_init_qp_attr and siw do) and takes the socket. False if the
 // application moved the QP to ERR or RESET meanwhile: it stays there, as siw refuses RTS
-// then, and the caller fails the connection.
-bool qp_cm_established(Qp* qp, Endpoint* ep);
+// then, and the caller fails the connection. `timeout` is the RTS attribute (local ACK
+// timeout exponent, 0-31): rdma_cm's default, or what RDMA_OPTION_ID_ACK_TIMEOUT set.
+bool qp_cm_established(Qp* qp, Endpoint* ep, uint8_t timeout);
 // Whether IB's completion rule is in effect on this QP's connection (verbs_ext.h).
 bool qp_ib_completion_in_effect(Qp* qp);
 

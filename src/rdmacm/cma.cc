@@ -64,6 +64,8 @@ struct Listener : Progress::Handler {
 
 std::atomic<uint64_t> g_cm_serial{0};
 
+constexpr uint8_t kDefaultAckTimeout = 14;
+
 struct CmId {
   rdma_cm_id id;  // first: handed out
   // Names this id in callbacks posted for later: a destroyed id's address may be reused by
@@ -81,6 +83,9 @@ struct CmId {
   // rdma_create_ep on a passive id: rdma_get_request creates a QP like this on each child.
   std::unique_ptr<ibv_qp_init_attr> child_qp_attr;
   uint8_t resp_res = 0, init_depth = 0;
+  // The RTS attribute `timeout` its QP gets: librdmacm's ucma_modify_qp_rts leaves the
+  // kernel's (14 for iWARP, as iw_cm) unless RDMA_OPTION_ID_ACK_TIMEOUT set one.
+  uint8_t ack_timeout = kDefaultAckTimeout;
   // RDMA_PS_UDP: the SIDR socket (listener's, or the requester's while it resolves). A
   // request's child answers on a duplicate of its listener's socket, to the requester.
   SidrSock* sidr = nullptr;
@@ -145,6 +150,15 @@ sv::ForkLocal<SharedContext> g_shared_ctx;
 
 ibv_context* g_verbs() {
   return g_shared_ctx.get().ctx;
+}
+
+// The id now belongs to the device (librdmacm's ucma_get_device, on bind to an address,
+// address resolution or a request): its verbs context, and the device's default PD unless
+// it has one. Programs create their objects on id->pd (pyverbs' CMID does).
+void attach_device(rdma_cm_id* i) {
+  i->verbs = g_verbs();
+  i->port_num = 1;
+  if (!i->pd) i->pd = g_shared_ctx.get().default_pd();
 }
 
 void queue_event(CmId* id, rdma_cm_event_type type, int status,
@@ -226,7 +240,12 @@ socklen_t sa_len(const sockaddr* sa) {
 // negotiated resources (qp_state.h). False if the application moved the QP to ERR or RESET
 // meanwhile: as siw refuses RTS then, the connection fails.
 bool qp_connect(CmId* id, Endpoint* ep) {
-  return qp_cm_established(Qp::from(id->id.qp), ep);
+  uint8_t timeout;
+  {
+    std::lock_guard lk(id->mu);  // rdma_set_option may run on the application's thread
+    timeout = id->ack_timeout;
+  }
+  return qp_cm_established(Qp::from(id->id.qp), ep, timeout);
 }
 
 // The QP refused the connection (qp_connect): the socket closes, so the peer sees it end,
@@ -291,13 +310,12 @@ void on_passive_request(Endpoint* ep) {
     return;
   }
   auto* child = new CmId();
-  child->id.verbs = g_verbs();
   child->id.channel = lid->id.channel;
   child->id.context = lid->id.context;
   child->id.ps = lid->id.ps;
-  child->id.port_num = 1;
   child->id.qp_type = IBV_QPT_RC;
   child->id.pd = lid->id.pd;
+  attach_device(&child->id);
   child->ep = ep;
   g_live.get().ids.push_back(child);
   set_src(child, sv::transport::local_addr(ep->fd()));
@@ -489,13 +507,12 @@ void sidr_on_request(SidrSock* s, const wire::Sidr& m, const SockAddr& from) {
   }
   CmId* lid = s->id;
   auto* child = new CmId();
-  child->id.verbs = g_verbs();
   child->id.channel = lid->id.channel;
   child->id.context = lid->id.context;
   child->id.ps = RDMA_PS_UDP;
-  child->id.port_num = 1;
   child->id.qp_type = IBV_QPT_UD;
   child->id.pd = lid->id.pd;
+  attach_device(&child->id);
   child->sidr_reply_fd = fcntl(s->fd, F_DUPFD_CLOEXEC, 0);
   child->sidr_peer = from;
   child->sidr_req_id = m.req_id;
@@ -836,10 +853,7 @@ SV_EXPORT int rdma_bind_addr(rdma_cm_id* i, sockaddr* addr) {
   }
   id->bound_fd = fd;
   set_src(id, sv::transport::local_addr(fd));
-  if (!is_any(a)) {
-    id->id.verbs = g_verbs();
-    id->id.port_num = 1;
-  }
+  if (!is_any(a)) attach_device(&id->id);
   return 0;
 }
 
@@ -891,8 +905,7 @@ SV_EXPORT int rdma_resolve_addr(rdma_cm_id* i, sockaddr* src, sockaddr* dst, int
   } else if (SockAddr s; route_source(d, 0, s)) {
     set_src(id, s);  // the source the kernel would pick
   }
-  id->id.verbs = g_verbs();
-  id->id.port_num = 1;
+  attach_device(&id->id);
   const bool sync = id->sync;  // the event may be handled and the id destroyed at once
   queue_event(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
   return sync ? sync_wait(id, RDMA_CM_EVENT_ADDR_RESOLVED) : 0;
@@ -989,6 +1002,7 @@ SV_EXPORT int rdma_resolve_route(rdma_cm_id* i, int) {
 static void publish_qp(CmId* id, ibv_qp* qp) {
   std::lock_guard reg(g_live.get().mu);
   id->id.qp = qp;
+  id->id.pd = qp->pd;  // librdmacm's rdma_create_qp_ex: the id's PD is its QP's
 }
 
 SV_EXPORT int rdma_create_qp_ex(rdma_cm_id* i, ibv_qp_init_attr_ex* attr) {
@@ -1058,7 +1072,6 @@ SV_EXPORT int rdma_create_qp_ex(rdma_cm_id* i, ibv_qp_init_attr_ex* attr) {
     return fail(e);
   }
   publish_qp(id, qp);
-  if (!id->id.pd) id->id.pd = pd;
   return 0;
 }
 
@@ -1319,10 +1332,20 @@ SV_EXPORT int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** id) {
 
 SV_EXPORT int rdma_set_option(rdma_cm_id* i, int level, int optname, void* optval, size_t optlen) {
   if (!i || !optval) return fail(EINVAL);
+  if (level == RDMA_OPTION_ID && optname == RDMA_OPTION_ID_ACK_TIMEOUT) {
+    // librdmacm takes one byte; the kernel's rdma_set_ack_timeout only for RC ids (EINVAL
+    // otherwise). A value past the 5-bit IB field would fail the QP's move to RTS: refused
+    // here instead, where the caller can see it.
+    if (optlen != sizeof(uint8_t) || i->qp_type != IBV_QPT_RC) return fail(EINVAL);
+    const uint8_t t = *static_cast<const uint8_t*>(optval);
+    if (t > 31) return fail(EINVAL);
+    std::lock_guard lk(cmid(i)->mu);
+    cmid(i)->ack_timeout = t;
+    return 0;
+  }
   if (level == RDMA_OPTION_ID || level == RDMA_OPTION_IB) {
-    (void)optname;
     (void)optlen;
-    return 0;  // TOS, REUSEADDR, AFONLY, ACK_TIMEOUT: TCP already covers them
+    return 0;  // TOS, REUSEADDR, AFONLY, IB_PATH: TCP already covers them
   }
   return fail(ENOSYS);
 }
@@ -1522,7 +1545,10 @@ SV_EXPORT int rdma_init_qp_attr(rdma_cm_id* i, ibv_qp_attr* attr, int* mask) {
       return 0;
     case IBV_QPS_RTR:
       attr->qp_state = IBV_QPS_RTS;
-      attr->timeout = 14;
+      {
+        std::lock_guard lk(id->mu);
+        attr->timeout = id->ack_timeout;
+      }
       attr->retry_cnt = 7;
       attr->rnr_retry = 7;
       attr->max_rd_atomic = std::max<uint8_t>(id->init_depth, 1);

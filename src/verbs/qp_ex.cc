@@ -222,8 +222,12 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr) {
     errno = EINVAL;
     return nullptr;
   }
-  constexpr uint32_t kSupportedMask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-  if (attr->comp_mask & ~kSupportedMask) {
+  // CREATE_FLAGS with no flag asks for nothing: taken (rdma-core's tests set the mask with
+  // flags 0 on every device but mlx4/mlx5). Any flag is refused, as rxe_create_qp does.
+  constexpr uint32_t kSupportedMask =
+      IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  if (attr->comp_mask & ~kSupportedMask ||
+      ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags)) {
     errno = EOPNOTSUPP;  // XRC domains, create flags, TSO, RSS: not offered
     return nullptr;
   }

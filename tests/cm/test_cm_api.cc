@@ -304,6 +304,124 @@ TEST(CmVerbsHelpers, AConnectedQpIsRtsEverywhere) {
   rdma_freeaddrinfo(sres);
 }
 
+// An id that reaches the device (bound to an address, or its destination resolved) has the
+// device's default PD in id->pd, as librdmacm's ucma_get_device gives it: pyverbs creates a
+// CMID's QPs, MRs and AHs on it. A QP created on another PD makes that the id's PD
+// (rdma_create_qp_ex: id->pd = qp->pd).
+TEST(CmVerbsHelpers, AnIdOnTheDeviceHasItsDefaultPdUntilItsQpNamesAnother) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  ASSERT_NE(ch, nullptr);
+  rdma_cm_id* bound = nullptr;
+  ASSERT_EQ(rdma_create_id(ch, &bound, nullptr, RDMA_PS_TCP), 0);
+  EXPECT_EQ(bound->pd, nullptr) << "no device yet";
+  sockaddr_in a = loopback(test_port(8));
+  ASSERT_EQ(rdma_bind_addr(bound, reinterpret_cast<sockaddr*>(&a)), 0) << strerror(errno);
+  ASSERT_NE(bound->pd, nullptr);
+  EXPECT_EQ(bound->pd->context, bound->verbs);
+  rdma_cm_id* active = nullptr;
+  ASSERT_EQ(rdma_create_id(ch, &active, nullptr, RDMA_PS_UDP), 0);
+  sockaddr_in dst = loopback(test_port(9));
+  ASSERT_EQ(rdma_resolve_addr(active, nullptr, reinterpret_cast<sockaddr*>(&dst), 1000), 0);
+  expect_event(ch, active, RDMA_CM_EVENT_ADDR_RESOLVED);
+  EXPECT_EQ(active->pd, bound->pd) << "one default PD per device";
+  // The PD works: an MR registers on it.
+  char buf[64];
+  ibv_mr* mr = ibv_reg_mr(active->pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr) << strerror(errno);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  ibv_pd* mine = ibv_alloc_pd(active->verbs);
+  ASSERT_NE(mine, nullptr);
+  ibv_qp_init_attr qa{};
+  qa.cap = {4, 4, 1, 1, 0};
+  qa.qp_type = IBV_QPT_UD;
+  ASSERT_EQ(rdma_create_qp(active, mine, &qa), 0) << strerror(errno);
+  EXPECT_EQ(active->pd, mine);
+  rdma_destroy_qp(active);
+  rdma_destroy_id(active);
+  rdma_destroy_id(bound);
+  EXPECT_EQ(ibv_dealloc_pd(mine), 0);
+  rdma_destroy_event_channel(ch);
+}
+
+// RDMA_OPTION_ID_ACK_TIMEOUT (rdma-core's test_rdmacm sets 21 on both sides and reads it back
+// with ibv_query_qp): the connected QP's RTS attribute `timeout` is the one set, on the
+// active id before rdma_connect and on the passive child before rdma_accept. librdmacm takes
+// one byte, the kernel only for RC ids; past the 5-bit field is refused too.
+TEST(CmOptions, AckTimeoutIsTheConnectedQpsTimeout) {
+  const uint16_t port = test_port(7);
+  rdma_cm_id* listen = listening_ep(port, 4);
+  ASSERT_NE(listen, nullptr) << strerror(errno);
+  rdma_event_channel* ch = rdma_create_event_channel();
+  ASSERT_NE(ch, nullptr);
+  rdma_cm_id* id = ready_to_connect(ch, port);
+  ASSERT_NE(id, nullptr) << strerror(errno);
+  uint8_t t = 21;
+  int big = 21;
+  EXPECT_EQ(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &big, sizeof big), -1);
+  EXPECT_EQ(errno, EINVAL) << "optlen is one byte";
+  uint8_t too_big = 32;
+  EXPECT_EQ(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &too_big, 1), -1);
+  EXPECT_EQ(errno, EINVAL) << "the IB field has 5 bits";
+  ASSERT_EQ(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof t), 0);
+  // rdma_init_qp_attr's RTS step gives it to a program that moves its own QP.
+  ibv_qp_attr ia{};
+  int mask = 0;
+  ibv_qp_attr now{};
+  ibv_qp_init_attr qi{};
+  ASSERT_EQ(ibv_query_qp(id->qp, &now, IBV_QP_STATE, &qi), 0);
+  EXPECT_EQ(now.qp_state, IBV_QPS_INIT);
+  std::promise<void> checked;
+  std::thread server([&, done = checked.get_future()]() mutable {
+    rdma_cm_id* child = nullptr;
+    ASSERT_EQ(rdma_get_request(listen, &child), 0);
+    uint8_t ct = 19;
+    ASSERT_EQ(rdma_set_option(child, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ct, 1), 0);
+    ASSERT_EQ(rdma_accept(child, nullptr), 0);
+    ibv_qp_attr qa{};
+    ibv_qp_init_attr ci{};
+    ASSERT_EQ(ibv_query_qp(child->qp, &qa, IBV_QP_TIMEOUT | IBV_QP_STATE, &ci), 0);
+    EXPECT_EQ(qa.qp_state, IBV_QPS_RTS);
+    EXPECT_EQ(qa.timeout, 19) << "the passive side's own setting";
+    done.wait();  // the client's QP is checked before the disconnect moves it to ERR
+    rdma_disconnect(child);
+    rdma_destroy_ep(child);
+  });
+  ASSERT_EQ(rdma_connect(id, nullptr), 0);
+  expect_event(ch, id, RDMA_CM_EVENT_ESTABLISHED);
+  ibv_qp_attr qa{};
+  ASSERT_EQ(ibv_query_qp(id->qp, &qa, IBV_QP_TIMEOUT | IBV_QP_STATE, &qi), 0);
+  EXPECT_EQ(qa.qp_state, IBV_QPS_RTS);
+  EXPECT_EQ(qa.timeout, 21);
+  checked.set_value();
+  server.join();
+  // rdma_init_qp_attr's RTS step, for a program that moves its own QP: on a fresh id, whose
+  // QP rdma_init_qp_attr's own RTR step brought to RTR.
+  rdma_disconnect(id);
+  rdma_destroy_qp(id);
+  rdma_destroy_id(id);
+  rdma_cm_id* id2 = ready_to_connect(ch, port);
+  ASSERT_NE(id2, nullptr);
+  uint8_t t2 = 9;
+  ASSERT_EQ(rdma_set_option(id2, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t2, 1), 0);
+  ASSERT_EQ(rdma_init_qp_attr(id2, &ia, &mask), 0);
+  ASSERT_EQ(ia.qp_state, IBV_QPS_RTR);
+  ASSERT_EQ(ibv_modify_qp(id2->qp, &ia, mask), 0) << strerror(errno);
+  ASSERT_EQ(rdma_init_qp_attr(id2, &ia, &mask), 0);
+  EXPECT_EQ(ia.qp_state, IBV_QPS_RTS);
+  EXPECT_TRUE(mask & IBV_QP_TIMEOUT);
+  EXPECT_EQ(ia.timeout, 9);
+  rdma_destroy_qp(id2);
+  rdma_destroy_id(id2);
+  // UD ids have no ACK timeout (the kernel's rdma_set_ack_timeout: RC only).
+  rdma_cm_id* ud = nullptr;
+  ASSERT_EQ(rdma_create_id(ch, &ud, nullptr, RDMA_PS_UDP), 0);
+  EXPECT_EQ(rdma_set_option(ud, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, 1), -1);
+  EXPECT_EQ(errno, EINVAL);
+  rdma_destroy_id(ud);
+  rdma_destroy_event_channel(ch);
+  rdma_destroy_ep(listen);
+}
+
 // rdma_destroy_qp while the connection completes on the progress thread (RDS tears a QP
 // down whenever a reset interrupts its connect). The completion either finds the QP gone
 // (the socket stays with the id: CONNECT_RESPONSE) or connects it first; it must never hand

@@ -163,8 +163,9 @@ TEST(QpEx, CreationRefusesWhatItCannotDoAndPlainQpsHaveNoWrApi) {
   ibv_pd* pd = ibv_alloc_pd(ctx);
   ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
   ASSERT_TRUE(pd && cq);
-  auto make = [&](uint32_t comp_mask, uint64_t ops, ibv_pd* p = nullptr) {
+  auto make = [&](uint32_t comp_mask, uint64_t ops, ibv_pd* p = nullptr, uint32_t flags = 0) {
     ibv_qp_init_attr_ex a{};
+    a.create_flags = flags;
     a.send_cq = a.recv_cq = cq;
     a.cap.max_send_wr = a.cap.max_recv_wr = 4;
     a.cap.max_send_sge = a.cap.max_recv_sge = 1;
@@ -180,8 +181,14 @@ TEST(QpEx, CreationRefusesWhatItCannotDoAndPlainQpsHaveNoWrApi) {
   EXPECT_EQ(errno, EOPNOTSUPP);
   EXPECT_EQ(make(ex, IBV_QP_EX_WITH_ATOMIC_WRITE), nullptr);
   EXPECT_EQ(errno, EOPNOTSUPP);
-  EXPECT_EQ(make(ex | IBV_QP_INIT_ATTR_CREATE_FLAGS, IBV_QP_EX_WITH_SEND), nullptr);
+  // Create flags: none is no request (taken); any flag is refused, as rxe refuses them.
+  EXPECT_EQ(make(ex | IBV_QP_INIT_ATTR_CREATE_FLAGS, IBV_QP_EX_WITH_SEND, nullptr,
+                 IBV_QP_CREATE_BLOCK_SELF_MCAST_LB),
+            nullptr);
   EXPECT_EQ(errno, EOPNOTSUPP);
+  ibv_qp* no_flags = make(ex | IBV_QP_INIT_ATTR_CREATE_FLAGS, IBV_QP_EX_WITH_SEND);
+  ASSERT_NE(no_flags, nullptr) << strerror(errno);
+  EXPECT_EQ(ibv_destroy_qp(no_flags), 0);
   EXPECT_EQ(make(IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, IBV_QP_EX_WITH_SEND), nullptr);  // no PD
   EXPECT_EQ(errno, EINVAL);
   ibv_qp* plain = make(IBV_QP_INIT_ATTR_PD, 0);
