@@ -365,7 +365,8 @@ int qp_modify(Qp* qp, ibv_qp_attr* a, int mask) {
   if (qp->ud) {
     if (next == IBV_QPS_RTS) ud_tx_locked(qp);  // what was posted while in SQD
   } else {
-    if (next == IBV_QPS_RTR && !qp->cm_managed) oob::start(qp);
+    if (next == IBV_QPS_RTR && !qp->cm_managed && qp->attr.dest_qp_num != kRdmaCmPlaceholderQpn)
+      oob::start(qp);
     if (next == IBV_QPS_RTS && prev != IBV_QPS_RTS) tx_run_locked(qp);
   }
   if (next == IBV_QPS_SQD && s.en_sqd_async_notify) {

@@ -66,6 +66,10 @@ using DisconnectFn = void (*)(void* cm_id, uint64_t cm_serial);
 // rdma_cm owns this QP's set-up: it is told (on the progress thread, no QP lock held) when
 // the connection ends; ibv_modify_qp to RTR starts no out-of-band handshake.
 void qp_cm_bind(Qp* qp, void* cm_id, uint64_t cm_serial, DisconnectFn on_disconnect);
+// The destination QPN rdma_init_qp_attr's RTR step gives (QP1, IB's GSI QP, which no RC QP
+// can reach): a program that moves its own QP with rdma_cm's attributes (an external QP)
+// has no peer yet, and rdma_cm connects it later. Its RTR starts no out-of-band handshake.
+inline constexpr uint32_t kRdmaCmPlaceholderQpn = 1;
 // rdma_destroy_qp: no more disconnect calls for this id.
 void qp_cm_unbind(Qp* qp);
 // The connection's MPA exchange completed: the QP goes through RTR to RTS with the

@@ -25,6 +25,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "engine/fault.h"
@@ -102,6 +103,9 @@ struct CmId {
     bool attached = false;  // the id's QP is attached (not for a send-only join)
   };
   std::vector<McJoin> mc;
+  // The application's own QP this id connects (conn_param.qp_num, no rdma_create_qp), under
+  // the registry lock: see conn_qp.
+  std::optional<sv::engine::QpRef> ext_qp;
 };
 
 // Live ids. A QP may outlive its id (rdma_destroy_id before ibv_destroy_qp) and an id
@@ -236,6 +240,34 @@ socklen_t sa_len(const sockaddr* sa) {
                                     : 0;
 }
 
+// The QP this id connects: its own (rdma_create_qp), or the application's own QP that
+// rdma_connect's or rdma_accept's conn_param.qp_num named (an external QP: the program moves
+// it through INIT, RTR and RTS itself with rdma_init_qp_attr's attributes, as rdma-core's
+// test_rdmacm with_ext_qp does). Null if neither, or the external one was destroyed. Under
+// the registry lock.
+Qp* conn_qp(CmId* id) {
+  if (id->id.qp) return Qp::from(id->id.qp);
+  return id->ext_qp && id->ext_qp->live() ? id->ext_qp->get() : nullptr;
+}
+
+// rdma_connect or rdma_accept with conn_param.qp_num and no QP of the id's own: that QP of
+// this process is the one the id connects (librdmacm hands the number to the kernel, which
+// finds the QP). rdma_cm owns its connection from now on; the placeholder peer of its RTR
+// (kRdmaCmPlaceholderQpn) started no out-of-band handshake. EINVAL for a number that names
+// no RC or UC QP of ours.
+void on_qp_disconnect(void* p, uint64_t serial);
+
+int adopt_ext_qp(CmId* id, const rdma_conn_param* param) {
+  if (id->id.qp || !param || !param->qp_num) return 0;
+  Qp* q = sv::engine::oob::lookup(param->qp_num);
+  if (!q || q->ud) return EINVAL;
+  std::lock_guard reg(g_live.get().mu);
+  if (id->ext_qp && id->ext_qp->get() == q) return 0;
+  id->ext_qp.emplace(q);
+  sv::engine::qp_cm_bind(q, id, id->serial, on_qp_disconnect);
+  return 0;
+}
+
 // The MPA exchange completed: the engine moves the QP through RTR to RTS with the
 // negotiated resources (qp_state.h). False if the application moved the QP to ERR or RESET
 // meanwhile: as siw refuses RTS then, the connection fails.
@@ -245,7 +277,8 @@ bool qp_connect(CmId* id, Endpoint* ep) {
     std::lock_guard lk(id->mu);  // rdma_set_option may run on the application's thread
     timeout = id->ack_timeout;
   }
-  return qp_cm_established(Qp::from(id->id.qp), ep, timeout);
+  Qp* qp = conn_qp(id);
+  return qp && qp_cm_established(qp, ep, timeout);
 }
 
 // The QP refused the connection (qp_connect): the socket closes, so the peer sees it end,
@@ -294,7 +327,7 @@ void on_passive_done(Endpoint* ep, int err) {
     child->ep = nullptr;
     child->connected = true;
   }
-  if (child->id.qp && !qp_connect(child, ep)) {
+  if (conn_qp(child) && !qp_connect(child, ep)) {
     connect_failed(child, ep);
     return;
   }
@@ -1147,12 +1180,16 @@ SV_EXPORT int rdma_connect(rdma_cm_id* i, rdma_conn_param* param) {
   if (id->ep || id->connected) return fail(EISCONN);
   SockAddr dst = id_dst(id);
   if (!dst.len) return fail(EINVAL);
+  if (int e = adopt_ext_qp(id, param)) return fail(e);
   MpaOffer o;
   o.crc = sv::engine::mpa_crc_wanted();
   o.ird = param ? param->responder_resources : 1;
   o.ord = param ? param->initiator_depth : 1;
   o.p2p = true;  // RFC 6581: ask for a Write RTR so either side may send first
-  o.ib_completion = ib_completion_wanted(i->qp ? Qp::from(i->qp) : nullptr);
+  {
+    std::lock_guard reg(g_live.get().mu);
+    o.ib_completion = ib_completion_wanted(conn_qp(id));
+  }
   if (param && param->private_data && param->private_data_len) {
     const auto* p = static_cast<const std::byte*>(param->private_data);
     size_t len = std::min<size_t>(param->private_data_len,
@@ -1215,8 +1252,18 @@ SV_EXPORT int rdma_establish(rdma_cm_id* i) {
     ep = id->ep;
     id->ep = nullptr;
   }
-  if (!ep || !id->id.qp) return fail(EINVAL);
-  const bool ok = qp_connect(id, ep);
+  bool ok = false;
+  {
+    std::lock_guard reg(g_live.get().mu);  // as the progress thread's callers of qp_connect
+    if (!ep || !conn_qp(id)) {
+      if (ep) {  // not connected: the endpoint stays for a later call
+        std::lock_guard lk(id->mu);
+        id->ep = ep;
+      }
+      return fail(EINVAL);
+    }
+    ok = qp_connect(id, ep);
+  }
   ep->dispose();  // on failure the socket closes and the peer sees the connection end
   return ok ? 0 : fail(EINVAL);
 }
@@ -1236,11 +1283,15 @@ SV_EXPORT int rdma_accept(rdma_cm_id* i, rdma_conn_param* param) {
   }
   Endpoint* ep = id->ep;
   if (!ep || ep->role() != Endpoint::Role::passive) return fail(EINVAL);
+  if (int e = adopt_ext_qp(id, param)) return fail(e);
   MpaOffer o;
   o.crc = sv::engine::mpa_crc_wanted();
   o.ird = param ? param->responder_resources : std::max<uint8_t>(id->resp_res, 1);
   o.ord = param ? param->initiator_depth : std::max<uint8_t>(id->init_depth, 1);
-  o.ib_completion = ib_completion_wanted(i->qp ? Qp::from(i->qp) : nullptr);
+  {
+    std::lock_guard reg(g_live.get().mu);
+    o.ib_completion = ib_completion_wanted(conn_qp(id));
+  }
   if (param && param->private_data && param->private_data_len) {
     const auto* p = static_cast<const std::byte*>(param->private_data);
     size_t len = std::min<size_t>(param->private_data_len,
@@ -1284,8 +1335,13 @@ SV_EXPORT int rdma_disconnect(rdma_cm_id* i) {
     if (!id->connected) return fail(EINVAL);
   }
   // TCP close is the iWARP disconnect (siw sends no close message); the QP flushes.
-  if (id->id.qp)
-    qp_set_error(Qp::from(id->id.qp), IBV_WC_WR_FLUSH_ERR, false);
+  Qp* qp = nullptr;
+  {
+    std::lock_guard reg(g_live.get().mu);
+    qp = conn_qp(id);
+  }
+  if (qp)
+    qp_set_error(qp, IBV_WC_WR_FLUSH_ERR, false);
   else
     on_qp_disconnect(id, id->serial);
   return 0;
@@ -1537,7 +1593,7 @@ SV_EXPORT int rdma_init_qp_attr(rdma_cm_id* i, ibv_qp_attr* attr, int* mask) {
     case IBV_QPS_INIT:
       attr->qp_state = IBV_QPS_RTR;
       attr->path_mtu = IBV_MTU_4096;
-      attr->dest_qp_num = 1;
+      attr->dest_qp_num = sv::engine::kRdmaCmPlaceholderQpn;
       attr->max_dest_rd_atomic = std::max<uint8_t>(id->resp_res, 1);
       attr->min_rnr_timer = 12;
       *mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |

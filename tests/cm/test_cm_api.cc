@@ -343,6 +343,145 @@ TEST(CmVerbsHelpers, AnIdOnTheDeviceHasItsDefaultPdUntilItsQpNamesAnother) {
   rdma_destroy_event_channel(ch);
 }
 
+// External QPs (rdma-core's test_rdmacm_async_traffic_external_qp): each side creates its QP
+// with ibv_create_qp, not rdma_create_qp, names it in conn_param.qp_num and moves it through
+// INIT, RTR and RTS itself with rdma_init_qp_attr's attributes. The active side gets
+// CONNECT_RESPONSE (its id has no QP) and finishes with rdma_establish; the passive side's
+// QP is in RTS before rdma_accept. Then the two QPs carry a Send each way.
+namespace {
+struct ExtSide {
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = nullptr;
+  ibv_mr* mr = nullptr;
+  char buf[64] = {};
+  bool make(rdma_cm_id* id) {
+    cq = ibv_create_cq(id->verbs, 8, nullptr, nullptr, 0);
+    ibv_qp_init_attr a{};
+    a.send_cq = a.recv_cq = cq;
+    a.cap = {4, 4, 1, 1, 0};
+    a.qp_type = IBV_QPT_RC;
+    qp = cq ? ibv_create_qp(id->pd, &a) : nullptr;
+    mr = ibv_reg_mr(id->pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+    return qp && mr;
+  }
+  // INIT, RTR, RTS with the id's attributes, as the test's modify_ext_qp_to_rts.
+  bool to_rts(rdma_cm_id* id) {
+    for (ibv_qp_state s : {IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS}) {
+      ibv_qp_attr a{};
+      int mask = 0;
+      a.qp_state = s;
+      if (rdma_init_qp_attr(id, &a, &mask) || ibv_modify_qp(qp, &a, mask)) return false;
+    }
+    return true;
+  }
+  bool recv() {
+    ibv_sge g{reinterpret_cast<uint64_t>(buf), sizeof buf, mr->lkey};
+    ibv_recv_wr w{};
+    w.sg_list = &g;
+    w.num_sge = 1;
+    ibv_recv_wr* bad;
+    return ibv_post_recv(qp, &w, &bad) == 0;
+  }
+  bool send(const char* text) {
+    std::snprintf(buf, sizeof buf, "%s", text);
+    ibv_sge g{reinterpret_cast<uint64_t>(buf), static_cast<uint32_t>(std::strlen(text) + 1),
+              mr->lkey};
+    ibv_send_wr w{};
+    w.sg_list = &g;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_SEND;
+    w.send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr* bad;
+    return ibv_post_send(qp, &w, &bad) == 0;
+  }
+  // The next completion's status and opcode, polled for up to 5 s.
+  bool next(ibv_wc& wc) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (std::chrono::steady_clock::now() < until)
+      if (ibv_poll_cq(cq, 1, &wc) == 1) return true;
+    return false;
+  }
+  ~ExtSide() {
+    if (qp) ibv_destroy_qp(qp);
+    if (mr) ibv_dereg_mr(mr);
+    if (cq) ibv_destroy_cq(cq);
+  }
+};
+}  // namespace
+
+TEST(CmExternalQp, EachSidesOwnQpIsConnectedAndCarriesTraffic) {
+  const uint16_t port = test_port(10);
+  rdma_event_channel* sch = rdma_create_event_channel();
+  rdma_event_channel* cch = rdma_create_event_channel();
+  ASSERT_TRUE(sch && cch);
+  rdma_cm_id* listen = nullptr;
+  ASSERT_EQ(rdma_create_id(sch, &listen, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in a = loopback(port);
+  ASSERT_EQ(rdma_bind_addr(listen, reinterpret_cast<sockaddr*>(&a)), 0);
+  ASSERT_EQ(rdma_listen(listen, 4), 0);
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(cch, &id, nullptr, RDMA_PS_TCP), 0);
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&a), 1000), 0);
+  expect_event(cch, id, RDMA_CM_EVENT_ADDR_RESOLVED);
+  ASSERT_EQ(rdma_resolve_route(id, 1000), 0);
+  expect_event(cch, id, RDMA_CM_EVENT_ROUTE_RESOLVED);
+  ExtSide client;
+  ASSERT_TRUE(client.make(id)) << strerror(errno);
+  rdma_conn_param cp{};
+  cp.qp_num = 0xFFFFFF;  // names no QP of ours
+  EXPECT_EQ(rdma_connect(id, &cp), -1);
+  EXPECT_EQ(errno, EINVAL);
+  cp.qp_num = client.qp->qp_num;
+  ASSERT_EQ(rdma_connect(id, &cp), 0) << strerror(errno);
+  // The passive side: its QP in RTS before the accept.
+  ASSERT_TRUE(readable(sch->fd, 5000));
+  rdma_cm_event* ev = nullptr;
+  ASSERT_EQ(rdma_get_cm_event(sch, &ev), 0);
+  ASSERT_EQ(ev->event, RDMA_CM_EVENT_CONNECT_REQUEST);
+  rdma_cm_id* child = ev->id;
+  rdma_ack_cm_event(ev);
+  ExtSide server;
+  ASSERT_TRUE(server.make(child));
+  ASSERT_TRUE(server.to_rts(child)) << strerror(errno);
+  ASSERT_TRUE(server.recv());
+  rdma_conn_param sp{};
+  sp.qp_num = server.qp->qp_num;
+  ASSERT_EQ(rdma_accept(child, &sp), 0) << strerror(errno);
+  // The active side: its id has no QP, so the connection waits for rdma_establish.
+  expect_event(cch, id, RDMA_CM_EVENT_CONNECT_RESPONSE);
+  ASSERT_TRUE(client.to_rts(id)) << strerror(errno);
+  ASSERT_TRUE(client.recv());
+  ASSERT_EQ(rdma_establish(id), 0) << strerror(errno);
+  expect_event(sch, child, RDMA_CM_EVENT_ESTABLISHED);
+  EXPECT_EQ(id->qp, nullptr) << "the id still has no QP of its own, as in librdmacm";
+  ASSERT_TRUE(client.send("from the client"));
+  ibv_wc wc{};
+  ASSERT_TRUE(server.next(wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.opcode, IBV_WC_RECV);
+  EXPECT_STREQ(server.buf, "from the client");
+  ASSERT_TRUE(client.next(wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  ASSERT_TRUE(server.send("from the server"));
+  ASSERT_TRUE(client.next(wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.opcode, IBV_WC_RECV);
+  EXPECT_STREQ(client.buf, "from the server");
+  // rdma_disconnect flushes the external QP, and the peer hears of it.
+  ASSERT_EQ(rdma_disconnect(id), 0);
+  expect_event(cch, id, RDMA_CM_EVENT_DISCONNECTED);
+  expect_event(sch, child, RDMA_CM_EVENT_DISCONNECTED);
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qi{};
+  ASSERT_EQ(ibv_query_qp(client.qp, &qa, IBV_QP_STATE, &qi), 0);
+  EXPECT_EQ(qa.qp_state, IBV_QPS_ERR);
+  rdma_destroy_id(child);
+  rdma_destroy_id(id);
+  rdma_destroy_id(listen);
+  rdma_destroy_event_channel(sch);
+  rdma_destroy_event_channel(cch);
+}
+
 // RDMA_OPTION_ID_ACK_TIMEOUT (rdma-core's test_rdmacm sets 21 on both sides and reads it back
 // with ibv_query_qp): the connected QP's RTS attribute `timeout` is the one set, on the
 // active id before rdma_connect and on the passive child before rdma_accept. librdmacm takes
