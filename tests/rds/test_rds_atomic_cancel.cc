@@ -95,6 +95,19 @@ rds_atomic_args atomic_args(uint64_t cookie, uint64_t* local, uint64_t remote_of
   return a;
 }
 
+// RDMA_ARGS for a Write of the one local iovec `lv` to the start of the cookie's region,
+// with NOTIFY_ME and `token`.
+rds_rdma_args write_args(uint64_t cookie, const rds_iovec& lv, uint64_t token) {
+  rds_rdma_args ra{};
+  ra.cookie = cookie;
+  ra.remote_vec = {0, lv.bytes};
+  ra.local_vec_addr = reinterpret_cast<uint64_t>(&lv);
+  ra.nr_local = 1;
+  ra.flags = RDS_RDMA_READWRITE | RDS_RDMA_NOTIFY_ME;
+  ra.user_token = token;
+  return ra;
+}
+
 uint64_t load(const uint64_t* p) {
   return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
@@ -630,13 +643,7 @@ TEST(RdsAtomic, RdmaArgsAndAtomicInOneMessageBothHappen) {
   const uint64_t cookie = share_region(p, &region, sizeof region);
   std::vector<char> src(16, 'W');
   rds_iovec lv{reinterpret_cast<uint64_t>(src.data()), src.size()};
-  rds_rdma_args ra{};
-  ra.cookie = cookie;
-  ra.remote_vec = {0, src.size()};
-  ra.local_vec_addr = reinterpret_cast<uint64_t>(&lv);
-  ra.nr_local = 1;
-  ra.flags = RDS_RDMA_READWRITE | RDS_RDMA_NOTIFY_ME;
-  ra.user_token = 401;
+  const rds_rdma_args ra = write_args(cookie, lv, 401);
   alignas(8) uint64_t old = 0;
   rds_atomic_args a = atomic_args(cookie, &old, offsetof(Region, counter), 402);
   a.fadd.add = 1;
@@ -667,13 +674,7 @@ TEST(RdsAtomic, FailedRdmaTakesItsAtomicAndMessageWithIt) {
   const uint64_t cookie = share_region(p, region.w, sizeof region.w);
   std::vector<char> src(16, 'W');
   rds_iovec lv{reinterpret_cast<uint64_t>(src.data()), src.size()};
-  rds_rdma_args ra{};
-  ra.cookie = 0x0badc0deull;  // not a registered key
-  ra.remote_vec = {0, src.size()};
-  ra.local_vec_addr = reinterpret_cast<uint64_t>(&lv);
-  ra.nr_local = 1;
-  ra.flags = RDS_RDMA_READWRITE | RDS_RDMA_NOTIFY_ME;
-  ra.user_token = 411;
+  const rds_rdma_args ra = write_args(0x0badc0deull, lv, 411);  // not a registered key
   alignas(8) uint64_t old = 77;
   rds_atomic_args a = atomic_args(cookie, &old, 0, 412);
   a.fadd.add = 1;
@@ -859,13 +860,7 @@ TEST(RdsCancel, CancelDropsQueuedMessagesToOneDestinationOnly) {
   for (int i = 0; i < 2; ++i) ASSERT_EQ(send_with(tx, pb, tag("B", i) + k, {}), 992);
   std::vector<char> src(64, 'r');
   rds_iovec lv{reinterpret_cast<uint64_t>(src.data()), src.size()};
-  rds_rdma_args ra{};
-  ra.cookie = 0x1234;  // never used: cancelled before it is posted
-  ra.remote_vec = {0, src.size()};
-  ra.local_vec_addr = reinterpret_cast<uint64_t>(&lv);
-  ra.nr_local = 1;
-  ra.flags = RDS_RDMA_READWRITE | RDS_RDMA_NOTIFY_ME;
-  ra.user_token = 77;
+  const rds_rdma_args ra = write_args(0x1234, lv, 77);  // never used: cancelled before it is posted
   ASSERT_EQ(send_with(tx, pa, "Ardma" + k, {Cmsg::of(RDS_CMSG_RDMA_ARGS, ra)}), 995);
   alignas(8) uint64_t old = 0;
   rds_atomic_args at = atomic_args(0x1234, &old, 0, 78);
@@ -1044,12 +1039,7 @@ TEST(RdsClose, CloseWithQueuedUnsentMessagesCancelsThem) {
   // An RDMA op with NOTIFY_ME queued as well: close must not crash on it.
   std::vector<char> src(32, 'r');
   rds_iovec lv{reinterpret_cast<uint64_t>(src.data()), src.size()};
-  rds_rdma_args ra{};
-  ra.cookie = 0x1234;
-  ra.remote_vec = {0, src.size()};
-  ra.local_vec_addr = reinterpret_cast<uint64_t>(&lv);
-  ra.nr_local = 1;
-  ra.flags = RDS_RDMA_READWRITE | RDS_RDMA_NOTIFY_ME;
+  const rds_rdma_args ra = write_args(0x1234, lv, 0);
   ASSERT_EQ(send_with(tx, pa, "oldrdma", {Cmsg::of(RDS_CMSG_RDMA_ARGS, ra)}), 7);
   ASSERT_EQ(count_info_messages(tx, RDS_INFO_SEND_MESSAGES, me, pa), 4);
   ASSERT_EQ(svrds_close(tx), 0);
@@ -1262,13 +1252,7 @@ TEST(RdsAtomic, APeerWithoutAtomicsRefusesThemWithoutLosingTheRdmaChannel) {
   // The channel that carried the refused atomic still carries a Write, at once.
   std::vector<char> src(16, 'W');
   rds_iovec lv{reinterpret_cast<uint64_t>(src.data()), src.size()};
-  rds_rdma_args ra{};
-  ra.cookie = cookie;
-  ra.remote_vec = {0, src.size()};
-  ra.local_vec_addr = reinterpret_cast<uint64_t>(&lv);
-  ra.nr_local = 1;
-  ra.flags = RDS_RDMA_READWRITE | RDS_RDMA_NOTIFY_ME;
-  ra.user_token = 3;
+  const rds_rdma_args ra = write_args(cookie, lv, 3);
   ASSERT_EQ(send_with(tx, pp, "three", {Cmsg::of(RDS_CMSG_RDMA_ARGS, ra)}), 5);
   ASSERT_TRUE(get_notify(tx, n, 5000));
   EXPECT_EQ(n.user_token, 3u);
