@@ -26,9 +26,8 @@ export LD_LIBRARY_PATH=$LIB SOFTVERBS_NETDEV=lo
 A=127.0.0.1
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-# run <mode 0|1> <field> <tool> <args...>: field <field> of perftest's result line, from the
-# client (the sender) or, with SIDE=server, from the server (for ib_send_bw, the receiver).
-SIDE=client
+# run <mode 0|1> <field> <tool> <args...>: field <field> of perftest's result line at the
+# client; both sides' outputs stay in $T/cli and $T/srv.
 res() { awk -v f="$1" '/^ *[0-9]+ +[0-9]+ +[0-9.]+/ {print $f; exit}'; }
 run() {
   local mode=$1 field=$2
@@ -38,9 +37,22 @@ run() {
   sleep 0.8
   SOFTVERBS_IB_COMPLETION=$mode timeout 60 "$@" $A 2>/dev/null >"$T/cli"
   wait $s 2>/dev/null
-  if [ "$SIDE" = server ]; then res "$field" <"$T/srv"; else res "$field" <"$T/cli"; fi
+  res "$field" <"$T/cli"
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (b > 0 && a > 0) printf "%.2fx", a / b; else print "n/a" }'; }
+# sides <label> <field> <tool> <args...>: one run per rule, two rows: the sender's result and
+# the receiver's (ib_send_bw's server), from the same pair of processes.
+sides() {
+  local label=$1 field=$2 dc ds ic is
+  shift 2
+  dc=$(run 0 "$field" "$@")
+  ds=$(res "$field" <"$T/srv")
+  ic=$(run 1 "$field" "$@")
+  is=$(res "$field" <"$T/srv")
+  printf '%-36s %12s %12s %8s\n' "$label" "${dc:-n/a}" "${ic:-n/a}" "$(ratio "${ic:-0}" "${dc:-0}")"
+  printf '%-36s %12s %12s %8s\n' "  the same, received" "${ds:-n/a}" "${is:-n/a}" \
+    "$(ratio "${is:-0}" "${ds:-0}")"
+}
 row() { # row <label> <field> <tool> <args...>
   local label=$1 field=$2
   shift 2
@@ -83,8 +95,7 @@ for r in $(seq 1 "$ROUNDS"); do
   row "ib_send_lat 8 B typical (us)" 5 ib_send_lat -s 8 -n 20000
   row "ib_write_lat 8 B typical (us)" 5 ib_write_lat -s 8 -n 20000
   row "ib_write_bw 1 MiB (MB/s)" 4 ib_write_bw -s 1048576 -n 2000
-  row "ib_send_bw 8 B, -t 128 -Q 100 (Mpps)" 5 ib_send_bw -s 8 -t 128 -Q 100 -n 1000000
-  SIDE=server row "  the same, received (Mpps)" 5 ib_send_bw -s 8 -t 128 -Q 100 -n 1000000
+  sides "ib_send_bw 8 B, -t 128 -Q 100 (Mpps)" 5 ib_send_bw -s 8 -t 128 -Q 100 -n 1000000
   d=$(syscalls 0)
   i=$(syscalls 1)
   printf '%-36s %12s %12s %8s\n' "ib_send_bw 8 B syscalls/msg" "${d:-n/a}" "${i:-n/a}" "$(ratio "${i:-0}" "${d:-0}")"

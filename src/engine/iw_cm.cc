@@ -834,6 +834,14 @@ Qp* lookup(uint32_t qpn) {
   return it == r.qps.end() ? nullptr : it->second;
 }
 
+std::optional<QpRef> lookup_ref(uint32_t qpn) {
+  auto& r = reg();
+  std::lock_guard lk(r.mu);
+  auto it = r.qps.find(qpn);
+  if (it == r.qps.end()) return std::nullopt;
+  return QpRef(it->second);
+}
+
 void for_each_qp(void (*fn)(Qp*)) {
   auto& r = reg();
   std::lock_guard lk(r.mu);

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "engine/progress.h"
@@ -22,6 +23,7 @@
 namespace sv::engine {
 
 struct Qp;
+class QpRef;
 
 // Whether this side asks for MPA CRC (RFC 5044 §7.1: used if either side asks):
 // SOFTVERBS_MPA_CRC, or a corrupt fault rule (a flipped bit must be caught, as a NIC's link
@@ -187,6 +189,9 @@ uint32_t alloc_qpn(Qp* qp);
 bool add_qpn(uint32_t qpn, Qp* qp);
 void free_qpn(uint32_t qpn);
 Qp* lookup(uint32_t qpn);
+// The same, with a reference taken under the registry's lock: a QP destroyed on another
+// thread meanwhile is never touched.
+std::optional<QpRef> lookup_ref(uint32_t qpn);
 // Runs fn on every registered QP under the registry lock (so none is freed meanwhile): fn
 // must not block.
 void for_each_qp(void (*fn)(Qp*));

@@ -320,6 +320,22 @@ void qp_cm_bind(Qp* qp, void* cm_id, uint64_t cm_serial, DisconnectFn on_disconn
   qp->on_disconnect = on_disconnect;
 }
 
+int qp_cm_adopt(Qp* qp, void* cm_id, uint64_t cm_serial, DisconnectFn on_disconnect) {
+  std::lock_guard lk(qp->tx_mu);
+  if (qp->ud) return EINVAL;
+  if (qp->cm_managed) return qp->cm_id == cm_id && qp->cm_serial == cm_serial ? 0 : EINVAL;
+  const ibv_qp_state st = qp->state.load();
+  if (qp->conn_up() || st == IBV_QPS_ERR || st == IBV_QPS_SQE ||
+      ((st == IBV_QPS_RTR || st == IBV_QPS_RTS || st == IBV_QPS_SQD) &&
+       qp->attr.dest_qp_num != kRdmaCmPlaceholderQpn))
+    return EINVAL;
+  qp->cm_managed = true;
+  qp->cm_id = cm_id;
+  qp->cm_serial = cm_serial;
+  qp->on_disconnect = on_disconnect;
+  return 0;
+}
+
 void qp_cm_unbind(Qp* qp) {
   qp->on_disconnect = nullptr;
 }

@@ -70,6 +70,11 @@ void qp_cm_bind(Qp* qp, void* cm_id, uint64_t cm_serial, DisconnectFn on_disconn
 // can reach): a program that moves its own QP with rdma_cm's attributes (an external QP)
 // has no peer yet, and rdma_cm connects it later. Its RTR starts no out-of-band handshake.
 inline constexpr uint32_t kRdmaCmPlaceholderQpn = 1;
+// rdma_connect/rdma_accept naming the application's own QP (conn_param.qp_num): binds it as
+// qp_cm_bind does, unless it cannot be this id's: a UD QP, one bound to another id, one
+// connected, or one whose out-of-band handshake is under way (RTR with a real peer). EINVAL
+// then, and the QP is left as it was.
+int qp_cm_adopt(Qp* qp, void* cm_id, uint64_t cm_serial, DisconnectFn on_disconnect);
 // rdma_destroy_qp: no more disconnect calls for this id.
 void qp_cm_unbind(Qp* qp);
 // The connection's MPA exchange completed: the QP goes through RTR to RTS with the

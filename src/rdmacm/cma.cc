@@ -259,12 +259,11 @@ void on_qp_disconnect(void* p, uint64_t serial);
 
 int adopt_ext_qp(CmId* id, const rdma_conn_param* param) {
   if (id->id.qp || !param || !param->qp_num) return 0;
-  Qp* q = sv::engine::oob::lookup(param->qp_num);
-  if (!q || q->ud) return EINVAL;
+  std::optional<sv::engine::QpRef> ref = sv::engine::oob::lookup_ref(param->qp_num);
+  if (!ref) return EINVAL;
+  if (int e = sv::engine::qp_cm_adopt(ref->get(), id, id->serial, on_qp_disconnect)) return e;
   std::lock_guard reg(g_live.get().mu);
-  if (id->ext_qp && id->ext_qp->get() == q) return 0;
-  id->ext_qp.emplace(q);
-  sv::engine::qp_cm_bind(q, id, id->serial, on_qp_disconnect);
+  if (!id->ext_qp || id->ext_qp->get() != ref->get()) id->ext_qp.emplace(std::move(*ref));
   return 0;
 }
 
@@ -1239,8 +1238,13 @@ SV_EXPORT int rdma_connect(rdma_cm_id* i, rdma_conn_param* param) {
     }
   });
   const bool sync = id->sync;  // before unlocking: see rdma_accept
+  // Without a QP of its own (none, or an external one) the id stops at CONNECT_RESPONSE and
+  // the program finishes with rdma_establish; librdmacm's synchronous rdma_connect returns 0
+  // on that event too (ucma_complete).
+  const rdma_cm_event_type done =
+      id->id.qp ? RDMA_CM_EVENT_ESTABLISHED : RDMA_CM_EVENT_CONNECT_RESPONSE;
   hold.unlock();
-  return sync ? sync_wait(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
+  return sync ? sync_wait(id, done) : 0;
 }
 
 SV_EXPORT int rdma_establish(rdma_cm_id* i) {
@@ -1336,9 +1340,11 @@ SV_EXPORT int rdma_disconnect(rdma_cm_id* i) {
   }
   // TCP close is the iWARP disconnect (siw sends no close message); the QP flushes.
   Qp* qp = nullptr;
+  std::optional<sv::engine::QpRef> hold;  // an external QP stays allocated meanwhile
   {
     std::lock_guard reg(g_live.get().mu);
     qp = conn_qp(id);
+    if (qp && !id->id.qp) hold.emplace(qp);
   }
   if (qp)
     qp_set_error(qp, IBV_WC_WR_FLUSH_ERR, false);
@@ -1556,42 +1562,42 @@ SV_EXPORT void rdma_freeaddrinfo(rdma_addrinfo* res) {
   }
 }
 
+// The attributes that move a QP to the state the caller asks for in attr->qp_state (INIT,
+// RTR or RTS; anything else EINVAL), as librdmacm passes that state to the kernel's
+// rdma_init_qp_attr (iw_cm_init_qp_attr for iWARP). Programs that move their own QP (an
+// external one, or the id's) call it once per step.
 SV_EXPORT int rdma_init_qp_attr(rdma_cm_id* i, ibv_qp_attr* attr, int* mask) {
   if (!i || !attr || !mask) return fail(EINVAL);
   CmId* id = cmid(i);
+  const ibv_qp_state want = attr->qp_state;
   std::memset(attr, 0, sizeof *attr);
-  const ibv_qp_state cur = i->qp ? Qp::from(i->qp)->state.load() : IBV_QPS_RESET;
+  attr->qp_state = want;
   if (i->qp_type == IBV_QPT_UD) {
     // ucma_init_ud_qp's sequence: INIT with the Q_Key, RTR, RTS with an SQ PSN.
-    switch (cur) {
-      case IBV_QPS_RESET:
-        attr->qp_state = IBV_QPS_INIT;
+    switch (want) {
+      case IBV_QPS_INIT:
         attr->port_num = 1;
         attr->qkey = kUdpQkey;
         *mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
         return 0;
-      case IBV_QPS_INIT:
-        attr->qp_state = IBV_QPS_RTR;
+      case IBV_QPS_RTR:
         *mask = IBV_QP_STATE;
         return 0;
-      case IBV_QPS_RTR:
-        attr->qp_state = IBV_QPS_RTS;
+      case IBV_QPS_RTS:
         *mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
         return 0;
       default:
         return fail(EINVAL);
     }
   }
-  switch (cur) {
-    case IBV_QPS_RESET:
-      attr->qp_state = IBV_QPS_INIT;
+  switch (want) {
+    case IBV_QPS_INIT:
       attr->port_num = 1;
       attr->qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                               IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_LOCAL_WRITE;
       *mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
       return 0;
-    case IBV_QPS_INIT:
-      attr->qp_state = IBV_QPS_RTR;
+    case IBV_QPS_RTR:
       attr->path_mtu = IBV_MTU_4096;
       attr->dest_qp_num = sv::engine::kRdmaCmPlaceholderQpn;
       attr->max_dest_rd_atomic = std::max<uint8_t>(id->resp_res, 1);
@@ -1599,18 +1605,16 @@ SV_EXPORT int rdma_init_qp_attr(rdma_cm_id* i, ibv_qp_attr* attr, int* mask) {
       *mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
               IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
       return 0;
-    case IBV_QPS_RTR:
-      attr->qp_state = IBV_QPS_RTS;
-      {
-        std::lock_guard lk(id->mu);
-        attr->timeout = id->ack_timeout;
-      }
+    case IBV_QPS_RTS: {
+      std::lock_guard lk(id->mu);
+      attr->timeout = id->ack_timeout;
       attr->retry_cnt = 7;
       attr->rnr_retry = 7;
       attr->max_rd_atomic = std::max<uint8_t>(id->init_depth, 1);
       *mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
               IBV_QP_MAX_QP_RD_ATOMIC;
       return 0;
+    }
     default:
       return fail(EINVAL);
   }

@@ -117,8 +117,10 @@ bool post_op(Conn* c, Message* m) {
   RdmaOp* op = chan_op(m);
   // Queued before the peer's private data said it has no atomics (sendmsg refuses them
   // once it knows): posted, the peer would answer with a Terminate and the channel, with
-  // every op behind this one, would go down for it.
-  if (op->atomic && c->peer_no_atomics) return refuse_op(m, op, Ctr::send_atomic_unsupported);
+  // every op behind this one, would go down for it. Refused before the message's Write
+  // too, if it has one: both or neither (the Write reports DROPPED).
+  if (c->peer_no_atomics && m->atomic_op && m->atomic_op->status < 0)
+    return refuse_op(m, m->atomic_op.get(), Ctr::send_atomic_unsupported);
   const uint64_t wid = make_wr_id(conn_id_of(c), c->chan_inc, kRdma, c->next_rdma_wr++);
   if (op->verdict_due) {
     // The peer holds this message for its fence: tell it the Write failed.

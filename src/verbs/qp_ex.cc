@@ -228,7 +228,7 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr) {
       IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
   if (attr->comp_mask & ~kSupportedMask ||
       ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags)) {
-    errno = EOPNOTSUPP;  // XRC domains, create flags, TSO, RSS: not offered
+    errno = EOPNOTSUPP;  // XRC domains, any create flag, TSO, RSS: not offered
     return nullptr;
   }
   if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd) {

@@ -443,6 +443,18 @@ TEST(CmExternalQp, EachSidesOwnQpIsConnectedAndCarriesTraffic) {
   ExtSide server;
   ASSERT_TRUE(server.make(child));
   ASSERT_TRUE(server.to_rts(child)) << strerror(errno);
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qi{};
+  ASSERT_EQ(ibv_query_qp(server.qp, &qa, IBV_QP_STATE, &qi), 0);
+  EXPECT_EQ(qa.qp_state, IBV_QPS_RTS) << "moved by the program before the accept";
+  // A QP another id connects cannot be this one's too.
+  rdma_cm_id* other = nullptr;
+  ASSERT_EQ(rdma_create_id(cch, &other, nullptr, RDMA_PS_TCP), 0);
+  ASSERT_EQ(rdma_resolve_addr(other, nullptr, reinterpret_cast<sockaddr*>(&a), 1000), 0);
+  expect_event(cch, other, RDMA_CM_EVENT_ADDR_RESOLVED);
+  EXPECT_EQ(rdma_connect(other, &cp), -1) << "the client's QP is its id's";
+  EXPECT_EQ(errno, EINVAL);
+  rdma_destroy_id(other);
   ASSERT_TRUE(server.recv());
   rdma_conn_param sp{};
   sp.qp_num = server.qp->qp_num;
@@ -454,6 +466,9 @@ TEST(CmExternalQp, EachSidesOwnQpIsConnectedAndCarriesTraffic) {
   ASSERT_EQ(rdma_establish(id), 0) << strerror(errno);
   expect_event(sch, child, RDMA_CM_EVENT_ESTABLISHED);
   EXPECT_EQ(id->qp, nullptr) << "the id still has no QP of its own, as in librdmacm";
+  ASSERT_EQ(ibv_query_qp(client.qp, &qa, IBV_QP_STATE | IBV_QP_TIMEOUT, &qi), 0);
+  EXPECT_EQ(qa.qp_state, IBV_QPS_RTS);
+  EXPECT_EQ(qa.timeout, 14) << "rdma_cm's RTS attribute";
   ASSERT_TRUE(client.send("from the client"));
   ibv_wc wc{};
   ASSERT_TRUE(server.next(wc));
@@ -471,8 +486,6 @@ TEST(CmExternalQp, EachSidesOwnQpIsConnectedAndCarriesTraffic) {
   ASSERT_EQ(rdma_disconnect(id), 0);
   expect_event(cch, id, RDMA_CM_EVENT_DISCONNECTED);
   expect_event(sch, child, RDMA_CM_EVENT_DISCONNECTED);
-  ibv_qp_attr qa{};
-  ibv_qp_init_attr qi{};
   ASSERT_EQ(ibv_query_qp(client.qp, &qa, IBV_QP_STATE, &qi), 0);
   EXPECT_EQ(qa.qp_state, IBV_QPS_ERR);
   rdma_destroy_id(child);
@@ -503,8 +516,6 @@ TEST(CmOptions, AckTimeoutIsTheConnectedQpsTimeout) {
   EXPECT_EQ(errno, EINVAL) << "the IB field has 5 bits";
   ASSERT_EQ(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof t), 0);
   // rdma_init_qp_attr's RTS step gives it to a program that moves its own QP.
-  ibv_qp_attr ia{};
-  int mask = 0;
   ibv_qp_attr now{};
   ibv_qp_init_attr qi{};
   ASSERT_EQ(ibv_query_qp(id->qp, &now, IBV_QP_STATE, &qi), 0);
@@ -542,13 +553,23 @@ TEST(CmOptions, AckTimeoutIsTheConnectedQpsTimeout) {
   ASSERT_NE(id2, nullptr);
   uint8_t t2 = 9;
   ASSERT_EQ(rdma_set_option(id2, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t2, 1), 0);
+  // The caller names the state it wants (librdmacm passes it to the kernel); only INIT, RTR
+  // and RTS have attributes.
+  ibv_qp_attr ia{};
+  int mask = 0;
+  ia.qp_state = IBV_QPS_RESET;
+  EXPECT_EQ(rdma_init_qp_attr(id2, &ia, &mask), -1);
+  EXPECT_EQ(errno, EINVAL);
+  ia.qp_state = IBV_QPS_RTR;
   ASSERT_EQ(rdma_init_qp_attr(id2, &ia, &mask), 0);
   ASSERT_EQ(ia.qp_state, IBV_QPS_RTR);
   ASSERT_EQ(ibv_modify_qp(id2->qp, &ia, mask), 0) << strerror(errno);
+  ia.qp_state = IBV_QPS_RTS;
   ASSERT_EQ(rdma_init_qp_attr(id2, &ia, &mask), 0);
   EXPECT_EQ(ia.qp_state, IBV_QPS_RTS);
   EXPECT_TRUE(mask & IBV_QP_TIMEOUT);
   EXPECT_EQ(ia.timeout, 9);
+  ASSERT_EQ(ibv_modify_qp(id2->qp, &ia, mask), 0) << strerror(errno);
   rdma_destroy_qp(id2);
   rdma_destroy_id(id2);
   // UD ids have no ACK timeout (the kernel's rdma_set_ack_timeout: RC only).

@@ -27,21 +27,36 @@ bash "$ROOT/scripts/install-deps.sh" >/dev/null || exit 1
 cd "$SRC/tests" || exit 2
 run=(env SOFTVERBS_NETDEV=lo LD_LIBRARY_PATH="$LIB" timeout 1800 /usr/bin/python3 run_tests.py
   --dev softverbs0 -v "$@")
+F=
 if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null; then
-  # /sys/class again, on a tmpfs: each class bound back in, plus infiniband/softverbs0.
+  # /sys/class again, on a tmpfs: each class bound back in, and infiniband/ with this host's
+  # own devices (if it has any; symbolic links, as in sysfs) plus softverbs0.
+  F=$(mktemp -d)
   # shellcheck disable=SC2016  # expanded by the inner shell
   out=$(unshare -m --propagation private bash -c '
     set -e
-    F=$(mktemp -d)
+    F=$1
+    shift
     mount -t tmpfs softverbs-sysfs "$F"
-    for d in /sys/class/*; do mkdir -p "$F/${d##*/}"; mount --bind "$d" "$F/${d##*/}"; done
+    for d in /sys/class/*; do
+      n=${d##*/}
+      mkdir -p "$F/$n"
+      if [ "$n" = infiniband ]; then
+        for e in "$d"/*; do
+          if [ -e "$e" ]; then ln -s "$(readlink -f "$e")" "$F/$n/${e##*/}"; fi
+        done
+      else
+        mount --bind "$d" "$F/$n"
+      fi
+    done
     mkdir -p "$F/infiniband/softverbs0/device/net/lo"
     mount --bind "$F" /sys/class
-    exec "$@"' sysfs "${run[@]}" 2>&1)
+    exec "$@"' sysfs "$F" "${run[@]}" 2>&1)
 else
   out=$("${run[@]}" 2>&1)
 fi
 rc=$?
+[ -n "$F" ] && rmdir "$F"
 printf '%s\n' "$out" | grep -aE '\.\.\. (ERROR|FAIL)' | sed 's/^/not passed: /'
 printf '%s\n' "$out" | grep -aE '^(Ran [0-9]+ tests|OK|FAILED)'
 printf '%s\n' "$out" | grep -aoE "skipped ('[^']*'|\"[^\"]*\")" | sort | uniq -c | sort -rn | head -20 |
