@@ -344,6 +344,13 @@ struct Qp {
   // A stall fault holds the connection both ways: nothing is sent or read until its timer.
   // Non-zero while held: the generation of the latest stall, so only its timer releases it
   // (a compare-and-swap, which a newer stall makes fail).
+  // A Placement Ack read while another thread held tx_mu (ibv_post_send writing a large
+  // batch on the caller's thread): its count waits here and the holder folds it in with its
+  // next completion pass (complete_sq_locked), so the reader never blocks behind a sendmsg;
+  // a task on the progress thread folds it should nobody else (on_sv_ack). Conn state, kept
+  // here because Conn is swapped for a fresh one on RESET and atomics do not move.
+  std::atomic<uint32_t> ack_stash{0};
+  std::atomic<bool> ack_stashed{false};
   std::atomic<uint32_t> fault_held{0};
   std::atomic<uint32_t> fault_hold_gen{0};
 
@@ -468,6 +475,9 @@ void tx_terminate_locked(Qp* qp, const wire::Terminate& t);
 // ---- qp_completer.cc ------------------------------------------------------------------
 // Retires finished WQEs from sq_head in order. Caller holds tx_mu.
 void complete_sq_locked(Qp* qp);
+// tx_mu held: a Placement Ack on_sv_ack left (Qp::ack_stash) takes effect. One that is
+// invalid (more than we sent, or going back) fails the QP, from the progress thread.
+void fold_stashed_ack_locked(Qp* qp);
 void flush_qp_locked(Qp* qp, ibv_wc_status first_status);
 void complete_recv(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_len, ibv_wc_opcode op,
                    unsigned wc_flags, uint32_t imm, uint32_t inv);

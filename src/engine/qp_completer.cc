@@ -57,6 +57,7 @@ void complete_send(Qp* qp, const SendWqe& w, ibv_wc_status st) {
 }  // namespace
 
 void complete_sq_locked(Qp* qp) {
+  fold_stashed_ack_locked(qp);
   const uint32_t mask = qp->cap.max_send_wr - 1;
   while (qp->sq_count) {
     SendWqe& w = qp->sq[qp->sq_head & mask];

@@ -413,26 +413,81 @@ RxAction on_imm(Qp* qp, Conn& c) {
   return RxAction::place;
 }
 
-// The peer has placed our messages up to a count: their WQEs may complete. A count for
-// messages we never sent, or one going backwards, is a broken or hostile peer.
-RxAction on_sv_ack(Qp* qp, Conn& c) {
-  const uint32_t n = c.seg.msn;
-  std::unique_lock lk(qp->tx_mu);
+// tx_mu held: the peer has placed our messages up to count n. False for a count of
+// messages we never sent, or one going backwards: a broken or hostile peer.
+bool take_ack_locked(Qp* qp, uint32_t n) {
+  Conn& c = qp->conn;
   if (!c.wait_acks || static_cast<int32_t>(n - c.peer_acked) < 0 ||
       static_cast<int32_t>(c.units_tx - n) < 0) {
     SV_WARN("qp %u: bad Placement Ack %u (had %u, sent %u)", qp->qpn(), n, c.peer_acked,
             c.units_tx);
+    return false;
+  }
+  c.peer_acked = n;
+  return true;
+}
+
+// A stashed ack nobody has folded in yet: taken as soon as tx_mu is free, without waiting
+// for it (the holder folds it first if it finishes a batch meanwhile). Retried after 20 us,
+// doubling up to 1 ms: tx_mu may be held for a Terminate's drain (200 ms).
+void fold_later(QpRef ref, uint32_t delay_us = 20) {
+  if (!ref.live()) return;
+  Qp* qp = ref.get();
+  if (!qp->ack_stashed.load(std::memory_order_acquire)) return;
+  if (!qp->tx_mu.try_lock()) {
+    Progress::get().post_after(std::chrono::microseconds(delay_us),
+                               [ref = std::move(ref), delay_us]() mutable {
+                                 fold_later(std::move(ref), std::min(delay_us * 2, 1000u));
+                               });
+    return;
+  }
+  complete_sq_locked(qp);  // folds it
+  qp->tx_mu.unlock();
+}
+
+// The peer has placed our messages up to a count: their WQEs may complete. A thread that
+// holds tx_mu is writing to the socket (a 1 MiB Write's sendmsg runs for a millisecond),
+// and the ack is not worth waiting for: its count is left for that thread
+// (Qp::ack_stash). Waiting, the two threads took turns on the socket: a 1 MiB stream's
+// sender made twice RFC 5040's sendmsg calls and 14 times its futex calls.
+RxAction on_sv_ack(Qp* qp, Conn& c) {
+  const uint32_t n = c.seg.msn;
+  c.place.kind = Placement::Kind::discard;
+  std::unique_lock lk(qp->tx_mu, std::try_to_lock);
+  if (!lk.owns_lock()) {
+    qp->ack_stash.store(n, std::memory_order_relaxed);
+    qp->ack_stashed.store(true, std::memory_order_release);
+    Progress::get().post([ref = QpRef(qp)]() mutable { fold_later(std::move(ref)); });
+    return RxAction::place;
+  }
+  fold_stashed_ack_locked(qp);  // an older one first: counts only go forward
+  if (!take_ack_locked(qp, n)) {
     lk.unlock();  // rx_fail takes tx_mu to send its Terminate
     rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), RxBlame::peer);
     return RxAction::dead;
   }
-  c.peer_acked = n;
   complete_sq_locked(qp);
-  c.place.kind = Placement::Kind::discard;
   return RxAction::place;
 }
 
 }  // namespace
+
+void fold_stashed_ack_locked(Qp* qp) {
+  // exchange: the flag's latest store is the one we take, with the count stored before it;
+  // a newer count whose flag comes after stays flagged for a later fold (its reader's task).
+  if (!qp->ack_stashed.exchange(false, std::memory_order_acq_rel)) return;
+  const uint32_t n = qp->ack_stash.load(std::memory_order_relaxed);
+  if (take_ack_locked(qp, n)) return;
+  // tx_mu is ours, and rx_fail takes it: the Terminate goes from the progress thread, as
+  // the RNR timer's does.
+  Progress::get().post([ref = QpRef(qp)] {
+    if (!ref.live()) return;
+    Qp* qp = ref.get();
+    std::lock_guard lk(qp->rx_mu);
+    if (qp->state.load() == IBV_QPS_ERR) return;
+    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), RxBlame::peer);
+  });
+}
 
 void rx_fail(Qp* qp, const Terminate& t, RxBlame blame, ibv_wc_status recv_status) {
   Conn& c = qp->conn;

@@ -142,6 +142,7 @@ bool conn_transition_locked(Qp* qp, ConnEvent ev) {
         Conn fresh;
         std::swap(qp->conn, fresh);
         qp->fault_held.store(0, std::memory_order_release);
+        qp->ack_stashed.store(false, std::memory_order_relaxed);  // the old stream's
         qp->fault_corrupt_armed.store(false, std::memory_order_relaxed);
         qp->rx_stalled = false;
         qp->tx_blocked = false;

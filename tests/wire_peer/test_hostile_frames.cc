@@ -8,6 +8,7 @@
 #include <chrono>
 #include <thread>
 
+#include "engine/qp.h"
 #include "fake_peer.h"
 
 using namespace wire_peer;
@@ -143,6 +144,60 @@ TEST(PlacementAck, ForMoreThanWeSentTerminates) {
     ASSERT_TRUE(p.read_terminate(t)) << "no Terminate came back";
     EXPECT_EQ(t.layer, TermLayer::rdmap);
     EXPECT_EQ(t.etype, uint8_t(RdmapEtype::remote_operation));
+    EXPECT_EQ(t.ecode, uint8_t(RdmapEcode::unexpected_opcode));
+    EXPECT_TRUE(l.wait_state(IBV_QPS_ERR));
+  }
+  unsetenv("SOFTVERBS_IB_COMPLETION");
+}
+
+// The thread that reads a Placement Ack does not wait for the QP's tx_mu while another
+// thread holds it (ibv_post_send in a long sendmsg): the count waits in Qp::ack_stash and is
+// taken once tx_mu is free. White box: the test holds tx_mu itself. A good ack then completes
+// the Send; a bad one, read while tx_mu was held, still ends in a Terminate and ERR.
+TEST(PlacementAck, ReadWhileTxMuIsHeldIsTakenOnceItIsFree) {
+  setenv("SOFTVERBS_IB_COMPLETION", "1", 1);
+  {
+    Local l;
+    FakePeer p(l.qp->qp_num);
+    unsetenv("SOFTVERBS_IB_COMPLETION");
+    // A zero-length Write first: as MPA responder the QP sends nothing before the first FPDU.
+    std::vector<std::byte> w(kDdpTaggedHdrLen);
+    encode_tagged(w.data(), RdmapOpcode::rdma_write, true, 0, 0);
+    p.send_fpdu(w);
+    ibv_sge s{reinterpret_cast<uint64_t>(l.buf.data()), 16, l.mr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = 9;
+    wr.sg_list = &s;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr* bad;
+    ASSERT_EQ(ibv_post_send(l.qp, &wr, &bad), 0);
+    std::byte len[2];
+    ASSERT_TRUE(p.read_exact(len, 2)) << "our Send never left";
+    std::vector<std::byte> body(load_be16(len) + fpdu_pad(load_be16(len)) + 4);
+    ASSERT_TRUE(p.read_exact(body.data(), body.size()));
+    sv::engine::Qp* q = sv::engine::Qp::from(l.qp);
+    std::mutex& tx_mu = q->tx_mu;
+    tx_mu.lock();
+    p.send_fpdu(untagged(RdmapOpcode::sv_ack, kQnSvAck, 1, 0));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ibv_wc wc{};
+    EXPECT_EQ(ibv_poll_cq(l.cq, 1, &wc), 0) << "completed without tx_mu";
+    EXPECT_TRUE(q->ack_stashed.load()) << "the reader waited for tx_mu";
+    tx_mu.unlock();
+    auto done = l.poll(1);
+    ASSERT_EQ(done.size(), 1u) << "the ack read meanwhile was lost";
+    EXPECT_EQ(done[0].wr_id, 9u);
+    EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+    tx_mu.lock();
+    p.send_fpdu(untagged(RdmapOpcode::sv_ack, kQnSvAck, 5, 0));  // only 1 was sent
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(q->ack_stashed.load());
+    tx_mu.unlock();
+    Terminate t;
+    ASSERT_TRUE(p.read_terminate(t)) << "no Terminate came back";
+    EXPECT_EQ(t.layer, TermLayer::rdmap);
     EXPECT_EQ(t.ecode, uint8_t(RdmapEcode::unexpected_opcode));
     EXPECT_TRUE(l.wait_state(IBV_QPS_ERR));
   }
