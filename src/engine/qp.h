@@ -341,9 +341,6 @@ struct Qp {
   // at creation, never changed.
   std::unique_ptr<fault::QpFaults> faults;
   std::atomic<bool> fault_corrupt_armed{false};  // softverbs_qp_inject_fault: the next FPDU
-  // A stall fault holds the connection both ways: nothing is sent or read until its timer.
-  // Non-zero while held: the generation of the latest stall, so only its timer releases it
-  // (a compare-and-swap, which a newer stall makes fail).
   // A Placement Ack read while another thread held tx_mu (ibv_post_send writing a large
   // batch on the caller's thread): its count waits here and the holder folds it in with its
   // next completion pass (complete_sq_locked), so the reader never blocks behind a sendmsg;
@@ -351,6 +348,9 @@ struct Qp {
   // here because Conn is swapped for a fresh one on RESET and atomics do not move.
   std::atomic<uint32_t> ack_stash{0};
   std::atomic<bool> ack_stashed{false};
+  // A stall fault holds the connection both ways: nothing is sent or read until its timer.
+  // Non-zero while held: the generation of the latest stall, so only its timer releases it
+  // (a compare-and-swap, which a newer stall makes fail).
   std::atomic<uint32_t> fault_held{0};
   std::atomic<uint32_t> fault_hold_gen{0};
 

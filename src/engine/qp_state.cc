@@ -312,13 +312,17 @@ void qp_attach_conn(Qp* qp) {
 
 // ---- rdma_cm -------------------------------------------------------------------------------
 
-void qp_cm_bind(Qp* qp, void* cm_id, uint64_t cm_serial, DisconnectFn on_disconnect) {
-  // Before the QP leaves RESET (rdma_create_qp_ex), so no connection can see it half bound.
-  std::lock_guard lk(qp->tx_mu);
+static void cm_bind_locked(Qp* qp, void* cm_id, uint64_t cm_serial, DisconnectFn on_disconnect) {
   qp->cm_managed = true;
   qp->cm_id = cm_id;
   qp->cm_serial = cm_serial;
   qp->on_disconnect = on_disconnect;
+}
+
+void qp_cm_bind(Qp* qp, void* cm_id, uint64_t cm_serial, DisconnectFn on_disconnect) {
+  // Before the QP leaves RESET (rdma_create_qp_ex), so no connection can see it half bound.
+  std::lock_guard lk(qp->tx_mu);
+  cm_bind_locked(qp, cm_id, cm_serial, on_disconnect);
 }
 
 int qp_cm_adopt(Qp* qp, void* cm_id, uint64_t cm_serial, DisconnectFn on_disconnect) {
@@ -330,10 +334,7 @@ int qp_cm_adopt(Qp* qp, void* cm_id, uint64_t cm_serial, DisconnectFn on_disconn
       ((st == IBV_QPS_RTR || st == IBV_QPS_RTS || st == IBV_QPS_SQD) &&
        qp->attr.dest_qp_num != kRdmaCmPlaceholderQpn))
     return EINVAL;
-  qp->cm_managed = true;
-  qp->cm_id = cm_id;
-  qp->cm_serial = cm_serial;
-  qp->on_disconnect = on_disconnect;
+  cm_bind_locked(qp, cm_id, cm_serial, on_disconnect);
   return 0;
 }
 

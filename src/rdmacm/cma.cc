@@ -250,13 +250,13 @@ Qp* conn_qp(CmId* id) {
   return id->ext_qp && id->ext_qp->live() ? id->ext_qp->get() : nullptr;
 }
 
+void on_qp_disconnect(void* p, uint64_t serial);
+
 // rdma_connect or rdma_accept with conn_param.qp_num and no QP of the id's own: that QP of
 // this process is the one the id connects (librdmacm hands the number to the kernel, which
 // finds the QP). rdma_cm owns its connection from now on; the placeholder peer of its RTR
 // (kRdmaCmPlaceholderQpn) started no out-of-band handshake. EINVAL for a number that names
-// no RC or UC QP of ours.
-void on_qp_disconnect(void* p, uint64_t serial);
-
+// no RC or UC QP of ours, or one that cannot be this id's (qp_cm_adopt).
 int adopt_ext_qp(CmId* id, const rdma_conn_param* param) {
   if (id->id.qp || !param || !param->qp_num) return 0;
   std::optional<sv::engine::QpRef> ref = sv::engine::oob::lookup_ref(param->qp_num);

@@ -214,6 +214,11 @@ PrivBytes make_priv(Conn* c, uint16_t kind = kChanData) {
   return b;
 }
 
+// What a peer's private data (request or accept, either channel) says of its device.
+void note_peer_caps(Conn* c, const wire::RdsConnPriv& p) {
+  c->peer_no_atomics = p.flags & wire::kRdsPrivNoAtomics;
+}
+
 void destroy_id(Conn* c) {
   if (!c->id) return;
   rdma_cm_id* id = c->id;
@@ -477,7 +482,7 @@ void handle_rdma_cm(Conn* c, rdma_cm_event* ev) {
       if (wire::rds_conn_priv_decode(static_cast<const std::byte*>(ev->param.conn.private_data),
                                      ev->param.conn.private_data_len, p) &&
           p.kind == kChanRdma) {
-        c->peer_no_atomics = p.flags & wire::kRdsPrivNoAtomics;
+        note_peer_caps(c, p);
         rdma_fence_acked(c, p.ack_seq);
       }
       rdma_post_pending(c);
@@ -625,7 +630,7 @@ void handle_cm(rdma_cm_event* ev) {
       // by a generation no process has (they are odd).
       Conn* pc =
           conn_get(theirs == mine ? (theirs & ~1ull) : theirs, to->sin_addr, peer, p->cm_port);
-      pc->peer_no_atomics = p->flags & wire::kRdsPrivNoAtomics;
+      note_peer_caps(pc, *p);
       if (p->kind == kChanRdma) {  // its fences release messages of this connection
         accept_rdma_chan(id, pc);
         break;
@@ -683,7 +688,7 @@ void handle_cm(rdma_cm_event* ev) {
         } else if (wire::rds_conn_priv_decode(
                        static_cast<const std::byte*>(ev->param.conn.private_data),
                        ev->param.conn.private_data_len, p)) {
-          c->peer_no_atomics = p.flags & wire::kRdsPrivNoAtomics;
+          note_peer_caps(c, p);
           conn_up(c, p);
         } else {
           count(Ctr::conn_reject_bad_priv);

@@ -20,6 +20,13 @@ std::vector<std::byte> untagged(RdmapOpcode op, uint32_t qn, uint32_t msn, size_
   return u;
 }
 
+// A zero-length Write: as MPA responder the QP sends nothing before the peer's first FPDU.
+void open_stream(FakePeer& p) {
+  std::vector<std::byte> w(kDdpTaggedHdrLen);
+  encode_tagged(w.data(), RdmapOpcode::rdma_write, true, 0, 0);
+  p.send_fpdu(w);
+}
+
 struct Case {
   const char* name;
   std::vector<std::byte> ulpdu;
@@ -160,10 +167,7 @@ TEST(PlacementAck, ReadWhileTxMuIsHeldIsTakenOnceItIsFree) {
     Local l;
     FakePeer p(l.qp->qp_num);
     unsetenv("SOFTVERBS_IB_COMPLETION");
-    // A zero-length Write first: as MPA responder the QP sends nothing before the first FPDU.
-    std::vector<std::byte> w(kDdpTaggedHdrLen);
-    encode_tagged(w.data(), RdmapOpcode::rdma_write, true, 0, 0);
-    p.send_fpdu(w);
+    open_stream(p);
     ibv_sge s{reinterpret_cast<uint64_t>(l.buf.data()), 16, l.mr->lkey};
     ibv_send_wr wr{};
     wr.wr_id = 9;
@@ -209,10 +213,7 @@ TEST(PlacementAck, ReadWhileTxMuIsHeldIsTakenOnceItIsFree) {
 TEST(PeerTerminate, RemoteOperationErrorEndsTheReadWithRemOpErr) {
   Local l;
   FakePeer p(l.qp->qp_num);
-  // A zero-length Write first: as MPA responder we send nothing before the first FPDU.
-  std::vector<std::byte> w(kDdpTaggedHdrLen);
-  encode_tagged(w.data(), RdmapOpcode::rdma_write, true, 0, 0);
-  p.send_fpdu(w);
+  open_stream(p);
   ibv_sge s{reinterpret_cast<uint64_t>(l.buf.data()), 64, l.mr->lkey};
   ibv_send_wr wr{};
   wr.wr_id = 5;
