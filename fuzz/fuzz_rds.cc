@@ -1,15 +1,16 @@
 // libFuzzer target for what RDS parses from peers and from other users' files: the RDS
 // header (checksum, extensions), RDMA channel fences, directory lookups' private data, reassembly
 // of fragments into messages and the congestion map (src/wire/rds_rx.h), the connection private
-// data, registry entries and info/ snapshots (src/wire/rds_hdr.h, src/wire/rds_files.h). The first
-// byte picks the parser.
+// data, registry entries and names, and info/ snapshots (src/wire/rds_hdr.h, src/wire/rds_files.h).
+// The first byte picks the parser.
 //
 // Beyond "no crash, no ASan/UBSan report", it traps on broken invariants:
 //  - a header re-encoded from what decoded has a good checksum and decodes to the same
 //    fields; one bit flipped in it (outside h_csum) fails the checksum;
 //  - private data that decodes re-encodes to bytes that decode the same, and a fence that
 //    decodes re-encodes to its own bytes;
-//  - a registry entry that parses formats back to the same text (modulo its newline);
+//  - a registry entry that parses formats back to the same text (modulo its newline), and
+//    a registry socket name yields a port only when it has the prefix asked for;
 //  - records taken from a snapshot are whole records, never more bytes than it has;
 //  - reassembly never holds more than the message size it was told (itself bounded by the
 //    limit), delivers each message whole with exactly the bytes of its fragments, never a
@@ -93,6 +94,28 @@ void registry_entry(const std::byte* d, size_t n) {
   uint16_t p2 = 0;
   uint64_t g2 = 0;
   FUZZ_CHECK(registry_entry_parse(back, p2, g2) && p2 == port && g2 == gen);
+}
+
+// A /proc/net/unix path: a port only for "<prefix><number>", and it names the same socket.
+void registry_path(const std::string_view s) {
+  const std::string prefix = registry_name_prefix("host", "127.0.0.1");
+  const uint16_t port = registry_name_port(s, prefix);
+  if (!port) return;
+  FUZZ_CHECK(s.substr(0, prefix.size()) == prefix);
+  FUZZ_CHECK(registry_name_port(registry_name("host", "127.0.0.1", port), prefix) == port);
+}
+
+// A process name: an entry only for "<prefix><port>_<gen>", and it names the same entry.
+void registry_proc(const std::string_view s) {
+  const std::string prefix = registry_proc_prefix("host", 42);
+  uint16_t cm = 0;
+  uint64_t gen = 0;
+  if (!registry_proc_parse(s, prefix, cm, gen)) return;
+  FUZZ_CHECK(cm != 0 && s.substr(0, prefix.size()) == prefix);
+  uint16_t cm2 = 0;
+  uint64_t gen2 = 0;
+  FUZZ_CHECK(registry_proc_parse(registry_proc_name("host", 42, cm, gen), prefix, cm2, gen2) &&
+             cm2 == cm && gen2 == gen);
 }
 
 void snapshot(const std::byte* d, size_t n) {
@@ -215,6 +238,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 2:
       registry_entry(d, n);
+      registry_path(std::string_view(reinterpret_cast<const char*>(d), n));
+      registry_proc(std::string_view(reinterpret_cast<const char*>(d), n));
       break;
     case 3:
       snapshot(d, n);

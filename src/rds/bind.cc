@@ -1,21 +1,45 @@
 // Host registry of bound RDS ports. Linux RDS keeps ports unique per IP in the kernel's
-// bind hash; here each bound (ip, port) is a file under /dev/shm/softverbs-rds holding an
-// exclusive flock for as long as the owning socket lives (the kernel drops the lock when
-// the process dies, so a crashed owner frees its ports). The file holds the owner's
-// rdma_cm port, so a sender can find the process to connect to.
+// bind hash, per network namespace. Here each bound (ip, port) is a listening unix socket in
+// the abstract namespace, "@softverbs-rds/<realm>/<ip>_<port>" (wire/rds_files.h):
+//  - binding an abstract name is atomic and exclusive within a network namespace, and the
+//    kernel drops the name when its socket is closed or its process dies: no stale entry
+//    outlives its owner, and there is nothing to clean up;
+//  - there is no file or folder, so no other local user can deny RDS to everyone by
+//    creating the registry's folder first, nor rename, delete or rewrite an entry, as they
+//    could with the /dev/shm/softverbs-rds folder this replaces (issue 28). As on Linux,
+//    any user may bind a port nobody holds, first come, first served;
+//  - a lookup connects to the name, and the kernel tells who holds it (SO_PEERCRED: the
+//    owner's pid, which nobody else can claim). The owner's entry, its rdma_cm port and
+//    generation, is in a second name it holds for as long as it has a port,
+//    "@softverbs-rds/<realm>/pid/<pid>=<cm_port>_<gen>": the querier lists the names
+//    (/proc/net/unix) and believes one only if its holder is that same pid. Nothing can be
+//    forged, and nothing waits for the owner: a stopped owner is found as a running one
+//    (its messages queue, as in a stopped process' kernel socket).
+// A querier keeps its connection to the port's socket as the cache of its answer. The
+// owner's registry thread accepts it and holds it while it holds the port (a stopped
+// owner's backlog holds it meanwhile); on release the owner closes them (the kernel does,
+// at its death), so a querier checks its answer with one non-blocking peek (end of file:
+// stale). The thread takes no lock of the RDS stack.
+// realm: "host", or a hash of SOFTVERBS_RDS_DIR when set (tests, and a private registry
+// per simulated host sharing one network namespace).
 #include <arpa/inet.h>
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
-#include <cstdio>
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <map>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <vector>
 
 #include "rds/rds_impl.h"
 #include "util/fork_local.h"
@@ -23,205 +47,371 @@
 
 namespace sv::rds {
 namespace {
-int claim(const std::string& p, uint16_t cm_port, uint64_t gen);
-}  // namespace
 
-namespace {
+// An owner keeps at most this many queriers' connections per port; past it, it closes what
+// it takes in (such a querier asks again on each send: slower, never refused). Bounds the
+// descriptors another local user can make us hold by connecting in a loop.
+constexpr size_t kMaxQueriersPerPort = 1024;
+// Names listed per lookup at most (/proc/net/unix; only misses of the cache look).
+constexpr size_t kMaxCandidates = 4096;
 
-std::string dir() {
-  const char* d = std::getenv("SOFTVERBS_RDS_DIR");
-  return d && *d ? d : "/dev/shm/softverbs-rds";
+// Read once per process (a forked child reads it again: in_private_child sets it after fork).
+struct Realm {
+  std::string name = wire::registry_realm(std::getenv("SOFTVERBS_RDS_DIR"));
+};
+ForkLocal<Realm> g_realm;
+const std::string& realm() {
+  return g_realm.get().name;
 }
 
-std::string path(const sockaddr_in& a) {
+using Key = std::pair<uint32_t, uint16_t>;  // IPv4 address and port, network order
+Key key_of(const sockaddr_in& a) {
+  return {a.sin_addr.s_addr, a.sin_port};
+}
+
+std::string ip_text(const sockaddr_in& a) {
   char ip[INET_ADDRSTRLEN];
   inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
-  return dir() + "/" + ip + "_" + std::to_string(ntohs(a.sin_port));
+  return ip;
 }
 
-std::string path6(const sockaddr_in6& a) {
+std::string name_of(const sockaddr_in& a) {
+  return wire::registry_name(realm(), ip_text(a), ntohs(a.sin_port));
+}
+
+std::string name_of6(const sockaddr_in6& a) {
   char ip[INET6_ADDRSTRLEN];
   inet_ntop(AF_INET6, &a.sin6_addr, ip, sizeof ip);
-  return dir() + "/" + ip + "_" + std::to_string(ntohs(a.sin6_port));
+  return wire::registry_name(realm(), ip, ntohs(a.sin6_port));
+}
+
+// The abstract address of name: sun_path starts with a NUL, and its length is exact.
+socklen_t abstract_addr(const std::string& name, sockaddr_un* su) {
+  std::memset(su, 0, sizeof *su);
+  su->sun_family = AF_UNIX;
+  const size_t n = std::min(name.size(), sizeof su->sun_path - 1);
+  std::memcpy(su->sun_path + 1, name.data(), n);
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+}
+
+// The owner side: our listeners and the queriers connected to each.
+struct Owner {
+  struct Port {
+    std::string name;
+    std::vector<int> queriers;
+  };
+  std::mutex mu;
+  int ep = -1;
+  bool started = false;
+  int proc_fd = -1;  // our process name, held from the first claim on
+  uint16_t cm_port = 0;
+  uint64_t gen = 0;
+  std::map<int, Port> ports;      // listener fd ->
+  std::map<Key, int> own_v4;      // our IPv4 ports -> listener fd
+  std::map<int, int> querier_of;  // querier connection fd -> its listener fd
+  std::vector<int> paused;        // listeners not watched while we are out of descriptors
+};
+
+void owner_release(Owner& o) {
+  // fork(): the child's copies. Closing them frees nothing of the parent's, and a querier
+  // of the parent sees its end of file only when the parent lets go too.
+  for (auto& [fd, p] : o.ports) {
+    close(fd);
+    for (int q : p.queriers) close(q);
+  }
+  if (o.proc_fd >= 0) close(o.proc_fd);
+  if (o.ep >= 0) close(o.ep);
+}
+ForkLocal<Owner> g_owner(&owner_release);
+
+void watch_locked(Owner& o, int listener, uint32_t events) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.fd = listener;
+  epoll_ctl(o.ep, EPOLL_CTL_MOD, listener, &ev);
+}
+
+void drop_querier_locked(Owner& o, int q) {
+  auto it = o.querier_of.find(q);
+  if (it == o.querier_of.end()) return;
+  if (auto p = o.ports.find(it->second); p != o.ports.end()) std::erase(p->second.queriers, q);
+  o.querier_of.erase(it);
+  close(q);  // also leaves the epoll set
+  // A descriptor is free: listeners that could not take theirs in try again.
+  for (int l : o.paused) watch_locked(o, l, EPOLLIN);
+  o.paused.clear();
+}
+
+// Takes in the queriers waiting on a listener: held for a port, closed at once for the
+// process name (a querier only asked the kernel who holds it).
+void accept_locked(Owner& o, int listener) {
+  for (;;) {
+    const int q = accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (q < 0 && (errno == EMFILE || errno == ENFILE)) {
+      // They wait in the backlog (their answers stand); watched again once one is free,
+      // else the listener, still readable, would spin this thread.
+      watch_locked(o, listener, 0);
+      o.paused.push_back(listener);
+      return;
+    }
+    if (q < 0) return;  // EAGAIN: all taken in
+    auto p = o.ports.find(listener);
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.fd = q;
+    if (p == o.ports.end() || p->second.queriers.size() >= kMaxQueriersPerPort ||
+        epoll_ctl(o.ep, EPOLL_CTL_ADD, q, &ev)) {
+      close(q);
+      continue;
+    }
+    p->second.queriers.push_back(q);
+    o.querier_of[q] = listener;
+  }
+}
+
+// The registry thread: takes queriers in, and lets go of those that left. A querier never
+// writes: anything readable on its connection is its end of file.
+void owner_loop(Owner* o) {
+  epoll_event evs[64];
+  for (;;) {
+    const int n = epoll_wait(o->ep, evs, 64, -1);
+    std::lock_guard lk(o->mu);
+    for (int i = 0; i < n; ++i) {
+      const int fd = evs[i].data.fd;
+      // An event of a descriptor released meanwhile (and maybe reused) finds it in no map,
+      // or in one by its new role: a spurious accept or close, both harmless.
+      if (o->ports.count(fd) || fd == o->proc_fd)
+        accept_locked(*o, fd);
+      else
+        drop_querier_locked(*o, fd);
+    }
+  }
+}
+
+// A listening socket holding name, watched by the registry thread; -errno on failure.
+int listen_on_locked(Owner& o, const std::string& name) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  sockaddr_un su;
+  const socklen_t len = abstract_addr(name, &su);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = fd;
+  // The backlog holds queriers while we are stopped (capped by net.core.somaxconn).
+  if (bind(fd, reinterpret_cast<sockaddr*>(&su), len) != 0 || listen(fd, SOMAXCONN) != 0 ||
+      epoll_ctl(o.ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    const int e = errno;
+    close(fd);
+    return -e;
+  }
+  return fd;
+}
+
+int claim(const std::string& name, uint16_t cm_port, uint64_t gen) {
+  Owner& o = g_owner.get();
+  std::lock_guard lk(o.mu);
+  if (!o.started) {
+    o.ep = epoll_create1(EPOLL_CLOEXEC);
+    if (o.ep < 0) return -errno;
+    std::thread(owner_loop, &o).detach();
+    o.started = true;
+  }
+  if (o.proc_fd < 0) {
+    // Our entry never changes (a forked child builds a registry of its own).
+    const int fd = listen_on_locked(o, wire::registry_proc_name(realm(), getpid(), cm_port, gen));
+    if (fd < 0) return fd == -EADDRINUSE ? -EAGAIN : fd;  // a stale holder of our pid's name
+    o.proc_fd = fd;
+    o.cm_port = cm_port;
+    o.gen = gen;
+  }
+  const int fd = listen_on_locked(o, name);
+  if (fd < 0) return fd;
+  o.ports[fd] = Owner::Port{name, {}};
+  return fd;
 }
 
 }  // namespace
 
 int registry_claim(const sockaddr_in& a, uint16_t cm_port, uint64_t gen) {
-  return claim(path(a), cm_port, gen);
-}
-
-int registry_claim6(const sockaddr_in6& a, uint16_t cm_port, uint64_t gen) {
-  return claim(path6(a), cm_port, gen);
-}
-
-// Shared directories (registry, info/) are used as /tmp is: created 01777 whatever the
-// umask, trusted only if really a directory (not a symlink) owned by root or by us, and
-// sticky when others may write (so nobody else can remove or rename our entries).
-bool shared_dir_ready(const std::string& d) {
-  if (mkdir(d.c_str(), 01777) == 0) chmod(d.c_str(), 01777);  // the umask cut the mode
-  struct stat st {};
-  if (lstat(d.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
-  if (st.st_uid != 0 && st.st_uid != geteuid()) return false;
-  if ((st.st_mode & (S_IWOTH | S_IWGRP)) && !(st.st_mode & S_ISVTX)) return false;
-  return true;
-}
-
-// Opens our own entry p for writing, creating it 0644 (others read, only we write). Never
-// follows a symlink. An entry of another user, or a planted symlink, is removed if nobody
-// holds it and we may (its owner or root: the directory is sticky); otherwise -EADDRINUSE.
-int open_own_entry(const std::string& p) {
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    const int fd = open(p.c_str(), O_CREAT | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd >= 0) {
-      struct stat st {};
-      if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
-          st.st_nlink == 1) {
-        if ((st.st_mode & 07777) != 0644) fchmod(fd, 0644);
-        return fd;
-      }
-      close(fd);
-    } else if (errno != ELOOP && errno != EACCES && errno != EPERM) {
-      return -errno;
-    }
-    // Someone else's: live while its owner holds the lock.
-    const int rfd = open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (rfd >= 0) {
-      const bool live = flock(rfd, LOCK_SH | LOCK_NB) != 0;
-      close(rfd);
-      if (live) return -EADDRINUSE;
-    }
-    count(Ctr::registry_foreign_entry);
-    if (unlink(p.c_str()) != 0) return -EADDRINUSE;
-  }
-  return -EADDRINUSE;
-}
-
-namespace {
-int claim(const std::string& p, uint16_t cm_port, uint64_t gen) {
-  if (!shared_dir_ready(dir())) return -EACCES;
-  const int fd = open_own_entry(p);
-  if (fd < 0) return fd;
-  if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
-    close(fd);
-    return -EADDRINUSE;
-  }
-  const std::string e = wire::registry_entry_format(cm_port, gen);
-  const auto n = static_cast<ssize_t>(e.size());
-  if (ftruncate(fd, 0) < 0 || pwrite(fd, e.data(), e.size(), 0) != n) {
-    close(fd);
-    return -EIO;
+  const int fd = claim(name_of(a), cm_port, gen);
+  if (fd >= 0) {
+    Owner& o = g_owner.get();
+    std::lock_guard lk(o.mu);
+    o.own_v4[key_of(a)] = fd;
   }
   return fd;
 }
-}  // namespace
+
+int registry_claim6(const sockaddr_in6& a, uint16_t cm_port, uint64_t gen) {
+  return claim(name_of6(a), cm_port, gen);
+}
 
 void registry_release(int lock_fd, const sockaddr_in&) {
-  // No unlink: a racing binder may hold the old inode open; the lock is what matters.
-  if (lock_fd >= 0) {
-    if (ftruncate(lock_fd, 0) < 0) { /* a stale number is harmless: no lock, no owner */
-    }
-    close(lock_fd);
-  }
+  if (lock_fd < 0) return;
+  Owner& o = g_owner.get();
+  std::lock_guard lk(o.mu);
+  auto it = o.ports.find(lock_fd);
+  if (it == o.ports.end()) return;
+  // Our queriers see their end of file: their cached answers are stale from now on.
+  for (int q : std::vector<int>(it->second.queriers)) drop_querier_locked(o, q);
+  std::erase_if(o.own_v4, [&](const auto& kv) { return kv.second == lock_fd; });
+  std::erase(o.paused, lock_fd);
+  o.ports.erase(it);
+  close(lock_fd);  // the name is free once this returns
 }
 
 namespace {
-// Lookups are on every sendmsg: keep the owner's file open and re-read only its contents
-// (one pread, not open+flock+pread+close). A release truncates the file, so a changed or
-// empty content sends us back to the full check; a crashed owner's stale content is caught
-// when connecting to it fails (registry_forget).
+// Lookups are on every sendmsg: a cached answer costs one non-blocking peek at the owner's
+// connection, which reads "nothing yet" while it holds the port.
 struct Cached {
   int fd;
-  std::string content;
   uint16_t port;
   uint64_t gen;
 };
-using Cache = std::map<std::pair<uint32_t, uint16_t>, Cached>;
+using Cache = std::map<Key, Cached>;
 // A forked child closes its copies of the parent's descriptors and starts empty.
 void close_cached(Cache& c) {
   for (auto& [k, v] : c) close(v.fd);
 }
 ForkLocal<Cache> g_cache_(&close_cached);
 
-bool parse(const char* buf, uint16_t* port, uint64_t* gen) {
-  return wire::registry_entry_parse(buf, *port, *gen);
-}
-
 void uncache(Cache::iterator it) {
   close(it->second.fd);
   g_cache_.get().erase(it);
 }
-}  // namespace
 
-namespace {
-uint16_t lookup_file(const sockaddr_in& a, uint64_t* gen);
+// Our own port: the answer without asking the kernel.
+bool own_answer(const Key& k, uint16_t* port, uint64_t* gen) {
+  Owner* o = g_owner.peek();
+  if (!o) return false;
+  std::lock_guard lk(o->mu);
+  if (!o->own_v4.count(k)) return false;
+  *port = o->cm_port;
+  *gen = o->gen;
+  return true;
+}
 
-// Port 0 nobody holds: the first live owner of any port on the address (a readdir, only
-// for pings to an address whose ping holder has exited).
-uint16_t any_owner_on(in_addr ip, uint64_t* gen) {
-  char text[INET_ADDRSTRLEN];
-  inet_ntop(AF_INET, &ip, text, sizeof text);
-  const std::string prefix = std::string(text) + "_";
-  DIR* d = opendir(dir().c_str());
-  if (!d) return 0;
-  uint16_t found = 0;
-  while (dirent* e = readdir(d)) {
-    const std::string_view name(e->d_name);
-    if (name.substr(0, prefix.size()) != prefix) continue;
-    char* end = nullptr;
-    const unsigned long p = std::strtoul(e->d_name + prefix.size(), &end, 10);
-    if (*end || p == 0 || p > 65535) continue;
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr = ip;
-    a.sin_port = htons(static_cast<uint16_t>(p));
-    if ((found = lookup_file(a, gen))) break;
+// The pid holding the listening socket of name, as the kernel tells it.
+pid_t holder(int fd) {
+  ucred cr{};
+  socklen_t len = sizeof cr;
+  return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0 ? cr.pid : 0;
+}
+
+// A connection to whoever holds name (-1: nobody).
+int connect_to(const std::string& name) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_un su;
+  const socklen_t len = abstract_addr(name, &su);
+  int r = connect(fd, reinterpret_cast<sockaddr*>(&su), len);
+  // EAGAIN: the holder's backlog is full (busy, or stopped with many queriers): briefly.
+  for (int i = 0; r != 0 && errno == EAGAIN && i < 5; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1 << i));
+    r = connect(fd, reinterpret_cast<sockaddr*>(&su), len);
   }
-  closedir(d);
-  return found;
-}
-}  // namespace
-
-uint16_t registry_lookup(const sockaddr_in& a, uint64_t* gen) {
-  const uint16_t port = lookup_file(a, gen);
-  return port || a.sin_port ? port : any_owner_on(a.sin_addr, gen);
+  if (r != 0) {  // ECONNREFUSED: nobody holds it
+    close(fd);
+    return -1;
+  }
+  return fd;
 }
 
-namespace {
-uint16_t lookup_file(const sockaddr_in& a, uint64_t* gen) {
-  const auto key = std::make_pair(a.sin_addr.s_addr, a.sin_port);
-  char buf[48] = {};
+// The abstract names the kernel lists that start with prefix ('@' for the NUL), at most
+// kMaxCandidates.
+std::vector<std::string> names_with(const std::string& prefix) {
+  std::ifstream f("/proc/net/unix");
+  std::string line;
+  std::vector<std::string> out;
+  while (std::getline(f, line) && out.size() < kMaxCandidates) {
+    const auto sp = line.rfind(' ');
+    if (sp != std::string::npos && line.compare(sp + 1, prefix.size(), prefix) == 0)
+      out.push_back(line.substr(sp + 2));  // without the '@'
+  }
+  return out;
+}
+
+// The entry of process pid: from a process name that pid holds (another user may hold
+// names that claim to be pid's: the kernel says whose they are).
+bool entry_of(pid_t pid, uint16_t* port, uint64_t* gen) {
+  const std::string prefix = wire::registry_proc_prefix(realm(), pid);
+  for (const std::string& name : names_with("@" + prefix)) {
+    uint16_t p = 0;
+    uint64_t g = 0;
+    if (!wire::registry_proc_parse(name, prefix, p, g)) continue;
+    const int fd = connect_to(name);
+    if (fd < 0) continue;
+    const bool theirs = holder(fd) == pid;
+    close(fd);
+    if (theirs) {
+      *port = p;
+      *gen = g;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Asks the kernel who holds name and finds that process' entry; the connection to name on
+// success (the cache of the answer), else -1.
+int ask(const std::string& name, uint16_t* port, uint64_t* gen) {
+  const int fd = connect_to(name);
+  if (fd < 0) return -1;
+  const pid_t pid = holder(fd);
+  if (pid <= 0 || !entry_of(pid, port, gen)) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+uint16_t lookup_name(const sockaddr_in& a, uint64_t* gen) {
+  const Key key = key_of(a);
+  uint16_t port = 0;
+  uint64_t g = 0;
+  if (own_answer(key, &port, &g)) {
+    if (gen) *gen = g;
+    return port;
+  }
   if (auto it = g_cache_.get().find(key); it != g_cache_.get().end()) {
-    const ssize_t n = pread(it->second.fd, buf, sizeof buf - 1, 0);
-    // A ping holder that exited leaves its number behind: for port 0 (pings only, so the
-    // cost is off the data path) check that somebody still holds the lock.
-    const bool dead = !a.sin_port && flock(it->second.fd, LOCK_SH | LOCK_NB) == 0;
-    if (!dead && n > 0 && it->second.content == std::string_view(buf, static_cast<size_t>(n))) {
+    char c;
+    // Nothing to read while the owner holds the port; end of file (or anything else) once
+    // it let go or died.
+    if (recv(it->second.fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && errno == EAGAIN) {
       if (gen) *gen = it->second.gen;
       return it->second.port;
     }
     uncache(it);
   }
-  int fd = open(path(a).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  const int fd = ask(name_of(a), &port, &g);
   if (fd < 0) return 0;
-  // If we can take a shared lock nobody owns the port: the file is stale.
-  if (flock(fd, LOCK_SH | LOCK_NB) == 0) {
-    close(fd);
-    return 0;
-  }
-  const ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
-  uint16_t port = 0;
-  uint64_t g = 0;
-  if (n <= 0 || !parse(buf, &port, &g)) {
-    close(fd);
-    return 0;
-  }
   if (g_cache_.get().size() >= 1024) uncache(g_cache_.get().begin());
-  g_cache_.get().emplace(key, Cached{fd, std::string(buf, static_cast<size_t>(n)), port, g});
+  g_cache_.get().emplace(key, Cached{fd, port, g});
   if (gen) *gen = g;
   return port;
 }
+
+// Port 0 nobody holds: the first live owner of any port on the address, from the abstract
+// names the kernel lists (only for pings to an address whose ping holder has exited).
+uint16_t any_owner_on(in_addr ip, uint64_t* gen) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr = ip;
+  const std::string prefix = wire::registry_name_prefix(realm(), ip_text(a));
+  for (const std::string& name : names_with("@" + prefix)) {
+    const uint16_t p = wire::registry_name_port(name, prefix);
+    if (!p) continue;
+    a.sin_port = htons(p);
+    if (uint16_t found = lookup_name(a, gen)) return found;
+  }
+  return 0;
+}
 }  // namespace
+
+uint16_t registry_lookup(const sockaddr_in& a, uint64_t* gen) {
+  const uint16_t port = lookup_name(a, gen);
+  return port || a.sin_port ? port : any_owner_on(a.sin_addr, gen);
+}
 
 void registry_forget(uint64_t gen) {
   for (auto it = g_cache_.get().begin(); it != g_cache_.get().end();) {

@@ -876,7 +876,6 @@ namespace {
 // (af_rds.cc) but for close().
 void release_after_fork(Global& G) {
   for (auto& [fd, s] : G.socks) sock_fork_release(s);
-  for (auto& [ip, fd] : G.ping_locks) close(fd);
   if (G.wake_fd >= 0) close(G.wake_fd);
 }
 ForkLocal<Global> g_stack(&release_after_fork);

@@ -31,6 +31,7 @@
 #include "wire/rds_files.h"
 
 namespace sv::rds {
+
 namespace {
 
 // RDS6_INFO_* report IPv4 addresses v4-mapped, as net/rds does.
@@ -71,6 +72,48 @@ constexpr char kTransport[] = "softverbs";
 
 }  // namespace
 
+// Shared directories (the info/ folder and its parent) are used as /tmp is: created 01777 whatever
+// the umask, trusted only if really a directory (not a symlink) owned by root or by us, and sticky
+// when others may write (so nobody else can remove or rename our entries).
+bool shared_dir_ready(const std::string& d) {
+  if (mkdir(d.c_str(), 01777) == 0) chmod(d.c_str(), 01777);  // the umask cut the mode
+  struct stat st {};
+  if (lstat(d.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
+  if (st.st_uid != 0 && st.st_uid != geteuid()) return false;
+  if ((st.st_mode & (S_IWOTH | S_IWGRP)) && !(st.st_mode & S_ISVTX)) return false;
+  return true;
+}
+
+// Opens our own entry p for writing, creating it 0644 (others read, only we write). Never
+// follows a symlink. An entry of another user, or a planted symlink, is removed if nobody
+// holds it and we may (its owner or root: the directory is sticky); otherwise -EADDRINUSE.
+int open_own_entry(const std::string& p) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const int fd = open(p.c_str(), O_CREAT | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd >= 0) {
+      struct stat st {};
+      if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+          st.st_nlink == 1) {
+        if ((st.st_mode & 07777) != 0644) fchmod(fd, 0644);
+        return fd;
+      }
+      close(fd);
+    } else if (errno != ELOOP && errno != EACCES && errno != EPERM) {
+      return -errno;
+    }
+    // Someone else's: live while its owner holds the lock.
+    const int rfd = open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (rfd >= 0) {
+      const bool live = flock(rfd, LOCK_SH | LOCK_NB) != 0;
+      close(rfd);
+      if (live) return -EADDRINUSE;
+    }
+    count(Ctr::registry_foreign_entry);
+    if (unlink(p.c_str()) != 0) return -EADDRINUSE;
+  }
+  return -EADDRINUSE;
+}
+
 // This process' records for one id, as raw bytes; record size in *each. -ENOPROTOOPT for
 // an unknown id.
 int local_records(int optname, std::vector<char>& out, int* each);
@@ -91,7 +134,7 @@ namespace {
 void fold_stale_own();
 
 // Writes `blob` to <path>.tmp (ours: never through a symlink, never another user's file,
-// bind.cc open_own_entry) and renames it over `path`: readers see the old file or the new
+// open_own_entry) and renames it over `path`: readers see the old file or the new
 // one, whole.
 bool replace_file(const std::string& path, const std::string& blob) {
   const std::string tmp = path + ".tmp";

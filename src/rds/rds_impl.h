@@ -5,8 +5,8 @@
 // A process is one RDS "host stack". Its sockets share one connection per peer process,
 // each an RC QP set up with rdma_cm (so the same code runs on real RDMA NICs through the
 // system rdma-core). Which process owns a destination (ip, port) is found in a host
-// registry of lock files (bind.cc); ports are unique per IP across processes because
-// bind holds an exclusive flock on the port's file.
+// registry (bind.cc): each bound (ip, port) is an abstract unix socket name, which the
+// kernel lets only one socket hold, and whose holder answers lookups with its address.
 //
 // Reliability follows net/rds over IB, with the fixes rds-api.md §7 asks for: every
 // message gets a per-connection sequence number, stays on the retransmit list until the
@@ -176,7 +176,7 @@ struct Sock {
   sockaddr_in bound_addr{};
   bool v6 = false;  // bound to a real IPv6 address (bound6)
   sockaddr_in6 bound6{};
-  int lock_fd = -1;  // registry flock
+  int lock_fd = -1;  // registry: the port's listening socket
   bool connected = false;
   sockaddr_in conn_addr{};
   uint32_t sndbuf = kDefaultSndBuf, rcvbuf = kDefaultRcvBuf;
@@ -383,7 +383,7 @@ struct Global {
   std::map<rdma_cm_id*, std::unique_ptr<FenceChan>> passive_rids;
   std::map<uint32_t, FenceChan*> fence_chans;  // by key (its receives' wr ids)
   uint32_t next_fence_key = 1;
-  std::map<uint32_t, int> ping_locks;  // ip -> our registry flock on (ip, 0): pings come here
+  std::map<uint32_t, int> ping_locks;  // ip -> our registry socket of (ip, 0): pings come here
 };
 
 Global& g();
@@ -437,11 +437,12 @@ void sock_update_poll(Sock* s);  // POLLIN/POLLOUT state of app_fd
 bool sock_readable(const Sock* s);
 void sock_wake(Sock* s);
 
-// bind.cc: host registry of bound (ip, port) -> owning process' rdma_cm port
+// bind.cc: host registry of bound (ip, port) -> owning process' rdma_cm port. The fd
+// claim returns is the port's listening socket (abstract unix namespace).
 int registry_claim(const sockaddr_in& a, uint16_t cm_port, uint64_t gen);  // fd or -errno
 int registry_claim6(const sockaddr_in6& a, uint16_t cm_port, uint64_t gen);
 void registry_release(int lock_fd, const sockaddr_in& a);
-// Multi-user safety of the shared directories (registry, info/): see bind.cc.
+// Multi-user safety of the shared info/ directories: see info.cc.
 bool shared_dir_ready(const std::string& d);
 int open_own_entry(const std::string& p);  // fd (ours, 0644, no symlink) or -errno
 // Not a unicast address: ANY, broadcast, multicast (EINVAL for bind, connect and sendmsg).

@@ -31,10 +31,9 @@ int no_sock(int fd) {
 }
 
 void sock_fork_release(Sock* s) {
-  // The child's copies of our ends: the parent's stack keeps its own. The registry flock
-  // belongs to the open file, which the parent still holds, so closing ours frees nothing.
+  // The child's copies of our ends: the parent's stack keeps its own. The registry closes
+  // its own (bind.cc owner_release).
   if (s->lib_fd >= 0) raw_close(s->lib_fd);
-  if (s->lock_fd >= 0) raw_close(s->lock_fd);
   if (s->app_fd >= 0 && s->app_fd < kMaxFd) g_is_rds[s->app_fd] = kInherited;
 }
 

@@ -1,6 +1,8 @@
-// Formats of the files RDS processes share on a host (another user may write them: parse
-// them as untrusted bytes). Pure functions, fuzzed by fuzz/fuzz_rds.cc.
-//   registry entry <dir>/<ip>_<port>: "<rdma_cm port> <generation>\n" (bind.cc)
+// Formats of what RDS processes share on a host (another user may write them: parse them
+// as untrusted bytes). Pure functions, fuzzed by fuzz/fuzz_rds.cc.
+//   registry name: the abstract unix socket "@softverbs-rds/<realm>/<ip>_<port>" (bind.cc)
+//   registry entry: "<rdma_cm port> <generation>", of the owner's process name
+//     "@softverbs-rds/<realm>/pid/<pid>=<rdma_cm port>_<generation>"
 //   info snapshot <dir>/info/<pid>: repeated [i32 id][i32 record size][u32 bytes][records]:
 //     the RDS_INFO_* tables, and kInfoMeta (who wrote it)
 //   retired sum <dir>/info/retired.<uid>: RDS_INFO_COUNTERS (the counters of that user's
@@ -33,6 +35,65 @@ inline bool registry_entry_parse(std::string_view s, uint16_t& cm_port, uint64_t
   cm_port = static_cast<uint16_t>(port);
   gen = g;
   return true;
+}
+
+// The registry's realm: "host", or for a private registry (SOFTVERBS_RDS_DIR, any path) a
+// short fixed-length name: its FNV-1a hash in hex.
+inline std::string registry_realm(const char* dir) {
+  if (!dir || !*dir) return "host";
+  uint64_t h = 1469598103934665603ull;
+  for (const char* p = dir; *p; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 1099511628211ull;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string r(16, '0');
+  for (int i = 15; i >= 0; --i, h >>= 4) r[static_cast<size_t>(i)] = kHex[h & 15];
+  return r;
+}
+
+// The abstract socket name (without its leading NUL) of (ip, port) in a realm, and the
+// prefix of every name on ip.
+inline std::string registry_name_prefix(std::string_view realm, std::string_view ip) {
+  std::string n = "softverbs-rds/";
+  n.append(realm).append("/").append(ip).append("_");
+  return n;
+}
+inline std::string registry_name(std::string_view realm, std::string_view ip, uint16_t port) {
+  return registry_name_prefix(realm, ip) + std::to_string(port);
+}
+
+// The name a process holds for as long as it has a port: "<realm>/pid/<pid>=<cm_port>_<gen>"
+// under the registry's prefix. A querier that learned the owner's pid from the port's socket
+// (SO_PEERCRED) finds the owner's entry here, by listing the names (/proc/net/unix), and
+// believes a name only if the socket holding it is that pid's too.
+inline std::string registry_proc_prefix(std::string_view realm, int pid) {
+  std::string n = "softverbs-rds/";
+  n.append(realm).append("/pid/").append(std::to_string(pid)).append("=");
+  return n;
+}
+inline std::string registry_proc_name(std::string_view realm, int pid, uint16_t cm_port,
+                                      uint64_t gen) {
+  return registry_proc_prefix(realm, pid) + std::to_string(cm_port) + "_" + std::to_string(gen);
+}
+// The entry of a process name with the given prefix: false unless name is
+// "<prefix><1..65535>_<u64>".
+inline bool registry_proc_parse(std::string_view name, std::string_view prefix, uint16_t& cm_port,
+                                uint64_t& gen) {
+  if (name.size() <= prefix.size() || name.substr(0, prefix.size()) != prefix) return false;
+  std::string entry(name.substr(prefix.size()));
+  const auto us = entry.find('_');
+  if (us == std::string::npos || entry.find(' ') != std::string::npos) return false;
+  entry[us] = ' ';
+  return registry_entry_parse(entry, cm_port, gen);
+}
+
+// The port of a registry name with the given prefix (one of /proc/net/unix's paths, '@' for
+// the NUL already dropped), or 0 if name is not "<prefix><1..65535>".
+inline uint16_t registry_name_port(std::string_view name, std::string_view prefix) {
+  if (name.size() <= prefix.size() || name.substr(0, prefix.size()) != prefix) return 0;
+  const std::string_view digits = name.substr(prefix.size());
+  unsigned port = 0;
+  const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), port);
+  if (r.ec != std::errc() || r.ptr != digits.data() + digits.size() || port > 65535) return 0;
+  return static_cast<uint16_t>(port);
 }
 
 // Tables of our own in the info files (RDS_INFO_* ids are positive).

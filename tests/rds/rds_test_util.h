@@ -8,14 +8,19 @@
 #include <softverbs/rds.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
+
+#include "wire/rds_files.h"
 
 namespace rdstest {
 
@@ -83,6 +88,56 @@ int in_private_child(Fn fn) {
   if (std::system(cmd.c_str()) != 0) return -2;
   if (!waited) return -3;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+}
+
+// The registry's abstract unix address of (127.0.0.1, port) in this process' realm.
+inline socklen_t registry_addr(uint16_t port, sockaddr_un* su) {
+  const std::string name = sv::wire::registry_name(
+      sv::wire::registry_realm(std::getenv("SOFTVERBS_RDS_DIR")), "127.0.0.1", port);
+  *su = {};
+  su->sun_family = AF_UNIX;
+  std::memcpy(su->sun_path + 1, name.data(), name.size());
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+}
+
+// The pid holding the registry name of (127.0.0.1, port), as the kernel says (0: nobody).
+// *conn, if given, gets the connection (open) instead of closing it.
+inline pid_t registry_holder(uint16_t port, int* conn = nullptr) {
+  sockaddr_un su;
+  const socklen_t len = registry_addr(port, &su);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return 0;
+  pid_t pid = 0;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&su), len) == 0) {
+    ucred cr{};
+    socklen_t cl = sizeof cr;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0) pid = cr.pid;
+  }
+  if (conn && pid)
+    *conn = fd;
+  else
+    close(fd);
+  return pid;
+}
+
+// The registry entry ("<rdma_cm port> <gen>") of the process holding (127.0.0.1, port), read
+// as another process would (bind.cc), or "" when nobody holds it.
+inline std::string registry_ask(uint16_t port) {
+  const pid_t pid = registry_holder(port);
+  if (!pid) return "";
+  const std::string prefix =
+      "@" + sv::wire::registry_proc_prefix(
+                sv::wire::registry_realm(std::getenv("SOFTVERBS_RDS_DIR")), pid);
+  std::ifstream f("/proc/net/unix");
+  for (std::string line; std::getline(f, line);) {
+    const auto sp = line.rfind(' ');
+    uint16_t cm = 0;
+    uint64_t gen = 0;
+    if (sp != std::string::npos &&
+        sv::wire::registry_proc_parse(std::string_view(line).substr(sp + 1), prefix, cm, gen))
+      return std::to_string(cm) + " " + std::to_string(gen);
+  }
+  return "";
 }
 
 // Waits (bounded) until fd reports `ev`; returns revents or 0 on timeout.

@@ -21,17 +21,11 @@ namespace wire = sv::wire;
 
 namespace {
 
-std::string registry_dir() {
-  const char* d = std::getenv("SOFTVERBS_RDS_DIR");
-  return d && *d ? d : "/dev/shm/softverbs-rds";
-}
-
-// The victim process' rdma_cm port, from the registry entry of (127.0.0.1, port).
+// The victim process' rdma_cm port, from the registry's answer for (127.0.0.1, port).
 uint16_t victim_cm_port(uint16_t port) {
-  std::ifstream f(registry_dir() + "/127.0.0.1_" + std::to_string(port));
-  unsigned cm = 0;
-  f >> cm;
-  return static_cast<uint16_t>(cm);
+  uint16_t cm = 0;
+  uint64_t gen = 0;
+  return wire::registry_entry_parse(registry_ask(port), cm, gen) ? cm : 0;
 }
 
 long rss_kib() {

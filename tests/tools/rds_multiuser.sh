@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The RDS host registry on a multi-user host: root and a second user (nobody, via setpriv)
-# share one registry directory. Checks, each of which failed before the registry was made
-# safe for a multi-user host:
-#  1. a directory root creates under umask 077 is 01777, so the other user can bind;
-#  2. a symlink the other user plants where root's entry goes is never followed: the file
-#     it points to is untouched and root's bind still succeeds;
-#  3. an entry the other user pre-created 0666 is not trusted: root's bind replaces it
-#     with its own 0644 file, which the other user cannot write;
-#  4. the other user cannot remove root's live entry;
+# The RDS host registry on a multi-user host: root and a second user (nobody, via setpriv).
+# Ports live in the abstract unix namespace (src/rds/bind.cc); the info/ snapshots in a
+# shared folder. Checks:
+#  1. a registry folder the other user created first (0700, its own) denies root nothing:
+#     root binds, and root's message reaches root's socket;
+#  2. the other user can bind a port nobody holds, and cannot take root's live port;
+#  3. names the other user binds to lie about root's process (its pid with another
+#     rdma_cm port) are not believed: root's messages still reach root's socket;
+#  4. a port whose holder was killed (SIGKILL) is free at once, with nothing to clean;
 #  5. a symlink planted as root's info/ snapshot temp file is never followed.
 # Usage: rds_multiuser.sh <rds_bind_probe> <libdir>
 set -u
@@ -48,47 +48,87 @@ as_nobody() {
     env LD_LIBRARY_PATH=$T SOFTVERBS_NETDEV=lo SOFTVERBS_RDS_DIR=$REG "$T/probe" "$@"
 }
 P=$((30000 + $$ % 5000))
-
-# 1. umask 077 must not cut the shared directory's mode.
-out=$( (umask 077; as_root 127.0.0.1 $P) )
-mode=$(stat -c %a "$REG" 2>/dev/null)
-check "root creates the registry 1777 under umask 077" $([ "$out" = bound ] && [ "$mode" = 1777 ]; echo $?) "bind: $out, mode $mode"
-out=$(as_nobody 127.0.0.1 $((P + 1)))
-check "the other user can bind" $([ "$out" = bound ]; echo $?) "$out"
-
-# The rest tests each property on its own: the shared directories as they should be.
-chmod 1777 "$REG"
-mkdir -p "$REG/info"
-chmod 1777 "$REG/info"
 nobody() { setpriv --reuid=nobody --regid=nogroup --clear-groups "$@"; }
+# bg OUT ARGS...: the probe as root in the background, its output in $T/OUT; waits (bounded)
+# for its first line.
+bg() {
+  local out=$T/$1
+  shift
+  (LD_LIBRARY_PATH=$T exec "$T/probe" "$@" >"$out") &
+  pids+=($!)  # the probe's own pid
+  for _ in $(seq 50); do [ -s "$out" ] && break; sleep 0.1; done
+}
+# message TAG RECV_PORT SEND_PORT: root receives on RECV_PORT what another root process sends
+# from SEND_PORT; prints what the receiver printed last.
+message() {
+  bg "recv.$1" recv 127.0.0.1 "$2" 5000
+  as_root send 127.0.0.1 "$3" "$2" "hello-$1" >/dev/null
+  wait "${pids[-1]}"
+  tail -1 "$T/recv.$1"
+}
 
-# 2. A planted symlink is never followed.
+# 1. The folder exists first, the other user's, 0700, with something planted in it.
+mkdir "$REG" && chown nobody "$REG" && chmod 700 "$REG"
+nobody sh -c "echo '1 1' > $REG/127.0.0.1_$P; ln -s /etc/passwd $REG/info" 2>/dev/null
+out=$(message one "$P" $((P + 1)))
+check "a folder the other user made first denies root nothing" $([ "$out" = "got hello-one" ]; echo $?) "receiver: $out"
+rm -rf "$REG"
+
+# 2. First come, first served, as Linux RDS ports.
+out=$(as_nobody 127.0.0.1 $((P + 2)))
+check "the other user can bind a free port" $([ "$out" = bound ]; echo $?) "$out"
+bg hold 127.0.0.1 $((P + 3)) 3000
+out=$(as_nobody 127.0.0.1 $((P + 3)))
+check "the other user cannot take root's live port" $([ "$out" = "error EADDRINUSE" ]; echo $?) "$out"
+
+# 3. Lies about root's process: once root's receiver holds its port, the other user binds
+#    names that claim to be that process (its pid) with other rdma_cm ports.
+bg recv.three recv 127.0.0.1 $((P + 4)) 5000
+receiver=${pids[-1]}
+name=$(grep -o "@softverbs-rds/[^/]*/pid/$receiver=" /proc/net/unix | head -1)
+# The kernel lists names in hash order: the liar binds until some of its names come before
+# the real one (which a lookup that believed the first name would take), and prints how many.
+nobody /usr/bin/python3 -c '
+import socket, sys, time
+prefix = sys.argv[1][1:]
+held, ahead = [], 0
+for i in range(1, 513):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.bind("\0" + prefix + "%d_%d" % (i, i)); s.listen(8); held.append(s)
+    except OSError:
+        continue
+    if i % 16 == 0:
+        names = [l.split()[-1] for l in open("/proc/net/unix") if prefix in l]
+        real = [k for k, n in enumerate(names) if not n.endswith("_%s" % n.split("=")[1].split("_")[0])]
+        ahead = real[0] if real else 0
+        if ahead:
+            break
+print(ahead, flush=True)
+time.sleep(6)' "$name" >"$T/liar" &
+pids+=($!)
+for _ in $(seq 50); do [ -s "$T/liar" ] && break; sleep 0.1; done
+as_root send 127.0.0.1 $((P + 5)) $((P + 4)) hello-three >/dev/null
+wait "$receiver"
+out=$(tail -1 "$T/recv.three")
+check "names that lie about root's process are not believed" $([ -n "$name" ] && [ "$(cat "$T/liar")" -gt 0 ] && [ "$out" = "got hello-three" ]; echo $?) "name '$name', $(cat "$T/liar") lying names listed ahead of it, receiver: $out"
+
+# 4. A killed holder's port is free at once.
+bg killed 127.0.0.1 $((P + 6)) 30000
+k=${pids[-1]}
+kill -9 $k
+wait $k 2>/dev/null
+out=$(as_nobody 127.0.0.1 $((P + 6)))
+check "a killed holder's port is free at once" $([ "$(cat "$T/killed")" = bound ] && [ "$out" = bound ]; echo $?) "holder: $(cat "$T/killed"), then: $out"
+
+# 5. info/ snapshots: a symlink planted as the holder's temp file is never followed.
+mkdir -p "$REG/info"
+chmod 1777 "$REG" "$REG/info"
 victim=$T/victim
 echo secret >"$victim"
 chmod 644 "$victim"
-nobody ln -s "$victim" "$REG/127.0.0.1_$((P + 2))" || echo "could not plant the symlink"
-out=$(as_root 127.0.0.1 $((P + 2)))
-check "a symlinked entry is not followed" $([ "$(cat "$victim")" = secret ] && [ ! -L "$REG/127.0.0.1_$((P + 2))" ] && [ "$out" = bound ]; echo $?) "bind: $out, victim: $(cat "$victim")"
-
-# 3. An entry pre-created 0666 by the other user is replaced by root's own.
-nobody sh -c "umask 0; echo '1 1' > $REG/127.0.0.1_$((P + 3))" || echo "could not plant the entry"
-as_root 127.0.0.1 $((P + 3)) 3000 >"$T/hold.out" &
-pids+=($!)
-for _ in $(seq 50); do [ -s "$T/hold.out" ] && break; sleep 0.1; done
-owner=$(stat -c '%U %a' "$REG/127.0.0.1_$((P + 3))")
-if nobody sh -c "echo '9 9' > $REG/127.0.0.1_$((P + 3))" 2>/dev/null; then wrote=1; else wrote=0; fi
-check "a pre-created 0666 entry becomes root's 0644" $([ "$(cat "$T/hold.out")" = bound ] && [ "$owner" = "root 644" ] && [ $wrote = 0 ]; echo $?) "bind: $(cat "$T/hold.out"), owner/mode: $owner, other user wrote: $wrote"
-
-# 4. The other user cannot remove root's live entry (sticky directory).
-nobody rm -f "$REG/127.0.0.1_$((P + 3))" 2>/dev/null
-check "the other user cannot remove a live entry" $([ -f "$REG/127.0.0.1_$((P + 3))" ]; echo $?) "entry gone"
-out=$(as_nobody 127.0.0.1 $((P + 3)))
-check "the other user cannot take root's port" $([ "$out" = "error EADDRINUSE" ]; echo $?) "$out"
-
-# 5. info/ snapshots: a symlink planted as the holder's temp file is never followed.
-holder=${pids[0]}
-# The probe's pid is the one publishing (LD_LIBRARY_PATH runs it directly).
-nobody ln -sf "$victim" "$REG/info/$holder.tmp" || echo "could not plant the snapshot symlink"
+bg snap 127.0.0.1 $((P + 7)) 1500
+nobody ln -sf "$victim" "$REG/info/${pids[-1]}.tmp" || echo "could not plant the snapshot symlink"
 sleep 1.2  # two publication periods
 check "a symlinked info snapshot is not followed" $([ "$(cat "$victim")" = secret ]; echo $?) "victim: $(cat "$victim")"
 wait
