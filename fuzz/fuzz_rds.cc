@@ -10,7 +10,8 @@
 //  - private data that decodes re-encodes to bytes that decode the same, and a fence that
 //    decodes re-encodes to its own bytes;
 //  - a registry entry that parses formats back to the same text (modulo its newline), and
-//    a registry socket name yields a port only when it has the prefix asked for;
+//    a registry socket name yields a port only when it has the prefix asked for, and a
+//    sock_diag answer never more names than asked for;
 //  - records taken from a snapshot are whole records, never more bytes than it has;
 //  - reassembly never holds more than the message size it was told (itself bounded by the
 //    limit), delivers each message whole with exactly the bytes of its fragments, never a
@@ -28,6 +29,7 @@
 #include "wire/rds_files.h"
 #include "wire/rds_hdr.h"
 #include "wire/rds_rx.h"
+#include "wire/unix_diag.h"
 
 using namespace sv::wire;
 
@@ -103,6 +105,16 @@ void registry_path(const std::string_view s) {
   if (!port) return;
   FUZZ_CHECK(s.substr(0, prefix.size()) == prefix);
   FUZZ_CHECK(registry_name_port(registry_name("host", "127.0.0.1", port), prefix) == port);
+}
+
+// A sock_diag answer: never more names than asked for, none longer than a unix name, and
+// the parser never reads past the buffer (ASan). Copied so that the headers are aligned.
+void unix_diag(const std::byte* d, size_t n) {
+  std::vector<std::byte> buf(d, d + n);
+  std::vector<UnixSocketName> out;
+  parse_unix_diag(buf.data(), buf.size(), out, 8);
+  FUZZ_CHECK(out.size() <= 8);
+  for (const auto& s : out) FUZZ_CHECK(!s.name.empty() && s.name.size() <= 108);
 }
 
 // A process name: an entry only for "<prefix><port>_<gen>", and it names the same entry.
@@ -240,6 +252,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       registry_entry(d, n);
       registry_path(std::string_view(reinterpret_cast<const char*>(d), n));
       registry_proc(std::string_view(reinterpret_cast<const char*>(d), n));
+      unix_diag(d, n);
       break;
     case 3:
       snapshot(d, n);

@@ -9,21 +9,30 @@
 //    could with the /dev/shm/softverbs-rds folder this replaces (issue 28). As on Linux,
 //    any user may bind a port nobody holds, first come, first served;
 //  - a lookup connects to the name, and the kernel tells who holds it (SO_PEERCRED: the
-//    owner's pid, which nobody else can claim). The owner's entry, its rdma_cm port and
-//    generation, is in a second name it holds for as long as it has a port,
-//    "@softverbs-rds/<realm>/pid/<pid>=<cm_port>_<gen>": the querier lists the names
-//    (/proc/net/unix) and believes one only if its holder is that same pid. Nothing can be
-//    forged, and nothing waits for the owner: a stopped owner is found as a running one
-//    (its messages queue, as in a stopped process' kernel socket).
+//    pid and uid of the process that called listen()). The owner's entry, its rdma_cm port
+//    and generation, is in a second name it holds for as long as it has a port,
+//    "@softverbs-rds/<realm>/pid/<pid>=<cm_port>_<gen>" (the random generation makes it
+//    unguessable, so nobody can take it first). The querier lists the listening sockets
+//    under that prefix with their owners' uids (sock_diag), takes only the owner's uid's,
+//    and believes one only if the kernel says that pid holds it. So no name of another
+//    user is ever a candidate, and no answer waits for the owner: a stopped owner is found
+//    as a running one (its messages wait, as for a stopped process' kernel socket).
 // A querier keeps its connection to the port's socket as the cache of its answer. The
-// owner's registry thread accepts it and holds it while it holds the port (a stopped
-// owner's backlog holds it meanwhile); on release the owner closes them (the kernel does,
-// at its death), so a querier checks its answer with one non-blocking peek (end of file:
-// stale). The thread takes no lock of the RDS stack.
+// owner's registry thread takes it in and holds it while it holds the port, at most a
+// quarter of its descriptor limit in all (past that, and while the owner is stopped,
+// queriers wait in the kernel's backlog, SOMAXCONN per port, where their answers hold as
+// well); on release the owner closes them, or the kernel does at its death. So a querier
+// checks its answer with one non-blocking peek (end of file: stale). The thread takes no
+// lock of the RDS stack. Processes in different PID namespaces sharing a network namespace
+// do not find each other (the pid the kernel gives is not the one in the name).
 // realm: "host", or a hash of SOFTVERBS_RDS_DIR when set (tests, and a private registry
 // per simulated host sharing one network namespace).
 #include <arpa/inet.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
+#include <linux/unix_diag.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -44,24 +53,35 @@
 #include "rds/rds_impl.h"
 #include "util/fork_local.h"
 #include "wire/rds_files.h"
+#include "wire/unix_diag.h"
 
 namespace sv::rds {
 namespace {
 
-// An owner keeps at most this many queriers' connections per port; past it, it closes what
-// it takes in (such a querier asks again on each send: slower, never refused). Bounds the
-// descriptors another local user can make us hold by connecting in a loop.
-constexpr size_t kMaxQueriersPerPort = 1024;
-// Names listed per lookup at most (/proc/net/unix; only misses of the cache look).
-constexpr size_t kMaxCandidates = 4096;
+// An owner holds at most a quarter of its descriptor limit in queriers' connections, all
+// ports together: past it, it stops taking them in, and they wait in the kernel's backlog
+// (SOMAXCONN per port), where their answers hold as well. So neither many local peers nor
+// another user connecting in a loop can run us out of descriptors.
+size_t max_queriers() {
+  rlimit rl{};
+  const rlim_t cur = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? rl.rlim_cur : 1024;
+  return static_cast<size_t>(std::clamp<rlim_t>(cur / 4, 64, 65536));
+}
+// Queriers taken in per wake-up of the registry thread, so that lookups of our own ports,
+// which wait for its lock, wait for little.
+constexpr int kAcceptBatch = 64;
+// Candidate process names tried per lookup at most (only misses of the cache look).
+constexpr size_t kMaxCandidates = 64;
 
 // Read once per process (a forked child reads it again: in_private_child sets it after fork).
-struct Realm {
-  std::string name = wire::registry_realm(std::getenv("SOFTVERBS_RDS_DIR"));
-};
-ForkLocal<Realm> g_realm;
-const std::string& realm() {
-  return g_realm.get().name;
+// SOFTVERBS_RDS_DIR set to the default folder (with or without a trailing slash) is the
+// host's realm, as unset. Read at each claim and each lookup the cache misses (a test may
+// give itself a private registry before it starts its peers).
+std::string realm() {
+  const char* d = std::getenv("SOFTVERBS_RDS_DIR");
+  std::string dir = d ? d : "";
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return wire::registry_realm(dir == "/dev/shm/softverbs-rds" ? nullptr : dir.c_str());
 }
 
 using Key = std::pair<uint32_t, uint16_t>;  // IPv4 address and port, network order
@@ -109,7 +129,8 @@ struct Owner {
   std::map<int, Port> ports;      // listener fd ->
   std::map<Key, int> own_v4;      // our IPv4 ports -> listener fd
   std::map<int, int> querier_of;  // querier connection fd -> its listener fd
-  std::vector<int> paused;        // listeners not watched while we are out of descriptors
+  std::vector<int> paused;        // listeners not watched for now (see accept_locked)
+  size_t max_held = max_queriers();
 };
 
 void owner_release(Owner& o) {
@@ -131,51 +152,62 @@ void watch_locked(Owner& o, int listener, uint32_t events) {
   epoll_ctl(o.ep, EPOLL_CTL_MOD, listener, &ev);
 }
 
+// Listeners that stopped taking queriers in try again.
+void resume_locked(Owner& o) {
+  for (int l : o.paused) watch_locked(o, l, EPOLLIN);
+  o.paused.clear();
+}
+
 void drop_querier_locked(Owner& o, int q) {
   auto it = o.querier_of.find(q);
   if (it == o.querier_of.end()) return;
   if (auto p = o.ports.find(it->second); p != o.ports.end()) std::erase(p->second.queriers, q);
   o.querier_of.erase(it);
-  close(q);  // also leaves the epoll set
-  // A descriptor is free: listeners that could not take theirs in try again.
-  for (int l : o.paused) watch_locked(o, l, EPOLLIN);
-  o.paused.clear();
+  close(q);          // also leaves the epoll set
+  resume_locked(o);  // a descriptor is free
 }
 
 // Takes in the queriers waiting on a listener: held for a port, closed at once for the
-// process name (a querier only asked the kernel who holds it).
+// process name (a querier only asked the kernel who holds it). A port's listener stops
+// while we hold max_held, and any listener while we are out of descriptors: its queriers
+// wait in the backlog (their answers stand), and it is watched again once one leaves or
+// after a second; else, still readable, it would spin this thread.
 void accept_locked(Owner& o, int listener) {
-  for (;;) {
-    const int q = accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (q < 0 && (errno == EMFILE || errno == ENFILE)) {
-      // They wait in the backlog (their answers stand); watched again once one is free,
-      // else the listener, still readable, would spin this thread.
-      watch_locked(o, listener, 0);
-      o.paused.push_back(listener);
-      return;
+  auto p = o.ports.find(listener);
+  bool pause = false;
+  for (int i = 0; i < kAcceptBatch && !pause; ++i) {
+    if (p != o.ports.end() && o.querier_of.size() >= o.max_held) {
+      pause = true;
+      break;
     }
-    if (q < 0) return;  // EAGAIN: all taken in
-    auto p = o.ports.find(listener);
+    const int q = accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (q < 0 && (errno == EMFILE || errno == ENFILE)) pause = true;
+    if (q < 0 && !pause) return;  // EAGAIN: all taken in
+    if (q < 0) break;
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.fd = q;
-    if (p == o.ports.end() || p->second.queriers.size() >= kMaxQueriersPerPort ||
-        epoll_ctl(o.ep, EPOLL_CTL_ADD, q, &ev)) {
+    if (p == o.ports.end() || epoll_ctl(o.ep, EPOLL_CTL_ADD, q, &ev)) {
       close(q);
       continue;
     }
     p->second.queriers.push_back(q);
     o.querier_of[q] = listener;
   }
+  if (!pause) return;  // a full batch: the rest at the next wake-up (level-triggered)
+  watch_locked(o, listener, 0);
+  o.paused.push_back(listener);
 }
 
 // The registry thread: takes queriers in, and lets go of those that left. A querier never
 // writes: anything readable on its connection is its end of file.
 void owner_loop(Owner* o) {
   epoll_event evs[64];
+  int timeout = -1;
   for (;;) {
-    const int n = epoll_wait(o->ep, evs, 64, -1);
+    const int n = epoll_wait(o->ep, evs, 64, timeout);
     std::lock_guard lk(o->mu);
+    if (n == 0) resume_locked(*o);
     for (int i = 0; i < n; ++i) {
       const int fd = evs[i].data.fd;
       // An event of a descriptor released meanwhile (and maybe reused) finds it in no map,
@@ -185,6 +217,7 @@ void owner_loop(Owner* o) {
       else
         drop_querier_locked(*o, fd);
     }
+    timeout = o->paused.empty() ? -1 : 1000;
   }
 }
 
@@ -291,11 +324,13 @@ bool own_answer(const Key& k, uint16_t* port, uint64_t* gen) {
   return true;
 }
 
-// The pid holding the listening socket of name, as the kernel tells it.
-pid_t holder(int fd) {
+// Who holds the listening socket fd is connected to, as the kernel tells it (the process
+// that called listen()); pid 0 if it cannot.
+ucred holder(int fd) {
   ucred cr{};
   socklen_t len = sizeof cr;
-  return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0 ? cr.pid : 0;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) cr.pid = 0;
+  return cr;
 }
 
 // A connection to whoever holds name (-1: nobody).
@@ -304,44 +339,87 @@ int connect_to(const std::string& name) {
   if (fd < 0) return -1;
   sockaddr_un su;
   const socklen_t len = abstract_addr(name, &su);
-  int r = connect(fd, reinterpret_cast<sockaddr*>(&su), len);
-  // EAGAIN: the holder's backlog is full (busy, or stopped with many queriers): briefly.
-  for (int i = 0; r != 0 && errno == EAGAIN && i < 5; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1 << i));
-    r = connect(fd, reinterpret_cast<sockaddr*>(&su), len);
-  }
-  if (r != 0) {  // ECONNREFUSED: nobody holds it
+  // ECONNREFUSED: nobody holds it. EAGAIN: its backlog is full (SOMAXCONN queriers it has
+  // not taken in): no waiting here, under the stack's lock.
+  if (connect(fd, reinterpret_cast<sockaddr*>(&su), len) != 0) {
     close(fd);
     return -1;
   }
   return fd;
 }
 
-// The abstract names the kernel lists that start with prefix ('@' for the NUL), at most
-// kMaxCandidates.
-std::vector<std::string> names_with(const std::string& prefix) {
+// The listening sockets whose abstract name starts with prefix (without its NUL), at most
+// kMaxCandidates, each once, with the uid of its owner: from a sock_diag dump, which says
+// whose each socket is. False if the kernel would not answer (a seccomp profile, an old
+// kernel): then from /proc/net/unix, without owners (has_uid false).
+bool diag_listeners(const std::string& prefix, std::vector<wire::UnixSocketName>& out) {
+  const int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+  if (fd < 0) return false;
+  struct {
+    nlmsghdr h;
+    unix_diag_req r;
+  } req{};
+  req.h.nlmsg_len = sizeof req;
+  req.h.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+  req.h.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+  req.r.sdiag_family = AF_UNIX;
+  req.r.udiag_states = 1u << 10;  // TCP_LISTEN: listeners only, not their connections
+  req.r.udiag_show = UDIAG_SHOW_NAME | UDIAG_SHOW_UID;
+  sockaddr_nl nl{};
+  nl.nl_family = AF_NETLINK;
+  bool ok = sendto(fd, &req, sizeof req, 0, reinterpret_cast<sockaddr*>(&nl), sizeof nl) ==
+            static_cast<ssize_t>(sizeof req);
+  alignas(nlmsghdr) std::byte buf[16384];
+  std::vector<wire::UnixSocketName> batch;
+  for (auto st = wire::DiagStatus::more; ok && st == wire::DiagStatus::more;) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);  // the kernel answers a dump at once
+    if (n <= 0) {
+      ok = false;
+      break;
+    }
+    batch.clear();
+    st = wire::parse_unix_diag(buf, static_cast<size_t>(n), batch, SIZE_MAX);
+    ok = st != wire::DiagStatus::error;
+    for (auto& s : batch)
+      if (out.size() < kMaxCandidates && s.name.size() > prefix.size() && s.name[0] == '\0' &&
+          s.name.compare(1, prefix.size(), prefix) == 0)
+        out.push_back({s.name.substr(1), s.uid, s.has_uid});
+  }
+  close(fd);
+  return ok;
+}
+
+std::vector<wire::UnixSocketName> listeners_with(const std::string& prefix) {
+  std::vector<wire::UnixSocketName> out;
+  if (diag_listeners(prefix, out)) return out;
+  out.clear();
   std::ifstream f("/proc/net/unix");
   std::string line;
-  std::vector<std::string> out;
   while (std::getline(f, line) && out.size() < kMaxCandidates) {
     const auto sp = line.rfind(' ');
-    if (sp != std::string::npos && line.compare(sp + 1, prefix.size(), prefix) == 0)
-      out.push_back(line.substr(sp + 2));  // without the '@'
+    if (sp == std::string::npos || line.compare(sp + 1, 1 + prefix.size(), "@" + prefix) != 0)
+      continue;
+    std::string name = line.substr(sp + 2);  // without the '@'
+    if (std::none_of(out.begin(), out.end(), [&](const auto& s) { return s.name == name; }))
+      out.push_back({std::move(name), 0, false});
   }
   return out;
 }
 
-// The entry of process pid: from a process name that pid holds (another user may hold
-// names that claim to be pid's: the kernel says whose they are).
-bool entry_of(pid_t pid, uint16_t* port, uint64_t* gen) {
-  const std::string prefix = wire::registry_proc_prefix(realm(), pid);
-  for (const std::string& name : names_with("@" + prefix)) {
+// The entry of process pid (owner uid): from a process name that pid holds. Another user's
+// names are no candidates (the dump says whose they are); a name that claims to be pid's is
+// believed only if the kernel says pid holds it.
+bool entry_of(const ucred& owner, uint16_t* port, uint64_t* gen) {
+  const std::string prefix = wire::registry_proc_prefix(realm(), owner.pid);
+  for (const auto& cand : listeners_with(prefix)) {
     uint16_t p = 0;
     uint64_t g = 0;
-    if (!wire::registry_proc_parse(name, prefix, p, g)) continue;
-    const int fd = connect_to(name);
+    if ((cand.has_uid && cand.uid != owner.uid) ||
+        !wire::registry_proc_parse(cand.name, prefix, p, g))
+      continue;
+    const int fd = connect_to(cand.name);
     if (fd < 0) continue;
-    const bool theirs = holder(fd) == pid;
+    const bool theirs = holder(fd).pid == owner.pid;
     close(fd);
     if (theirs) {
       *port = p;
@@ -357,8 +435,8 @@ bool entry_of(pid_t pid, uint16_t* port, uint64_t* gen) {
 int ask(const std::string& name, uint16_t* port, uint64_t* gen) {
   const int fd = connect_to(name);
   if (fd < 0) return -1;
-  const pid_t pid = holder(fd);
-  if (pid <= 0 || !entry_of(pid, port, gen)) {
+  const ucred owner = holder(fd);
+  if (owner.pid <= 0 || !entry_of(owner, port, gen)) {
     close(fd);
     return -1;
   }
@@ -398,8 +476,8 @@ uint16_t any_owner_on(in_addr ip, uint64_t* gen) {
   a.sin_family = AF_INET;
   a.sin_addr = ip;
   const std::string prefix = wire::registry_name_prefix(realm(), ip_text(a));
-  for (const std::string& name : names_with("@" + prefix)) {
-    const uint16_t p = wire::registry_name_port(name, prefix);
+  for (const auto& l : listeners_with(prefix)) {
+    const uint16_t p = wire::registry_name_port(l.name, prefix);
     if (!p) continue;
     a.sin_port = htons(p);
     if (uint16_t found = lookup_name(a, gen)) return found;

@@ -70,6 +70,23 @@ inline int bound_socket(uint16_t p) {
   return fd;
 }
 
+// A registry and info/ folder of this test's own, from here to the end of the scope, for the
+// processes it starts too (they inherit the environment): RDS_INFO_COUNTERS then sums only
+// theirs, so an equality on a counter does not see another test's process that exits
+// meanwhile. Before the stack's first use in this process (a test runs in its own process).
+struct PrivateRegistry {
+  char dir[32] = "/tmp/sv-rds-priv-XXXXXX";
+  PrivateRegistry() {
+    EXPECT_NE(mkdtemp(dir), nullptr);
+    setenv("SOFTVERBS_RDS_DIR", dir, 1);
+  }
+  ~PrivateRegistry() {
+    unsetenv("SOFTVERBS_RDS_DIR");
+    const std::string cmd = std::string("rm -rf ") + dir;
+    if (std::system(cmd.c_str()) != 0) ADD_FAILURE() << cmd;
+  }
+};
+
 // Runs fn in a forked child with a fresh RDS stack (fork-local) and a registry directory, so
 // counters (RDS_INFO_COUNTERS sums the host), of its own. Returns fn's result, the child's
 // exit code (100 + the signal if it was killed; -1..-3 if the set-up itself failed).

@@ -1222,6 +1222,7 @@ TEST(RdsAtomic, ConnectionLostUnderAnAtomicReportsDropped) {
 // and every op queued behind it a reconnect.
 TEST(RdsAtomic, APeerWithoutAtomicsRefusesThemWithoutLosingTheRdmaChannel) {
   const uint16_t pp = port(40), me = port(41);
+  PrivateRegistry own;  // the reset count below is of these two processes only
   setenv("SOFTVERBS_RFC7306", "0", 1);
   Peer peer;
   const bool up = peer.start({pp}, "region");

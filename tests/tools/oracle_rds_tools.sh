@@ -238,8 +238,9 @@ if [ -n "$INFO" ]; then
     # A table we do not provide (-T: no RDS/TCP transport; -p: UEK only) is ENOPROTOOPT, as on
     # Linux without that module; 2.3.x names the table, 2.0.7 says "Unable get statistics".
     absent=$(grep -cE "(\"(paths|TCP transport sockets)\".*|Unable get statistics: )Protocol not available" "$log")
+    # Counter rows ("cong_send_error 0") are no error messages.
     err=$(grep -vE "(\"(paths|TCP transport sockets)\".*|Unable get statistics: )Protocol not available" "$log" |
-      grep -m1 -E "Unable|Invalid option|Permission denied|rror")
+      grep -vE '^ +[a-z_0-9]+ +[0-9]+$' | grep -m1 -E "Unable|Invalid option|Permission denied|rror")
     if [ "$absent" -gt 0 ] && [ -z "$err" ] && [[ $flags == -T || $flags == -p ]]; then
       record "rds-info $flags" n/a "table not provided (ENOPROTOOPT); Linux without rds_tcp does the same"
       return
