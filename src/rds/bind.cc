@@ -76,7 +76,8 @@ constexpr size_t kMaxCandidates = 64;
 // Read once per process (a forked child reads it again: in_private_child sets it after fork).
 // SOFTVERBS_RDS_DIR set to the default folder (with or without a trailing slash) is the
 // host's realm, as unset. Read at each claim and each lookup the cache misses (a test may
-// give itself a private registry before it starts its peers).
+// give itself a private registry before it starts its peers): a claim holds our process
+// name in its realm too (Owner::proc_fds), so a lookup in any realm we claimed in finds us.
 std::string realm() {
   const char* d = std::getenv("SOFTVERBS_RDS_DIR");
   std::string dir = d ? d : "";
@@ -95,14 +96,14 @@ std::string ip_text(const sockaddr_in& a) {
   return ip;
 }
 
-std::string name_of(const sockaddr_in& a) {
-  return wire::registry_name(realm(), ip_text(a), ntohs(a.sin_port));
+std::string name_of(const std::string& r, const sockaddr_in& a) {
+  return wire::registry_name(r, ip_text(a), ntohs(a.sin_port));
 }
 
-std::string name_of6(const sockaddr_in6& a) {
+std::string name_of6(const std::string& r, const sockaddr_in6& a) {
   char ip[INET6_ADDRSTRLEN];
   inet_ntop(AF_INET6, &a.sin6_addr, ip, sizeof ip);
-  return wire::registry_name(realm(), ip, ntohs(a.sin6_port));
+  return wire::registry_name(r, ip, ntohs(a.sin6_port));
 }
 
 // The abstract address of name: sun_path starts with a NUL, and its length is exact.
@@ -123,13 +124,14 @@ struct Owner {
   std::mutex mu;
   int ep = -1;
   bool started = false;
-  int proc_fd = -1;  // our process name, held from the first claim on
+  std::map<std::string, int> proc_fds;  // realm -> our process name there, from its first claim
   uint16_t cm_port = 0;
   uint64_t gen = 0;
-  std::map<int, Port> ports;      // listener fd ->
-  std::map<Key, int> own_v4;      // our IPv4 ports -> listener fd
-  std::map<int, int> querier_of;  // querier connection fd -> its listener fd
-  std::vector<int> paused;        // listeners not watched for now (see accept_locked)
+  std::chrono::steady_clock::time_point paused_at;  // when paused last became non-empty
+  std::map<int, Port> ports;                        // listener fd ->
+  std::map<Key, int> own_v4;                        // our IPv4 ports -> listener fd
+  std::map<int, int> querier_of;                    // querier connection fd -> its listener fd
+  std::vector<int> paused;  // listeners not watched for now (see accept_locked)
   size_t max_held = max_queriers();
 };
 
@@ -140,7 +142,7 @@ void owner_release(Owner& o) {
     close(fd);
     for (int q : p.queriers) close(q);
   }
-  if (o.proc_fd >= 0) close(o.proc_fd);
+  for (auto& [r, fd] : o.proc_fds) close(fd);
   if (o.ep >= 0) close(o.ep);
 }
 ForkLocal<Owner> g_owner(&owner_release);
@@ -181,9 +183,12 @@ void accept_locked(Owner& o, int listener) {
       break;
     }
     const int q = accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (q < 0 && (errno == EMFILE || errno == ENFILE)) pause = true;
-    if (q < 0 && !pause) return;  // EAGAIN: all taken in
-    if (q < 0) break;
+    if (q < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;  // all taken in
+    if (q < 0 && (errno == ECONNABORTED || errno == EINTR)) continue;
+    if (q < 0) {  // EMFILE, ENFILE, ENOMEM, ENOBUFS: they wait
+      pause = true;
+      break;
+    }
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.fd = q;
@@ -196,6 +201,7 @@ void accept_locked(Owner& o, int listener) {
   }
   if (!pause) return;  // a full batch: the rest at the next wake-up (level-triggered)
   watch_locked(o, listener, 0);
+  if (o.paused.empty()) o.paused_at = std::chrono::steady_clock::now();
   o.paused.push_back(listener);
 }
 
@@ -207,17 +213,23 @@ void owner_loop(Owner* o) {
   for (;;) {
     const int n = epoll_wait(o->ep, evs, 64, timeout);
     std::lock_guard lk(o->mu);
-    if (n == 0) resume_locked(*o);
+    // A second after the first pause, whatever else woke us meanwhile (descriptors the
+    // application freed elsewhere are no querier leaving).
+    if (!o->paused.empty() &&
+        std::chrono::steady_clock::now() - o->paused_at >= std::chrono::seconds(1))
+      resume_locked(*o);
     for (int i = 0; i < n; ++i) {
       const int fd = evs[i].data.fd;
       // An event of a descriptor released meanwhile (and maybe reused) finds it in no map,
       // or in one by its new role: a spurious accept or close, both harmless.
-      if (o->ports.count(fd) || fd == o->proc_fd)
+      const bool proc = std::any_of(o->proc_fds.begin(), o->proc_fds.end(),
+                                    [&](const auto& kv) { return kv.second == fd; });
+      if (o->ports.count(fd) || proc)
         accept_locked(*o, fd);
       else
         drop_querier_locked(*o, fd);
     }
-    timeout = o->paused.empty() ? -1 : 1000;
+    timeout = o->paused.empty() ? -1 : 250;
   }
 }
 
@@ -240,7 +252,8 @@ int listen_on_locked(Owner& o, const std::string& name) {
   return fd;
 }
 
-int claim(const std::string& name, uint16_t cm_port, uint64_t gen) {
+// name is in realm r: our process name there is held first, so that a lookup in r finds it.
+int claim(const std::string& r, const std::string& name, uint16_t cm_port, uint64_t gen) {
   Owner& o = g_owner.get();
   std::lock_guard lk(o.mu);
   if (!o.started) {
@@ -249,11 +262,11 @@ int claim(const std::string& name, uint16_t cm_port, uint64_t gen) {
     std::thread(owner_loop, &o).detach();
     o.started = true;
   }
-  if (o.proc_fd < 0) {
+  if (!o.proc_fds.count(r)) {
     // Our entry never changes (a forked child builds a registry of its own).
-    const int fd = listen_on_locked(o, wire::registry_proc_name(realm(), getpid(), cm_port, gen));
+    const int fd = listen_on_locked(o, wire::registry_proc_name(r, getpid(), cm_port, gen));
     if (fd < 0) return fd == -EADDRINUSE ? -EAGAIN : fd;  // a stale holder of our pid's name
-    o.proc_fd = fd;
+    o.proc_fds[r] = fd;
     o.cm_port = cm_port;
     o.gen = gen;
   }
@@ -266,7 +279,8 @@ int claim(const std::string& name, uint16_t cm_port, uint64_t gen) {
 }  // namespace
 
 int registry_claim(const sockaddr_in& a, uint16_t cm_port, uint64_t gen) {
-  const int fd = claim(name_of(a), cm_port, gen);
+  const std::string r = realm();
+  const int fd = claim(r, name_of(r, a), cm_port, gen);
   if (fd >= 0) {
     Owner& o = g_owner.get();
     std::lock_guard lk(o.mu);
@@ -276,7 +290,8 @@ int registry_claim(const sockaddr_in& a, uint16_t cm_port, uint64_t gen) {
 }
 
 int registry_claim6(const sockaddr_in6& a, uint16_t cm_port, uint64_t gen) {
-  return claim(name_of6(a), cm_port, gen);
+  const std::string r = realm();
+  return claim(r, name_of6(r, a), cm_port, gen);
 }
 
 void registry_release(int lock_fd, const sockaddr_in&) {
@@ -348,11 +363,13 @@ int connect_to(const std::string& name) {
   return fd;
 }
 
-// The listening sockets whose abstract name starts with prefix (without its NUL), at most
-// kMaxCandidates, each once, with the uid of its owner: from a sock_diag dump, which says
-// whose each socket is. False if the kernel would not answer (a seccomp profile, an old
-// kernel): then from /proc/net/unix, without owners (has_uid false).
-bool diag_listeners(const std::string& prefix, std::vector<wire::UnixSocketName>& out) {
+// The listening sockets whose abstract name starts with prefix (without its NUL), and, if
+// uid is given, whose owner is uid: at most kMaxCandidates, each once, from a sock_diag dump,
+// which says whose each socket is. The owner is filtered before the count, so that another
+// user's names never take a candidate's place. False if the kernel would not answer (a
+// seccomp profile): then from /proc/net/unix, which says nothing of owners.
+bool diag_listeners(const std::string& prefix, const uid_t* uid,
+                    std::vector<wire::UnixSocketName>& out) {
   const int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
   if (fd < 0) return false;
   struct {
@@ -382,16 +399,17 @@ bool diag_listeners(const std::string& prefix, std::vector<wire::UnixSocketName>
     ok = st != wire::DiagStatus::error;
     for (auto& s : batch)
       if (out.size() < kMaxCandidates && s.name.size() > prefix.size() && s.name[0] == '\0' &&
-          s.name.compare(1, prefix.size(), prefix) == 0)
+          s.name.compare(1, prefix.size(), prefix) == 0 && (!uid || !s.has_uid || s.uid == *uid))
         out.push_back({s.name.substr(1), s.uid, s.has_uid});
   }
   close(fd);
   return ok;
 }
 
-std::vector<wire::UnixSocketName> listeners_with(const std::string& prefix) {
+std::vector<wire::UnixSocketName> listeners_with(const std::string& prefix,
+                                                 const uid_t* uid = nullptr) {
   std::vector<wire::UnixSocketName> out;
-  if (diag_listeners(prefix, out)) return out;
+  if (diag_listeners(prefix, uid, out)) return out;
   out.clear();
   std::ifstream f("/proc/net/unix");
   std::string line;
@@ -409,9 +427,9 @@ std::vector<wire::UnixSocketName> listeners_with(const std::string& prefix) {
 // The entry of process pid (owner uid): from a process name that pid holds. Another user's
 // names are no candidates (the dump says whose they are); a name that claims to be pid's is
 // believed only if the kernel says pid holds it.
-bool entry_of(const ucred& owner, uint16_t* port, uint64_t* gen) {
-  const std::string prefix = wire::registry_proc_prefix(realm(), owner.pid);
-  for (const auto& cand : listeners_with(prefix)) {
+bool entry_of(const std::string& r, const ucred& owner, uint16_t* port, uint64_t* gen) {
+  const std::string prefix = wire::registry_proc_prefix(r, owner.pid);
+  for (const auto& cand : listeners_with(prefix, &owner.uid)) {
     uint16_t p = 0;
     uint64_t g = 0;
     if ((cand.has_uid && cand.uid != owner.uid) ||
@@ -432,11 +450,11 @@ bool entry_of(const ucred& owner, uint16_t* port, uint64_t* gen) {
 
 // Asks the kernel who holds name and finds that process' entry; the connection to name on
 // success (the cache of the answer), else -1.
-int ask(const std::string& name, uint16_t* port, uint64_t* gen) {
+int ask(const std::string& r, const std::string& name, uint16_t* port, uint64_t* gen) {
   const int fd = connect_to(name);
   if (fd < 0) return -1;
   const ucred owner = holder(fd);
-  if (owner.pid <= 0 || !entry_of(owner, port, gen)) {
+  if (owner.pid <= 0 || !entry_of(r, owner, port, gen)) {
     close(fd);
     return -1;
   }
@@ -461,7 +479,8 @@ uint16_t lookup_name(const sockaddr_in& a, uint64_t* gen) {
     }
     uncache(it);
   }
-  const int fd = ask(name_of(a), &port, &g);
+  const std::string r = realm();
+  const int fd = ask(r, name_of(r, a), &port, &g);
   if (fd < 0) return 0;
   if (g_cache_.get().size() >= 1024) uncache(g_cache_.get().begin());
   g_cache_.get().emplace(key, Cached{fd, port, g});

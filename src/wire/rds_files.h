@@ -62,7 +62,7 @@ inline std::string registry_name(std::string_view realm, std::string_view ip, ui
 
 // The name a process holds for as long as it has a port: "<realm>/pid/<pid>=<cm_port>_<gen>"
 // under the registry's prefix. A querier that learned the owner's pid from the port's socket
-// (SO_PEERCRED) finds the owner's entry here, by listing the names (/proc/net/unix), and
+// (SO_PEERCRED) finds the owner's entry here, by listing the names of that uid (sock_diag), and
 // believes a name only if the socket holding it is that pid's too.
 inline std::string registry_proc_prefix(std::string_view realm, int pid) {
   std::string n = "softverbs-rds/";
@@ -85,7 +85,7 @@ inline bool registry_proc_parse(std::string_view name, std::string_view prefix, 
   return registry_entry_parse(entry, cm_port, gen);
 }
 
-// The port of a registry name with the given prefix (one of /proc/net/unix's paths, '@' for
+// The port of a registry name with the given prefix (a listed abstract name, its '@' or NUL
 // the NUL already dropped), or 0 if name is not "<prefix><1..65535>".
 inline uint16_t registry_name_port(std::string_view name, std::string_view prefix) {
   if (name.size() <= prefix.size() || name.substr(0, prefix.size()) != prefix) return 0;
