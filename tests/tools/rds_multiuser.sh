@@ -31,7 +31,7 @@ REG=/dev/shm/sv-multiuser-$$
 export SOFTVERBS_RDS_DIR=$REG
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do pkill -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; done
   rm -rf "$T" "$REG"
 }
 trap cleanup EXIT
@@ -116,19 +116,21 @@ print(ahead, flush=True)
 time.sleep(8)' "$1"
 }
 for attempt in 1 2 3 4 5; do
-  bg recv.three recv 127.0.0.1 $((P + 4)) 10000
+  bg recv.three recv 127.0.0.1 $((P + 4)) 15000
   receiver=${pids[-1]}
   name=$(grep -o "@softverbs-rds/[^/]*/pid/$receiver=" /proc/net/unix | head -1)
-  liar "$name" >"$T/liar" &
+  lied=$T/liar.$attempt  # one file each: a late liar of an earlier attempt writes its own
+  liar "$name" >"$lied" &
   pids+=($!)
-  for _ in $(seq 100); do [ -s "$T/liar" ] && break; sleep 0.1; done
-  [ "$(cat "$T/liar")" -ge 80 ] 2>/dev/null && break
-  { kill "$receiver" "${pids[-1]}"; wait "$receiver" "${pids[-1]}"; } 2>/dev/null
+  for _ in $(seq 100); do [ -s "$lied" ] && break; sleep 0.1; done
+  [ "$(cat "$lied")" -ge 80 ] 2>/dev/null && break
+  # The subshell, and the liar under it (setpriv runs python in its place).
+  { pkill -P "${pids[-1]}"; kill "$receiver" "${pids[-1]}"; wait "$receiver" "${pids[-1]}"; } 2>/dev/null
 done
 as_root send 127.0.0.1 $((P + 5)) $((P + 4)) hello-three >/dev/null
 wait "$receiver"
 out=$(tail -1 "$T/recv.three")
-check "names that lie about root's process are not believed" $([ -n "$name" ] && [ "$(cat "$T/liar")" -ge 80 ] && [ "$out" = "got hello-three" ]; echo $?) "name '$name', $(cat "$T/liar") lying names listed ahead of it (attempt $attempt), receiver: $out"
+check "names that lie about root's process are not believed" $([ -n "$name" ] && [ "$(cat "$lied")" -ge 80 ] && [ "$out" = "got hello-three" ]; echo $?) "name '$name', $(cat "$lied") lying names listed ahead of it (attempt $attempt), receiver: $out"
 
 # 4. A killed holder's port is free at once.
 bg killed 127.0.0.1 $((P + 6)) 30000
