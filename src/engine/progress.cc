@@ -3,6 +3,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,20 +34,34 @@ void Progress::release_after_fork(Progress& p) {
   // Every socket the engine owns is in this epoll set while it is open (listeners, MPA
   // handshakes, QP streams). The child closes its copies, so a QP or listener the parent
   // closes is really closed (peers see the FIN), and the child never reads the parent's
-  // streams. The kernel lists the set in fdinfo ("tfd: N ..."), with the parent's numbers,
-  // which are the child's too.
-  std::vector<int> fds;
+  // streams. The kernel lists the set in fdinfo ("tfd: N ... ino:I"), with the parent's
+  // numbers, which are the child's too. But an entry outlives the number it was added
+  // under while its file lives on elsewhere (epoll(7): a socket handed on by
+  // F_DUPFD_CLOEXEC, or held by another process), and the number may since be another
+  // file of the application's: only a socket whose inode is the entry's is closed. (The
+  // child of an RDS process lost the pipe it had just made this way.)
+  struct Target {
+    int fd;
+    unsigned long ino;
+  };
+  std::vector<Target> targets;
   char path[64];
   std::snprintf(path, sizeof path, "/proc/self/fdinfo/%d", p.epfd_);
   if (FILE* f = std::fopen(path, "re")) {
     char line[256];
-    while (std::fgets(line, sizeof line, f))
-      if (std::strncmp(line, "tfd:", 4) == 0)
-        fds.push_back(static_cast<int>(std::strtol(line + 4, nullptr, 10)));
+    while (std::fgets(line, sizeof line, f)) {
+      if (std::strncmp(line, "tfd:", 4) != 0) continue;
+      const char* ino = std::strstr(line, "ino:");  // since Linux 3.8; else 0: no check
+      targets.push_back({static_cast<int>(std::strtol(line + 4, nullptr, 10)),
+                         ino ? std::strtoul(ino + 4, nullptr, 16) : 0});
+    }
     std::fclose(f);  // before closing: its descriptor must not be taken for one of them
   }
-  for (int fd : fds)
-    if (fd >= 0 && fd != p.epfd_ && fd != p.evfd_) close(fd);
+  for (const Target& t : targets) {
+    struct stat st {};
+    if (t.fd < 0 || t.fd == p.epfd_ || t.fd == p.evfd_ || fstat(t.fd, &st) != 0) continue;
+    if (t.ino == 0 || (S_ISSOCK(st.st_mode) && st.st_ino == t.ino)) close(t.fd);
+  }
   close(p.evfd_);
   close(p.epfd_);
 }
