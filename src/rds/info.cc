@@ -31,7 +31,6 @@
 #include "wire/rds_files.h"
 
 namespace sv::rds {
-
 namespace {
 
 // RDS6_INFO_* report IPv4 addresses v4-mapped, as net/rds does.
@@ -69,8 +68,6 @@ uint8_t conn_flags(const Conn* c) {
 }
 
 constexpr char kTransport[] = "softverbs";
-
-}  // namespace
 
 // Shared directories (the info/ folder and its parent) are used as /tmp is: created 01777 whatever
 // the umask, trusted only if really a directory (not a symlink) owned by root or by us, and sticky
@@ -113,6 +110,8 @@ int open_own_entry(const std::string& p) {
   }
   return -EADDRINUSE;
 }
+
+}  // namespace
 
 // This process' records for one id, as raw bytes; record size in *each. -ENOPROTOOPT for
 // an unknown id.

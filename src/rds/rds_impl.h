@@ -442,9 +442,6 @@ void sock_wake(Sock* s);
 int registry_claim(const sockaddr_in& a, uint16_t cm_port, uint64_t gen);  // fd or -errno
 int registry_claim6(const sockaddr_in6& a, uint16_t cm_port, uint64_t gen);
 void registry_release(int lock_fd, const sockaddr_in& a);
-// Multi-user safety of the shared info/ directories: see info.cc.
-bool shared_dir_ready(const std::string& d);
-int open_own_entry(const std::string& p);  // fd (ours, 0644, no symlink) or -errno
 // Not a unicast address: ANY, broadcast, multicast (EINVAL for bind, connect and sendmsg).
 inline bool bad_unicast(const sockaddr_in& a) {
   const uint32_t h = ntohl(a.sin_addr.s_addr);
