@@ -174,11 +174,27 @@ run_openmpi_openib() {
   # the BTL's report is flushed by the finalize. With two ranks, the ranks cannot reach each
   # other and the abort raced the report; so did the program's own abort for a wrong rank
   # count ("ORTE_ERROR_LOG: Data unpack would read past end of buffer", under load).
-  local one=("${OMPI[@]}")
+  # The report reaches mpirun as a show_help message; Open MPI 4.1's mpirun sometimes fails to
+  # unpack one ("ORTE_ERROR_LOG: Data unpack would read past end of buffer in file
+  # show_help.c", open-mpi/ompi#8356) and the report is lost. That is Open MPI alone: with
+  # the system libibverbs and the tcp BTL's warning for an unknown interface instead, 1 in 5
+  # one-rank runs in a fresh network namespace lose it the same way. Only that failure of
+  # mpirun's own channel is retried (3 runs at most); the device-parameters warning, a
+  # second show_help message in flight, is turned off.
+  local one=("${OMPI[@]}") try found=0
   one[2]=1  # -np 1
-  [ $ok = 1 ] && timeout 120 "${one[@]}" --mca pml ob1 --mca btl openib,self \
-    --mca btl_openib_allow_ib 1 "$TMP/pp_ompi" --init-only >"$log" 2>&1
-  expect "$log" "Local device: +softverbs0" "Local port: +1" "CPCs attempted: +udcm" || ok=0
+  for try in 1 2 3; do
+    [ $ok = 1 ] || break
+    timeout 120 "${one[@]}" --mca pml ob1 --mca btl openib,self --mca btl_openib_allow_ib 1 \
+      --mca btl_openib_warn_no_device_params_found 0 "$TMP/pp_ompi" --init-only >"$log" 2>&1
+    if expect "$log" "Local device: +softverbs0" "Local port: +1" "CPCs attempted: +udcm"; then
+      found=1
+      break
+    fi
+    grep -q "Data unpack would read past end of buffer in file .*show_help" "$log" || break
+    echo "     (mpirun lost the BTL's report in run $try: retrying)"
+  done
+  [ $found = 1 ] || ok=0
   grep -Eq "Segmentation|Signal:|core dumped" "$log" && ok=0
   result "openmpi openib BTL initialises on softverbs0 port 1" $ok "$log"
 }
