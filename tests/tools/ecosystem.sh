@@ -175,8 +175,9 @@ run_openmpi_openib() {
   # other and the abort raced the report; so did the program's own abort for a wrong rank
   # count ("ORTE_ERROR_LOG: Data unpack would read past end of buffer", under load).
   # The report reaches mpirun as a show_help message; Open MPI 4.1's mpirun sometimes fails to
-  # unpack one ("ORTE_ERROR_LOG: Data unpack would read past end of buffer in file
-  # show_help.c", open-mpi/ompi#8356) and the report is lost. That is Open MPI alone: with
+  # unpack one (an ORTE_ERROR_LOG in show_help.c: "Data unpack would read past end of
+  # buffer", "... had inadequate space", "Out of resource"; open-mpi/ompi#8356) and the
+  # report is lost. That is Open MPI alone: with
   # the system libibverbs and the tcp BTL's warning for an unknown interface instead, 1 in 5
   # one-rank runs in a fresh network namespace lose it the same way. Only that failure of
   # mpirun's own channel is retried (3 runs at most); the device-parameters warning, a
@@ -191,7 +192,7 @@ run_openmpi_openib() {
       found=1
       break
     fi
-    grep -q "Data unpack would read past end of buffer in file .*show_help" "$log" || break
+    grep -Eq "ORTE_ERROR_LOG: .* in file .*util/show_help\.c" "$log" || break
     echo "     (mpirun lost the BTL's report in run $try: retrying)"
   done
   [ $found = 1 ] || ok=0
