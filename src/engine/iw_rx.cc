@@ -232,6 +232,7 @@ bool rx_run_locked(Qp* qp) {
           for (int i = 0; i <= k; ++i) asked += iov[i].iov_len;
           drained = static_cast<size_t>(n) < asked;
           stats::add(qp->stats, stats::Ctr::rcvd_bytes, static_cast<uint64_t>(n));
+          c.rx_active = true;
           const uint32_t direct = static_cast<uint32_t>(std::min<size_t>(n, c.data_left));
           if (c.crc) crc_targets(c, iov, k, direct);
           advance_place(c, direct);
@@ -250,6 +251,7 @@ bool rx_run_locked(Qp* qp) {
         if (n > 0) {
           drained = static_cast<size_t>(n) < asked;
           stats::add(qp->stats, stats::Ctr::rcvd_bytes, static_cast<uint64_t>(n));
+          c.rx_active = true;
           c.rx_end = static_cast<size_t>(n);
           continue;
         }
@@ -302,6 +304,10 @@ bool rx_run_locked(Qp* qp) {
           qp->rx_stalled = true;
           set_acks_unseen(qp, true);
           stats::add(qp->stats, stats::Ctr::rnr_waits);
+          // A receive posted between take_recv's look and rx_stalled's store saw no stalled
+          // QP to restart (restart_rx): look once more now that the store is visible. An
+          // SRQ shared by many connections runs empty and refills all the time.
+          if (recv_posted(qp)) continue;  // the stalled branch above retries the header
           break;
         }
         c.data_left = c.seg.payload_len;

@@ -3,6 +3,7 @@
 #include <sys/epoll.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -191,10 +192,9 @@ Qp* qp_create(Context* ctx, Pd* pd, const ibv_qp_init_attr* init, int* err) {
   qp->cap.max_recv_sge = qp->srq ? 0 : std::max<uint32_t>(c.max_recv_sge, 1);
   qp->cap.max_inline_data = kMaxInline;
   qp->sq.resize(qp->cap.max_send_wr);
-  qp->sq_sge.resize(static_cast<size_t>(qp->cap.max_send_wr) * qp->cap.max_send_sge);
-  qp->sq_inline.resize(static_cast<size_t>(qp->cap.max_send_wr) * kMaxInline);
-  for (uint32_t i = 0; i < qp->cap.max_send_wr; ++i)
-    qp->sq[i].sge = &qp->sq_sge[static_cast<size_t>(i) * qp->cap.max_send_sge];
+  // A slot's SGEs are pointed to when it is posted (qp_post_send).
+  qp->sq_sge.allocate(static_cast<size_t>(qp->cap.max_send_wr) * qp->cap.max_send_sge);
+  qp->sq_inline.allocate(static_cast<size_t>(qp->cap.max_send_wr) * kMaxInline);
   if (!qp->srq) {
     qp->rq.resize(qp->cap.max_recv_wr);
     qp->rq_sge.resize(static_cast<size_t>(qp->cap.max_recv_wr) * qp->cap.max_recv_sge);
@@ -900,12 +900,25 @@ int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     }
     if (err) *bad = wr;
   }
-  std::vector<Qp*> qps;
+  // Only the QPs waiting for a receive are restarted, outside the lock (RX may complete a
+  // receive whose handler posts to this SRQ again). An SRQ shared by a thousand connections
+  // is posted to once a message: no copy of its QP list each time.
+  constexpr size_t kFew = 16;
+  std::array<Qp*, kFew> few;
+  size_t n = 0;
+  std::vector<Qp*> many;
   {
     std::lock_guard lk(srq->qps_mu);
-    qps = srq->qps;
+    for (Qp* qp : srq->qps) {
+      if (!qp->rx_stalled.load(std::memory_order_acquire)) continue;
+      if (n < kFew)
+        few[n++] = qp;
+      else
+        many.push_back(qp);
+    }
   }
-  for (Qp* qp : qps) restart_rx(qp);
+  for (size_t i = 0; i < n; ++i) restart_rx(few[i]);
+  for (Qp* qp : many) restart_rx(qp);
   return err;
 }
 

@@ -168,6 +168,10 @@ struct Conn {
   uint32_t crc_state = 0;
   std::array<std::byte, 8> trailer{};
   size_t trailer_have = 0;
+  // Idle trimming (qp_trim.cc): a read into rxbuf since the last sweep; rxbuf has pages the
+  // sweep has not given back since.
+  bool rx_active = false;
+  bool rx_resident = false;
   uint32_t recv_msn = 1;   // next expected MSN, QN 0 (RFC 5041 §5.3: starts at 1)
   uint32_t rreq_msn = 1;   // QN 1
   uint32_t aresp_msn = 1;  // QN 3
@@ -201,6 +205,8 @@ struct Conn {
   size_t iov_n = 0, iov_pos = 0;
   util::RawArray<std::byte> arena;  // headers and trailers of the current batch
   size_t arena_used = 0;
+  bool tx_active = false;  // the arena was written since the last sweep (qp_trim.cc)
+  bool tx_resident = false;
   uint64_t tx_queued = 0, tx_sent = 0;
   uint32_t send_msn = 0;      // last MSN used, QN 0
   uint32_t rreq_msn_tx = 0;   // QN 1
@@ -254,8 +260,10 @@ struct Qp {
   // SQ ring (tx_mu)
   std::mutex tx_mu;
   std::vector<SendWqe> sq;
-  std::vector<ibv_sge> sq_sge;
-  std::vector<std::byte> sq_inline;
+  // Written at post (qp_post_send), never read past what was posted: not cleared, so an idle
+  // QP's unused slots cost no resident memory (128 WRs x 16 SGEs: 55 KiB of the two).
+  util::RawArray<ibv_sge> sq_sge;
+  util::RawArray<std::byte> sq_inline;
   uint32_t sq_head = 0;  // oldest not yet completed
   uint32_t sq_tx = 0;    // next to frame
   uint32_t sq_count = 0;
@@ -491,6 +499,8 @@ void complete_recv_ud(Qp* qp, const RecvWqe& w, ibv_wc_status st, uint32_t byte_
 // ---- qp_responder.cc: receive WQEs, shared with qp_ud.cc --------------------------------
 // Pops a receive WQE (RQ or SRQ) into out, its SGEs copied into sge. False if none.
 bool take_recv(Qp* qp, RecvWqe& out, std::array<ibv_sge, kMaxSge>& sge);
+// Whether a receive is posted (the QP's RQ, or its SRQ) for take_recv to take.
+bool recv_posted(Qp* qp);
 // The WQE's buffers are registered for local write in the PD its queue belongs to.
 bool recv_keys_ok(Qp* qp, const RecvWqe& w);
 // The same, for a caller already holding KeyTable's read guard (to place under it).

@@ -563,6 +563,7 @@ void tx_run_locked(Qp* qp) {
       qp_update_interest(qp);
     }
     c.iov_n = c.iov_pos = 0;
+    if (c.arena_used) c.tx_active = true;
     c.arena_used = 0;
     complete_sq_locked(qp);
     if (!build_batch(qp) && !c.fault_reset) return;

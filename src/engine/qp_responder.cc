@@ -56,6 +56,15 @@ bool take_recv(Qp* qp, RecvWqe& out, std::array<ibv_sge, kMaxSge>& sge) {
   return true;
 }
 
+bool recv_posted(Qp* qp) {
+  if (qp->srq) {
+    std::lock_guard lk(qp->srq->mu);
+    return qp->srq->count != 0;
+  }
+  std::lock_guard lk(qp->rq_mu);
+  return qp->rq_count != 0;
+}
+
 // An SRQ's receives belong to the SRQ's PD (IB spec 10.2.9; rxe and siw check it), not to
 // the PD of the QP that happens to consume them.
 bool recv_keys_ok(Qp* qp, const RecvWqe& w) {

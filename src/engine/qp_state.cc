@@ -13,6 +13,7 @@
 #include "engine/linger.h"
 #include "engine/log.h"
 #include "engine/qp.h"
+#include "engine/qp_trim.h"
 #include "util/settings.h"
 #include "wire/stats_file.h"
 
@@ -115,6 +116,18 @@ bool conn_transition_locked(Qp* qp, ConnEvent ev) {
       }
       break;
     case ConnEvent::error:
+      // A receive taken from an SRQ and partly filled when the QP failed completes with a
+      // flush error; the SRQ keeps the rest (IB spec 10.2.9.5; rxe flushes the WQE in
+      // progress). Lost, it would be a buffer its owner never gets back: an SRQ's owner
+      // reposts what completes, whatever the status.
+      if (qp->srq && c.have_recv) {
+        complete_recv(qp, c.cur_recv, IBV_WC_WR_FLUSH_ERR, 0, IBV_WC_RECV, 0, 0, 0);
+        c.have_recv = false;
+      }
+      if (qp->srq && c.imm_pending) {
+        complete_recv(qp, c.imm_recv, IBV_WC_WR_FLUSH_ERR, 0, IBV_WC_RECV, 0, 0, 0);
+        c.imm_pending = false;
+      }
       // What we placed is acked first, as a NIC acked it on arrival: a Placement Ack held
       // for an answer that will not come now (rdma_disconnect right after the last receive:
       // libfabric's fi_pingpong) would otherwise fail the peer's last Send with a flush.
@@ -288,6 +301,7 @@ void qp_take_endpoint(Qp* qp, Endpoint* ep) {
   c.rxbuf.allocate(256 * 1024);
   c.iov.allocate(Conn::kMaxIov);
   c.arena.allocate(Conn::kHdrArena);
+  qp_trim_start();  // idle connections give these two back
   ++qp->conn_gen;
   conn_transition_locked(qp, ConnEvent::established);
   qp_attach_conn(qp);

@@ -63,6 +63,8 @@ inline constexpr Setting kAll[] = {
     {"SOFTVERBS_BUSY_POLL_US", Kind::uint, 50, 0, kUsMax, 0},
     {"SOFTVERBS_ACK_HOLD_US", Kind::uint, 50, 0, kUsMax, 0},
     {"SOFTVERBS_SPIN_YIELD_US", Kind::uint, 100, 0, kUsMax, 0},
+    // engine/qp_trim.cc. 0: idle connections keep their stream buffers.
+    {"SOFTVERBS_IDLE_TRIM_MS", Kind::uint, 1000, 0, 3600000, 0},
     // Diagnostics (engine/log.cc, engine/stats.cc, verbs/sysfs.cc).
     {"SOFTVERBS_LOG", Kind::log_level, 0, 0, 0, 0},
     {"SOFTVERBS_DEBUG", Kind::flag, 0, 0, 1, 0},
@@ -81,7 +83,10 @@ inline constexpr Setting kAll[] = {
     {"SOFTVERBS_RDS_CQ_HANDLER", Kind::flag, 1, 0, 1, 0},
     {"SOFTVERBS_RDS_FENCE", Kind::flag, 1, 0, 1, 0},
     {"SOFTVERBS_RDS_CONFIRM_READ", Kind::flag, 0, 0, 1, 0},
+    {"SOFTVERBS_RDS_SRQ", Kind::flag, 1, 0, 1, 0},
     {"SOFTVERBS_RDS_TEST_LATE_ESTABLISHED", Kind::flag, 0, 0, 1, 0},
+    {"SOFTVERBS_RDS_TEST_SRQ_BUFS", Kind::uint, 0, 0, 1024, 0},
+    {"SOFTVERBS_RDS_TEST_SRQ_GROW", Kind::flag, 1, 0, 1, 0},
 };
 // clang-format on
 

@@ -117,6 +117,8 @@ const char* ctr_name(Ctr c) {
       return "ud_dropped";
     case Ctr::uc_dropped:
       return "uc_dropped";
+    case Ctr::idle_trims:
+      return "idle_trims";
     case Ctr::fault_reset:
       return "fault_reset";
     case Ctr::fault_stall:

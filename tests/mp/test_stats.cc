@@ -5,9 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 
 #include "harness.h"
 #include "wire/stats_file.h"
@@ -92,6 +94,58 @@ TEST_F(XProc, CountersFollowTrafficErrorsAndDestroy) {
 }
 
 // SOFTVERBS_STATS=0: nothing published (counters still kept in memory).
+// An idle connection gives its stream buffers back (engine/qp_trim.cc: the receive buffer
+// and the TX header arena, once a whole SOFTVERBS_IDLE_TRIM_MS period, 1 s by default, went
+// by without traffic), and carries data as before once traffic resumes: the pages come back
+// zeroed, and nothing that was in them is lost.
+TEST_F(XProc, AnIdleConnectionGivesItsBuffersBackAndStillCarriesData) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  // 64 Sends of 2000 B each way: below the size read straight into receive buffers, so
+  // each passes through the connection's own receive buffer.
+  constexpr uint32_t kMsgs = 64, kLen = 2000, kSlot = 2048, kRecvAt = 1u << 20;
+  auto exchange = [&](uint32_t seed) {
+    for (uint32_t i = 0; i < kMsgs; ++i) {
+      ASSERT_EQ(local->post_recv(100 + i, {sge(kRecvAt + i * kSlot, kSlot)}), 0);
+      ASSERT_EQ(remote->post_recv(100 + i, {sge(kRecvAt + i * kSlot, kSlot)}), 0);
+    }
+    local->fill(0, 0, kMsgs * kSlot, seed);
+    remote->fill(0, 0, kMsgs * kSlot, seed + 1);
+    for (uint32_t i = 0; i < kMsgs; ++i) {
+      ASSERT_EQ(local->post_send(make_send(i, {sge(i * kSlot, kLen)})), 0);
+      ASSERT_EQ(remote->post_send(make_send(i, {sge(i * kSlot, kLen)})), 0);
+    }
+    ASSERT_EQ(local->poll(CqSel::send, kMsgs).size(), kMsgs);
+    ASSERT_EQ(remote->poll(CqSel::send, kMsgs).size(), kMsgs);
+    auto lr = local->poll(CqSel::recv, kMsgs);
+    auto rr = remote->poll(CqSel::recv, kMsgs);
+    ASSERT_EQ(lr.size(), kMsgs);
+    ASSERT_EQ(rr.size(), kMsgs);
+    for (uint32_t i = 0; i < kMsgs; ++i) {
+      EXPECT_TRUE(wc_is(lr[i], 100 + i, IBV_WC_SUCCESS, IBV_WC_RECV));
+      EXPECT_TRUE(wc_is(rr[i], 100 + i, IBV_WC_SUCCESS, IBV_WC_RECV));
+      // Message i is bytes [i * kSlot, i * kSlot + kLen) of the sender's pattern.
+      EXPECT_EQ(local->check(0, kRecvAt + i * kSlot, kLen, seed + 1, i * kSlot), -1) << i;
+      EXPECT_EQ(remote->check(0, kRecvAt + i * kSlot, kLen, seed, i * kSlot), -1) << i;
+    }
+  };
+  ASSERT_NO_FATAL_FAILURE(exchange(7));
+
+  // Both buffers of our QP are given back within a few periods (bounded only against a hang).
+  sv::wire::StatsView v;
+  uint64_t trims = 0;
+  for (int i = 0; i < 150 && trims < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_TRUE(read_stats(v));
+    const auto* q = find_qp(v, local->qp->qp_num);
+    ASSERT_NE(q, nullptr);
+    trims = ctr(*q, Ctr::idle_trims);
+  }
+  EXPECT_GE(trims, 2u) << "the idle connection kept its receive buffer or its TX arena";
+
+  ASSERT_NO_FATAL_FAILURE(exchange(70));
+  ASSERT_NO_FATAL_FAILURE(exchange(700));
+}
+
 TEST_F(XProc, StatsCanBeTurnedOff) {
   setenv("SOFTVERBS_STATS", "0", 1);
   ASSERT_NO_FATAL_FAILURE(Connect());

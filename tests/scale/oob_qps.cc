@@ -2,9 +2,11 @@
 // each side creates its QPs, the QPNs cross a socketpair, each side moves its QPs to RTR
 // with the peer's GID and QPN, then RTS. Every QP then carries `msgs` Sends each way.
 // Exit 0 only when every Send and every receive completes successfully; 1 when every one
-// completes but some with an error; 3 when some never complete (a hang, within -t).
+// completes but some with an error; 3 when some never complete (a hang, within -t); 4 when
+// an idle QP costs more than -M KiB of RSS (-i).
 //
-//   oob_qps [-n QPS] [-m MSGS] [-t TIMEOUT_S] [-T ACK_TIMEOUT] [-l]
+//   oob_qps [-n QPS] [-m MSGS] [-s BYTES] [-t TIMEOUT_S] [-T ACK_TIMEOUT] [-l]
+//           [-i IDLE_MS [-M MAX_KIB]]
 //
 // Prints one summary line per side: QPs, set-up time and rate (create to the first
 // completion of every QP), failures, and RSS per QP. The default suite runs it with
@@ -32,6 +34,9 @@ using Clock = std::chrono::steady_clock;
 struct Opts {
   int qps = 1000;
   int msgs = 3;
+  int size = 64;          // bytes a message slot; Sends carry 16 B at 64, else the whole slot
+  int idle_ms = 0;        // -i: then wait this long with every QP idle and measure again
+  long idle_max_kib = 0;  // -M: exit 4 if an idle QP costs more (KiB of RSS)
   int timeout_s = 120;
   int ack_timeout = 14;
   bool keep_fd_limit = false;  // ibv_rc_pingpong's: 4.096 us * 2^14, 67 ms
@@ -83,6 +88,10 @@ int run_side(const char* who, int sock, const Opts& o) {
   ibv_free_device_list(list);
   if (!ctx) return fail(who, "ibv_open_device");
   ibv_pd* pd = ibv_alloc_pd(ctx);
+  // One buffer: each QP's receives and its send share a slot of `size` bytes a message. It
+  // is the program's own memory: written before the baseline, so RSS per QP is softverbs'.
+  const size_t slot = static_cast<size_t>(o.size);
+  std::vector<char> buf(static_cast<size_t>(o.qps) * (o.msgs + 1) * slot, 'x');
   const long rss0 = rss_kib();
   const auto t0 = Clock::now();
 
@@ -95,9 +104,6 @@ int run_side(const char* who, int sock, const Opts& o) {
     if (!cq) return fail(who, "ibv_create_cq");
     cqs.push_back(cq);
   }
-  // One buffer: each QP's receives and its send share a slot of 64 bytes a message.
-  const size_t slot = 64;
-  std::vector<char> buf(static_cast<size_t>(o.qps) * (o.msgs + 1) * slot);
   ibv_mr* mr = ibv_reg_mr(pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
   if (!mr) return fail(who, "ibv_reg_mr");
 
@@ -124,7 +130,8 @@ int run_side(const char* who, int sock, const Opts& o) {
       return fail(who, "modify INIT");
     char* base = buf.data() + static_cast<size_t>(i) * (o.msgs + 1) * slot;
     for (int m = 0; m < o.msgs; ++m) {
-      ibv_sge s{reinterpret_cast<uintptr_t>(base + (m + 1) * slot), slot, mr->lkey};
+      ibv_sge s{reinterpret_cast<uintptr_t>(base + (m + 1) * slot), static_cast<uint32_t>(slot),
+                mr->lkey};
       ibv_recv_wr wr{};
       ibv_recv_wr* bad = nullptr;
       wr.wr_id = static_cast<uint64_t>(i);
@@ -178,7 +185,8 @@ int run_side(const char* who, int sock, const Opts& o) {
     char* base = buf.data() + static_cast<size_t>(i) * (o.msgs + 1) * slot;
     std::snprintf(base, slot, "%s qp %d", who, i);
     for (int m = 0; m < o.msgs; ++m) {
-      ibv_sge s{reinterpret_cast<uintptr_t>(base), 16, mr->lkey};
+      ibv_sge s{reinterpret_cast<uintptr_t>(base), static_cast<uint32_t>(o.size == 64 ? 16 : slot),
+                mr->lkey};
       ibv_send_wr wr{};
       ibv_send_wr* bad = nullptr;
       wr.wr_id = static_cast<uint64_t>(i);
@@ -229,26 +237,39 @@ int run_side(const char* who, int sock, const Opts& o) {
   std::fflush(stdout);
   // Neither side tears down before the other has all its completions.
   if (!write_all(sock, &x, 1) || !read_all(sock, &x, 1)) return fail(who, "final barrier");
+  long idle_kib = 0;
+  if (o.idle_ms > 0) {
+    // Every QP connected, nothing in flight: what an idle connected QP costs.
+    usleep(static_cast<useconds_t>(o.idle_ms) * 1000);
+    idle_kib = (rss_kib() - rss0) / o.qps;
+    std::printf("oob_qps %s: idle %d ms: RSS %ld KiB/QP\n", who, o.idle_ms, idle_kib);
+    std::fflush(stdout);
+    if (!write_all(sock, &x, 1) || !read_all(sock, &x, 1)) return fail(who, "idle barrier");
+  }
   for (ibv_qp* q : qps) ibv_destroy_qp(q);
   ibv_dereg_mr(mr);
   for (ibv_cq* cq : cqs) ibv_destroy_cq(cq);
   ibv_dealloc_pd(pd);
   ibv_close_device(ctx);
   if (ok + bad < want) return 3;
-  return ok == want ? 0 : 1;
+  if (ok != want) return 1;
+  return o.idle_max_kib > 0 && idle_kib > o.idle_max_kib ? 4 : 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Opts o;
-  for (int c; (c = getopt(argc, argv, "n:m:t:T:l")) != -1;) {
+  for (int c; (c = getopt(argc, argv, "n:m:s:t:T:li:M:")) != -1;) {
     switch (c) {
       case 'n':
         o.qps = std::atoi(optarg);
         break;
       case 'm':
         o.msgs = std::atoi(optarg);
+        break;
+      case 's':
+        o.size = std::atoi(optarg);
         break;
       case 't':
         o.timeout_s = std::atoi(optarg);
@@ -259,14 +280,22 @@ int main(int argc, char** argv) {
       case 'l':
         o.keep_fd_limit = true;
         break;
+      case 'i':
+        o.idle_ms = std::atoi(optarg);
+        break;
+      case 'M':
+        o.idle_max_kib = std::atol(optarg);
+        break;
       default:
-        std::fprintf(stderr, "usage: %s [-n QPS] [-m MSGS] [-t TIMEOUT_S] [-T ACK_TIMEOUT] [-l]\n",
+        std::fprintf(stderr,
+                     "usage: %s [-n QPS] [-m MSGS] [-s BYTES] [-t TIMEOUT_S] [-T ACK_TIMEOUT] [-l] "
+                     "[-i IDLE_MS [-M MAX_KIB]]\n",
                      argv[0]);
         return 2;
     }
   }
-  if (o.qps < 1 || o.msgs < 1 || o.timeout_s < 1) {
-    std::fprintf(stderr, "oob_qps: -n, -m and -t must be positive\n");
+  if (o.qps < 1 || o.msgs < 1 || o.timeout_s < 1 || o.size < 64 || o.size > (1 << 24)) {
+    std::fprintf(stderr, "oob_qps: -n, -m and -t must be positive, -s 64 B to 16 MiB\n");
     return 2;
   }
   // Each connected QP holds one descriptor: ask for enough, as a scale user would (-l:
