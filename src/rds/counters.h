@@ -58,6 +58,7 @@ namespace sv::rds {
   X(recv_held_for_fence) \
   X(recv_held_too_much) \
   X(recv_ping) \
+  X(recv_pool_grown) \
   X(recv_protocol_error) \
   X(registry_foreign_entry) \
   X(send_atomic) \

@@ -68,6 +68,8 @@ uint64_t now_ms() {
 
 void conn_down(Conn* c, const char* why);
 void rdma_chan_down(Conn* c, const char* why);
+void comm_established(Conn* c);
+int drain_cq_locked();
 
 // The address of a connection's end, for the log (RDS connections are between addresses).
 std::string addr_text(const sockaddr_in& a) {
@@ -91,20 +93,28 @@ void wake_engine() {
 // ring of 16,384 completions (772 KiB) was resident in every process, and once the ring
 // has wrapped all of it is (issue 28 item 3). A provider that cannot resize (rdma-core's
 // siw) gets kCqFixed at once and the QPs share it, as before.
+namespace {
+
+// Promises `need` more slots of the CQ, growing it first if it can.
+void cq_reserve(uint32_t need) {
+  Global& G = g();
+  std::lock_guard lk(G.cq_size_mu);
+  if (G.cq_resizable && G.cq_reserved + need > static_cast<uint32_t>(G.cq->cqe) &&
+      G.cq->cqe < G.cq_max) {
+    const uint32_t want = std::max(G.cq_reserved + need, 2 * static_cast<uint32_t>(G.cq->cqe));
+    // Past the device's limit the QPs share what there is (as with a fixed CQ).
+    if (ibv_resize_cq(G.cq, static_cast<int>(std::min<uint32_t>(want, G.cq_max))) != 0)
+      SV_INFO("rds: CQ stays at %d entries", G.cq->cqe);
+  }
+  G.cq_reserved += need;
+}
+
+}  // namespace
+
 int create_qp(rdma_cm_id* id, ibv_qp_init_attr* a) {
   Global& G = g();
   const uint32_t need = a->cap.max_send_wr + a->cap.max_recv_wr;
-  {
-    std::lock_guard lk(G.cq_size_mu);
-    if (G.cq_resizable && G.cq_reserved + need > static_cast<uint32_t>(G.cq->cqe) &&
-        G.cq->cqe < G.cq_max) {
-      const uint32_t want = std::max(G.cq_reserved + need, 2 * static_cast<uint32_t>(G.cq->cqe));
-      // Past the device's limit the QPs share what there is (as with a fixed CQ).
-      if (ibv_resize_cq(G.cq, static_cast<int>(std::min<uint32_t>(want, G.cq_max))) != 0)
-        SV_INFO("rds: CQ stays at %d entries", G.cq->cqe);
-    }
-    G.cq_reserved += need;
-  }
+  cq_reserve(need);
   if (rdma_create_qp(id, G.pd, a)) {
     const int e = errno;
     std::lock_guard lk(G.cq_size_mu);
@@ -120,6 +130,16 @@ int create_qp(rdma_cm_id* id, ibv_qp_init_attr* a) {
 void destroy_qp(rdma_cm_id* id) {
   if (!id->qp) return;
   Global& G = g();
+  // A data QP on the shared receive queue goes to ERR first: the receive it had taken from
+  // the SRQ, if a message was half in, completes with a flush error, and its buffer goes
+  // back to the pool (IB spec 10.2.9.5; ibv_create_srq(3): a QP leaving an SRQ is moved to
+  // ERR and its completions drained before it is destroyed).
+  const bool on_srq = G.srq && G.data_qps.erase(id->qp->qp_num) != 0;
+  if (on_srq) {
+    ibv_qp_attr at{};
+    at.qp_state = IBV_QPS_ERR;
+    ibv_modify_qp(id->qp, &at, IBV_QP_STATE);
+  }
   {
     std::lock_guard lk(G.cq_size_mu);
     auto it = G.cq_share.find(id->qp);
@@ -129,9 +149,139 @@ void destroy_qp(rdma_cm_id* id) {
     }
   }
   rdma_destroy_qp(id);
+  // Every completion of the destroyed QP is in the CQ now: take them in (their buffers go
+  // back to the pool) before a new QP can be given its number.
+  if (on_srq) drain_cq_locked();
 }
 
 namespace {
+
+// The pool's buffer idx: chunk idx / kSrqChunk, slot idx % kSrqChunk.
+std::byte* srq_buf(uint32_t idx, uint32_t* lkey) {
+  Global::SrqChunk& ch = *g().srq_chunks[idx / kSrqChunk];
+  *lkey = ch.mr->lkey;
+  return &ch.buf[static_cast<size_t>(idx % kSrqChunk) * kBufSize];
+}
+
+void srq_post(uint32_t idx) {
+  uint32_t lkey = 0;
+  std::byte* b = srq_buf(idx, &lkey);
+  ibv_sge s{reinterpret_cast<uint64_t>(b), static_cast<uint32_t>(kBufSize), lkey};
+  ibv_recv_wr wr{};
+  wr.wr_id = make_wr_id(0, 0, kSrqRecv, idx);
+  wr.sg_list = &s;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad;
+  if (ibv_post_srq_recv(g().srq, &wr, &bad))
+    SV_WARN("rds: ibv_post_srq_recv: %s (receive buffer %u lost)", strerror(errno), idx);
+}
+
+// Grows the pool to `want` buffers (at most the SRQ's max_wr), a chunk at a time. A chunk
+// that cannot be had (a provider that pins pages: RLIMIT_MEMLOCK) leaves the pool as it is:
+// the connections share fewer buffers, and wait (RNR) for them.
+void srq_grow(size_t want) {
+  Global& G = g();
+  want = std::min<size_t>(want, static_cast<size_t>(G.srq_cap));
+  while (G.srq_chunks.size() * kSrqChunk < want) {
+    auto ch = std::make_unique<Global::SrqChunk>();
+    if (!ch->buf.allocate(static_cast<size_t>(kSrqChunk) * kBufSize)) return;
+    ch->mr = ibv_reg_mr(G.pd, ch->buf.data(), ch->buf.size(), kLocalWrite);
+    if (!ch->mr) {
+      SV_INFO("rds: receive pool stays at %zu buffers: ibv_reg_mr: %s",
+              G.srq_chunks.size() * kSrqChunk, strerror(errno));
+      return;
+    }
+    cq_reserve(kSrqChunk);
+    const auto first = static_cast<uint32_t>(G.srq_chunks.size() * kSrqChunk);
+    G.srq_chunks.push_back(std::move(ch));
+    for (uint32_t i = 0; i < static_cast<uint32_t>(kSrqChunk); ++i) srq_post(first + i);
+  }
+}
+
+void srq_arm_limit();
+
+// SRQ mode, at start: one receive queue for every data QP (net/rds ib's SRQ mode, as
+// Oracle's UEK runs RDS-IB), so a peer costs no receive buffers of its own. Off with
+// SOFTVERBS_RDS_SRQ=0, and on a device without SRQs: a ring of kRecvBufs per connection.
+void srq_start(const ibv_device_attr& da) {
+  Global& G = g();
+  if (!settings::flag_value(SV_SETTING("SOFTVERBS_RDS_SRQ")) || da.max_srq <= 0 ||
+      da.max_srq_wr < kSrqInitial)
+    return;
+  ibv_srq_init_attr a{};
+  a.attr.max_wr = static_cast<uint32_t>(std::min(da.max_srq_wr, kSrqMax));
+  a.attr.max_sge = 1;
+  G.srq = ibv_create_srq(G.pd, &a);
+  if (!G.srq) {
+    SV_INFO("rds: no shared receive queue (%s): receive buffers per connection", strerror(errno));
+    return;
+  }
+  G.srq_cap = static_cast<int>(a.attr.max_wr);
+  static const size_t first = settings::uint_value(SV_SETTING("SOFTVERBS_RDS_TEST_SRQ_BUFS"));
+  srq_grow(first ? first : kSrqInitial);
+  srq_arm_limit();
+}
+
+// The pool grows where receives run short, not per connection: a peer that is connected
+// but quiet costs no receive buffer (each buffer goes back as soon as its message is
+// copied out). The SRQ's limit event (IB spec 10.2.9.4; rdma-core's ibv_modify_srq(3))
+// says fewer than kSrqLowWater are posted; it is one-shot, so it is armed again after.
+void srq_arm_limit() {
+  Global& G = g();
+  static const bool grow = settings::flag_value(SV_SETTING("SOFTVERBS_RDS_TEST_SRQ_GROW"));
+  if (!grow || G.srq_chunks.size() * kSrqChunk >= static_cast<size_t>(G.srq_cap)) return;
+  ibv_srq_attr at{};
+  at.srq_limit = kSrqLowWater;
+  if (ibv_modify_srq(G.srq, &at, IBV_SRQ_LIMIT))
+    SV_INFO("rds: receive pool limit not armed: %s (the pool stays at %zu)", strerror(errno),
+            G.srq_chunks.size() * kSrqChunk);
+}
+
+// The device's async events: the pool's limit, and whatever else comes (read so that the
+// device's queue of them does not grow; the data path learns of a QP's failure from its
+// completions and rdma_cm's events).
+void handle_async_events() {
+  Global& G = g();
+  for (ibv_async_event ev; ibv_get_async_event(G.verbs, &ev) == 0;) {
+    const bool limit = ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED && ev.element.srq == G.srq;
+    ibv_ack_async_event(&ev);
+    if (!limit) continue;
+    srq_grow(G.srq_chunks.size() * kSrqChunk + kSrqChunk);
+    count(Ctr::recv_pool_grown);
+    srq_arm_limit();
+  }
+}
+
+// A receive of the pool completed, on the data QP it names.
+void on_srq_recv(const ibv_wc& wc) {
+  Global& G = g();
+  const uint32_t idx = wr_idx(wc.wr_id);
+  if (idx >= G.srq_chunks.size() * kSrqChunk) return;  // not one of ours: nothing to repost
+  auto it = G.data_qps.find(wc.qp_num);
+  Conn* c = it == G.data_qps.end() ? nullptr : it->second;
+  if (!c) {
+    // Its QP is gone (destroy_qp drained it): the buffer only goes back.
+    count(Ctr::wc_stale);
+    srq_post(idx);
+    return;
+  }
+  c->last_active = std::chrono::steady_clock::now();
+  if (wc.status != IBV_WC_SUCCESS) {
+    srq_post(idx);
+    if (c->state == ConnState::up) conn_down(c, "recv error");
+    return;
+  }
+  if (c->state == ConnState::connecting && !c->active) comm_established(c);
+  uint32_t lkey = 0;
+  // (An active side may see the peer's first message before its ESTABLISHED: connecting.)
+  const bool ok = c->state != ConnState::down && on_frag(c, srq_buf(idx, &lkey), wc.byte_len);
+  srq_post(idx);  // on_frag copied what it keeps
+  if (!ok && c->state != ConnState::down) {
+    // A protocol error (net/rds drops the connection: "disconnecting and reconnecting").
+    count(Ctr::recv_protocol_error);
+    conn_down(c, "protocol error");
+  }
+}
 
 int setup_qp(Conn* c, rdma_cm_id* id) {
   Global& G = g();
@@ -140,9 +290,13 @@ int setup_qp(Conn* c, rdma_cm_id* id) {
   a.recv_cq = G.cq;
   a.qp_type = IBV_QPT_RC;
   a.cap.max_send_wr = kSendSlots + 64;
-  a.cap.max_recv_wr = kRecvBufs + 1;
   a.cap.max_send_sge = static_cast<uint32_t>(g_max_send_sge);
-  a.cap.max_recv_sge = 1;
+  if (G.srq) {
+    a.srq = G.srq;  // receives come from the pool
+  } else {
+    a.cap.max_recv_wr = kRecvBufs + 1;
+    a.cap.max_recv_sge = 1;
+  }
   if (create_qp(id, &a)) return -errno;
   // RFC 5040's rule on the data channel, whatever the process default: RDS's own sequence
   // numbers and acks say what the peer has, and a send slot that comes back on transmit
@@ -151,18 +305,21 @@ int setup_qp(Conn* c, rdma_cm_id* id) {
   if (g_qp_set_ib_completion) g_qp_set_ib_completion(id->qp, 0);
   // Registered once per connection object. A registration can fail (a real provider pins
   // the pages: ENOMEM beyond RLIMIT_MEMLOCK); the next setup tries again for what is missing.
-  if (c->rbuf.empty()) {
-    if (!c->rbuf.allocate(static_cast<size_t>(kRecvBufs) * kBufSize) ||
-        !c->sbuf.allocate(static_cast<size_t>(kSendSlots) * kBufSize))
-      return -ENOMEM;
-  }
-  if (!c->rmr) c->rmr = ibv_reg_mr(G.pd, c->rbuf.data(), c->rbuf.size(), kLocalWrite);
+  if (c->sbuf.empty() && !c->sbuf.allocate(static_cast<size_t>(kSendSlots) * kBufSize))
+    return -ENOMEM;
+  if (!G.srq && c->rbuf.empty() && !c->rbuf.allocate(static_cast<size_t>(kRecvBufs) * kBufSize))
+    return -ENOMEM;
+  if (!G.srq && !c->rmr) c->rmr = ibv_reg_mr(G.pd, c->rbuf.data(), c->rbuf.size(), kLocalWrite);
   if (!c->smr) c->smr = ibv_reg_mr(G.pd, c->sbuf.data(), c->sbuf.size(), 0);
-  if (!c->rmr || !c->smr) return -ENOMEM;
+  if ((!G.srq && !c->rmr) || !c->smr) return -ENOMEM;
   c->free_slots.clear();
   for (int i = 0; i < kSendSlots; ++i) c->free_slots.push_back(i);
   c->posted.clear();
   c->since_signal = 0;
+  if (G.srq) {
+    G.data_qps[id->qp->qp_num] = c;
+    return 0;
+  }
   const uint32_t cid = g().id_of[c];
   for (int i = 0; i < kRecvBufs; ++i) {
     ibv_sge s{reinterpret_cast<uint64_t>(&c->rbuf[static_cast<size_t>(i) * kBufSize]),
@@ -282,6 +439,25 @@ void idle_sweep() {
     if (c->chan_id) rdma_chan_down(c, "idle");
     conn_down(c, "idle");
   }
+}
+
+// Messages are assembled in the heap (recv.cc) and freed once read; the allocator keeps what
+// a burst of large ones freed (8 MiB of a thread's arena after 20 peers sent 6 MB each) and
+// an idle server would hold it for ever. When no connection has had a completion for a
+// whole SOFTVERBS_IDLE_TRIM_MS (the engine's trim period: idle QPs give their buffers back
+// too), the free memory goes back once (glibc's malloc_trim), and again only after the next
+// burst.
+void heap_trim_when_quiet() {
+  static const auto ms = settings::uint_value(SV_SETTING("SOFTVERBS_IDLE_TRIM_MS"));
+  if (ms == 0) return;
+  static std::chrono::steady_clock::time_point trimmed_for{};  // engine thread only
+  std::chrono::steady_clock::time_point last{};
+  for (auto& [k, c] : g().conns) last = std::max(last, c->last_active);
+  if (last == trimmed_for ||
+      std::chrono::steady_clock::now() - last < std::chrono::milliseconds(ms))
+    return;
+  trimmed_for = last;
+  malloc_trim(0);
 }
 
 void conn_up(Conn* c, const wire::RdsConnPriv& peer) {
@@ -710,6 +886,10 @@ void handle_wc(const ibv_wc& wc) {
     on_fence_wc(wc);
     return;
   }
+  if (kind == kSrqRecv) {
+    on_srq_recv(wc);
+    return;
+  }
   auto it = g().conn_by_id.find(cid);
   if (it == g().conn_by_id.end()) return;
   Conn* c = it->second;
@@ -814,8 +994,11 @@ void engine_loop() {
           until(c->ack_due);
       G.engine_wakes_at = t + std::chrono::milliseconds(timeout);
     }
-    pollfd p[3] = {{G.cq_ch->fd, POLLIN, 0}, {G.cm_ch->fd, POLLIN, 0}, {G.wake_fd, POLLIN, 0}};
-    ::poll(p, 3, timeout);
+    pollfd p[4] = {{G.cq_ch->fd, POLLIN, 0},
+                   {G.cm_ch->fd, POLLIN, 0},
+                   {G.wake_fd, POLLIN, 0},
+                   {G.srq ? G.verbs->async_fd : -1, POLLIN, 0}};
+    ::poll(p, 4, timeout);
     std::lock_guard lk(G.mu);
     QuietPosts quiet;        // what its own posts complete, it takes in before sleeping
     G.engine_wakes_at = {};  // awake: it recomputes its timeout before sleeping again
@@ -834,6 +1017,7 @@ void engine_loop() {
       ibv_req_notify_cq(G.cq, 0);
     }
     drain_cq_locked();
+    if (p[3].revents) handle_async_events();
     for (rdma_cm_event* ev; rdma_get_cm_event(G.cm_ch, &ev) == 0;) {
       rdma_cm_event copy = *ev;
       // Ack first: destroying an id waits for its events to be acked.
@@ -859,6 +1043,7 @@ void engine_loop() {
     }
     directory_tick();
     idle_sweep();
+    heap_trim_when_quiet();
     if (now_ms() - last_publish >= 500) {
       info_publish();
       last_publish = now_ms();
@@ -923,7 +1108,8 @@ int transport_start() {
   G.verbs = devs[0];
   rdma_free_devices(devs);
   // A QP asking for more than the device's max_sge is refused (EINVAL): ask for what it has.
-  if (ibv_device_attr da{}; ibv_query_device(G.verbs, &da) == 0) {
+  ibv_device_attr da{};
+  if (ibv_query_device(G.verbs, &da) == 0) {
     g_max_send_sge = std::clamp(da.max_sge, 1, 16);
     g_max_read_sge = std::clamp(da.max_sge_rd > 0 ? da.max_sge_rd : da.max_sge, 1, g_max_send_sge);
     G.mr_max = static_cast<uint32_t>(da.max_mr);
@@ -940,6 +1126,9 @@ int transport_start() {
   }
   G.cm_ch = rdma_create_event_channel();
   if (!G.cq || !G.cm_ch) return -ENOMEM;
+  srq_start(da);
+  // Its async events are read by the engine thread without blocking (handle_async_events).
+  if (G.srq) fcntl(G.verbs->async_fd, F_SETFL, fcntl(G.verbs->async_fd, F_GETFL) | O_NONBLOCK);
   fcntl(G.cm_ch->fd, F_SETFL, fcntl(G.cm_ch->fd, F_GETFL) | O_NONBLOCK);
   fcntl(G.cq_ch->fd, F_SETFL, fcntl(G.cq_ch->fd, F_GETFL) | O_NONBLOCK);
   // On softverbs, take completions on the device's progress thread (SOFTVERBS_RDS_CQ_HANDLER=0:

@@ -607,7 +607,8 @@ int local_records(int optname, std::vector<char>& out, int* each) {
           std::memcpy(r.dst_gid, &r.dst_addr, sizeof r.dst_gid);
         }
         r.max_send_wr = kSendSlots + 64;
-        r.max_recv_wr = kRecvBufs + 1;
+        // SRQ mode: the receives its QP may take are the shared pool's.
+        r.max_recv_wr = G.srq ? static_cast<uint32_t>(G.srq_cap) : kRecvBufs + 1;
         r.max_send_sge = 16;
         r.rdma_mr_max = G.mr_max;
         r.rdma_mr_size = static_cast<uint32_t>(kMaxMsgSize / 4096);  // pages per mapping

@@ -64,7 +64,15 @@ inline constexpr size_t kMaxMsgSize = 1u << 20;  // RDS_MAX_MSG_SIZE
 inline constexpr int kLocalWrite = IBV_ACCESS_LOCAL_WRITE;
 inline constexpr size_t kFragSize = 64 * 1024;  // payload bytes per SEND
 inline constexpr size_t kBufSize = kFragSize + wire::kRdsHeaderLen;
-inline constexpr int kRecvBufs = 64;     // per connection
+inline constexpr int kRecvBufs = 64;  // per connection (without the shared pool)
+// The shared receive pool (SRQ mode, ib_transport.cc): every data QP of the process takes its
+// receives from one SRQ. It starts with kSrqInitial buffers and grows by a registration of
+// kSrqChunk each time fewer than kSrqLowWater are left (the SRQ's limit event), up to
+// kSrqMax (64 MiB of address space, resident only where messages were written).
+inline constexpr int kSrqChunk = 16;
+inline constexpr int kSrqInitial = 64;
+inline constexpr int kSrqLowWater = 8;
+inline constexpr int kSrqMax = 1024;
 inline constexpr int kSendSlots = 64;    // per connection
 inline constexpr int kCqInitial = 1024;  // the CQ's first size; it grows with the QPs
 inline constexpr int kCqFixed = 16384;   // its size where the provider cannot resize
@@ -271,7 +279,7 @@ struct Conn {
   // Acked (or dropped unsent) messages whose fenced Write is not settled yet: they keep the
   // op's buffers registered until its fence, or the verdict on its failure, has arrived.
   std::deque<Message*> op_wait;
-  // receive buffers and send slots, registered once per connection
+  // receive buffers (none in SRQ mode) and send slots, registered once per connection
   PageBuf rbuf, sbuf;
   ibv_mr* rmr = nullptr;
   ibv_mr* smr = nullptr;
@@ -384,6 +392,16 @@ struct Global {
   std::map<uint32_t, FenceChan*> fence_chans;  // by key (its receives' wr ids)
   uint32_t next_fence_key = 1;
   std::map<uint32_t, int> ping_locks;  // ip -> our registry socket of (ip, 0): pings come here
+  // SRQ mode (ib_transport.cc): the shared receive queue, its buffers, and which connection
+  // each live data QP belongs to (a receive completion names its QP, not its connection).
+  struct SrqChunk {
+    PageBuf buf;
+    ibv_mr* mr = nullptr;
+  };
+  ibv_srq* srq = nullptr;
+  int srq_cap = 0;  // the SRQ's max_wr: the pool never grows past it
+  std::vector<std::unique_ptr<SrqChunk>> srq_chunks;
+  std::map<uint32_t, Conn*> data_qps;  // qp_num -> connection
 };
 
 Global& g();
@@ -484,7 +502,8 @@ void rdma_chan_kick(Conn* c);  // connect the RDMA channel if it is down
 // generated after our last drain still sit in the shared CQ, and must neither re-post its
 // receive buffers (now the new QP's) nor be taken for the new QP's errors.
 // kFence receives carry a FenceChan key where the others have a connection id.
-enum WrKind : uint64_t { kRecv = 1, kSend = 2, kRdma = 3, kAck = 4, kFence = 5 };
+// kSrqRecv receives carry neither: they belong to the pool (their idx), not a connection.
+enum WrKind : uint64_t { kRecv = 1, kSend = 2, kRdma = 3, kAck = 4, kFence = 5, kSrqRecv = 6 };
 inline uint64_t make_wr_id(uint32_t cid, uint8_t inc, WrKind kind, uint32_t idx) {
   return (static_cast<uint64_t>(cid) << 40) | (static_cast<uint64_t>(inc) << 32) |
          (static_cast<uint64_t>(kind) << 24) | (idx & 0xFFFFFF);

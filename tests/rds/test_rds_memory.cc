@@ -8,11 +8,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <string>
 
 #include "rds_test_util.h"
 
 #include "util/proc.h"
+#include "wire/stats_file.h"
 
 using namespace rdstest;
 
@@ -73,6 +76,21 @@ int reap(pid_t pid) {
 // the same libraries.)
 long private_kib() {
   return sv::proc_self_kib("smaps_rollup", "Private_Dirty");
+}
+
+// The RNR waits of every QP of this process (its softverbs statistics file).
+uint64_t rnr_waits_of_this_process() {
+  const std::string path =
+      "/dev/shm/softverbs-stats-" + std::to_string(geteuid()) + "/" + std::to_string(getpid());
+  std::ifstream in(path, std::ios::binary);
+  const std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  sv::wire::StatsView v;
+  if (sv::wire::decode_stats({reinterpret_cast<const std::byte*>(s.data()), s.size()}, v) !=
+      sv::wire::StatsError::ok)
+    return 0;
+  uint64_t n = v.retired.ctr[static_cast<size_t>(sv::wire::Ctr::rnr_waits)];
+  for (const auto& q : v.qps) n += q.ctr[static_cast<size_t>(sv::wire::Ctr::rnr_waits)];
+  return n;
 }
 
 // Answers n messages on fd with "ok".
@@ -185,6 +203,110 @@ TEST(RdsMemory, OnePeerCostsAtMostOneMiB) {
   svrds_close(fd);
 }
 
+// A sender: binds `me`, sends n messages of `size` bytes to `to`, each its index (4 bytes)
+// and then bytes that follow from it and `me` (checked by the receiver), then "end".
+int run_sender(uint16_t me, uint16_t to, int n, size_t size) {
+  const int fd = bound_socket(me);
+  std::vector<char> m(size);
+  for (int i = 0; i < n; ++i) {
+    std::memcpy(m.data(), &i, sizeof i);
+    for (size_t k = sizeof i; k < size; ++k) m[k] = static_cast<char>(i * 31 + me + k);
+    // ENOBUFS: the send buffer is full (the pool holds the receiver back); wait for acks.
+    ssize_t r;
+    while ((r = send_to(fd, to, m.data(), size)) < 0 && errno == ENOBUFS) usleep(1000);
+    if (r != static_cast<ssize_t>(size)) return 10;
+  }
+  if (send_to(fd, to, "end", 3) != 3) return 11;
+  // Until its messages are acked: a sender that exited would leave them to a reconnect.
+  std::vector<char> buf(16);
+  if (recv_one(fd, buf, nullptr, 0, kStartupMs) != 2) return 12;
+  svrds_close(fd);
+  return 0;
+}
+
+// 8 senders each send 100 messages of 60,000 bytes at once to a server whose shared receive
+// pool (SRQ mode, ib_transport.cc) starts at 16 buffers. Held there (`grow` false), the pool
+// runs dry: a data QP that finds no receive waits (RNR: TCP back-pressure) until a buffer
+// comes back, and the buffer's return restarts it. Every message arrives once, in order,
+// intact, and no connection is reset on the way.
+void senders_through_a_small_pool(bool grow, uint64_t* grown) {
+  PrivateRegistry own;  // the counters below sum only this test's processes
+  setenv("SOFTVERBS_RDS_TEST_SRQ_BUFS", "16", 1);
+  setenv("SOFTVERBS_RDS_TEST_SRQ_GROW", grow ? "1" : "0", 1);
+  const uint16_t server = port(40);
+  const int fd = bound_socket(server);
+  ASSERT_GE(fd, 0);
+  const int big = 256 * 1024 * 1024;  // messages wait in our queue, not in the senders'
+  ASSERT_EQ(svrds_setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof big), 0);
+  const uint64_t resets_before = counter(fd, "conn_reset");
+  const uint64_t grown_before = counter(fd, "recv_pool_grown");
+  constexpr int kSenders = 8, kMsgs = 100;
+  constexpr size_t kSize = 60000;
+  std::vector<pid_t> senders;
+  for (int s = 0; s < kSenders; ++s) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const std::string me = std::to_string(port(41 + s)), to = std::to_string(server),
+                        n = std::to_string(kMsgs), sz = std::to_string(kSize);
+      execl("/proc/self/exe", "rds_memory", "--sender", me.c_str(), to.c_str(), n.c_str(),
+            sz.c_str(), nullptr);
+      _exit(127);
+    }
+    senders.push_back(pid);
+  }
+  std::map<uint16_t, int> next;  // sender port -> index of its next message
+  int ended = 0, bad = 0;
+  std::vector<char> buf(kSize + 16);
+  while (ended < kSenders) {
+    sockaddr_in from{};
+    const ssize_t len = recv_one(fd, buf, &from, 0, kStartupMs);
+    ASSERT_GT(len, 0) << "a message never came (" << ended << " senders done)";
+    const uint16_t me = ntohs(from.sin_port);
+    if (len == 3 && std::memcmp(buf.data(), "end", 3) == 0) {
+      EXPECT_EQ(next[me], kMsgs) << "sender " << me << " ended early";
+      ++ended;
+      continue;
+    }
+    ASSERT_EQ(len, static_cast<ssize_t>(kSize));
+    int i;
+    std::memcpy(&i, buf.data(), sizeof i);
+    EXPECT_EQ(i, next[me]) << "sender " << me << ": a message lost, repeated or out of order";
+    next[me] = i + 1;
+    for (size_t k = sizeof i; k < kSize; ++k)
+      if (buf[k] != static_cast<char>(i * 31 + me + k)) {
+        ++bad;
+        break;
+      }
+  }
+  EXPECT_EQ(bad, 0) << "messages with wrong bytes";
+  EXPECT_EQ(next.size(), static_cast<size_t>(kSenders));
+  // Read before the senders may exit (their connections go down with them).
+  EXPECT_EQ(counter(fd, "conn_reset"), resets_before) << "a connection was reset";
+  *grown = counter(fd, "recv_pool_grown") - grown_before;
+  for (const auto& [me, n] : next) ASSERT_EQ(send_to(fd, me, "ok", 2), 2);
+  for (pid_t p : senders) EXPECT_EQ(reap(p), 0);
+  // Held at 16, the pool did run dry: our data QPs waited for receives (the device's RNR
+  // waits). Allowed to grow, it may grow before any QP waits.
+  if (!grow) {
+    EXPECT_GT(rnr_waits_of_this_process(), 0u) << "the pool never ran dry: the test tests nothing";
+  }
+  svrds_close(fd);
+}
+
+TEST(RdsSharedReceivePool, APoolThatRunsDryHoldsSendersBackAndLosesNothing) {
+  uint64_t grown = 0;
+  ASSERT_NO_FATAL_FAILURE(senders_through_a_small_pool(false, &grown));
+  EXPECT_EQ(grown, 0u) << "a pool held at 16 buffers grew";
+}
+
+// The same pool allowed to grow: it grows where receives ran short (the SRQ's limit event),
+// a registration of 16 at a time, and loses nothing while it does.
+TEST(RdsSharedReceivePool, APoolThatRunsShortGrows) {
+  uint64_t grown = 0;
+  ASSERT_NO_FATAL_FAILURE(senders_through_a_small_pool(true, &grown));
+  EXPECT_GT(grown, 0u) << "the pool ran dry and never grew";
+}
+
 // The echo peer: binds `me`, says "ready" to `to`, answers n messages with themselves.
 int run_echo(uint16_t me, int n, uint16_t to) {
   const int fd = bound_socket(me);
@@ -204,6 +326,10 @@ int main(int argc, char** argv) {
   if (argc == 5 && std::strcmp(argv[1], "--peer") == 0)
     return run_peer(static_cast<uint16_t>(std::atoi(argv[2])),
                     static_cast<uint16_t>(std::atoi(argv[3])), std::atoi(argv[4]));
+  if (argc == 6 && std::strcmp(argv[1], "--sender") == 0)
+    return run_sender(static_cast<uint16_t>(std::atoi(argv[2])),
+                      static_cast<uint16_t>(std::atoi(argv[3])), std::atoi(argv[4]),
+                      static_cast<size_t>(std::atol(argv[5])));
   if (argc == 5 && std::strcmp(argv[1], "--echo") == 0)
     return run_echo(static_cast<uint16_t>(std::atoi(argv[2])), std::atoi(argv[3]),
                     static_cast<uint16_t>(std::atoi(argv[4])));
