@@ -12,7 +12,8 @@
 //   rds_peers: peers N bytes S msgs M: RSS K KiB/peer, private P KiB/peer
 //
 // and lets the peers exit. With -M it exits 4 if a peer cost more than MAX_KIB of RSS (the
-// default suite's rds_idle_peer_memory: issue 28's 256 KiB per idle peer).
+// default suite's rds_idle_peer_memory: issue 28's 256 KiB per idle peer). Exits 1 if a
+// peer failed, 5 if a receive failed, 2 for bad arguments.
 #include <arpa/inet.h>
 #include <linux/rds.h>
 #include <softverbs/rds.h>
@@ -145,7 +146,7 @@ int main(int argc, char** argv) {
   while (static_cast<int>(in.size()) < n) {
     uint16_t from = 0;
     const ssize_t r = recv_from(fd, buf, &from);
-    if (r < 0) return 4;
+    if (r < 0) return 5;
     if (r == 2 && std::memcmp(buf.data(), "in", 2) == 0) in.push_back(from);
   }
   usleep(static_cast<useconds_t>(quiet_ms) * 1000);

@@ -57,13 +57,13 @@ if [ $QUICK = 0 ]; then
   # gains nothing now (455 s against 460 s serial): the RDS tests hold the rds_host lock
   # and the sanitized tools run alone, so little overlaps.
   # The tests that fork while this process' RDS threads run go apart: RdsFork, RdsInfo, and
-  # rds_api_engine_thread (every RDS test in one process, so every fork there has threads
-  # running). For the same libasan reason a child forked while a parent thread holds the
+  # rds_api_engine_thread and rds_api_per_conn_recv (every RDS test in one process, so every
+  # fork there has threads running). For the same libasan reason a child forked while a parent thread holds the
   # allocator's lock hangs in its first allocation (caught with gdb: GetFromAllocator), a
   # few runs in a hundred, more for RdsInfo.CountersOfProcessesThatEndedStillCount, which
   # forks right after traffic. Each gets 60 s (they take 3 s at most) and up to three tries
   # here; the default and TSan runs have them once, so a hang of our own still shows there.
-  local_fork='^(RdsFork[.]|RdsInfo[.]|rds_api_engine_thread$)'
+  local_fork='^(RdsFork[.]|RdsInfo[.]|rds_api_engine_thread$|rds_api_per_conn_recv$)'
   ASAN_OPTIONS=detect_leaks=0 run_ctest build-asan "ASan+UBSan" -LE '^tools$' -E "$local_fork"
   ASAN_OPTIONS=detect_leaks=0 run_ctest build-asan "ASan+UBSan, forking tests" \
     -R "$local_fork" --timeout 60 --repeat until-pass:3

@@ -901,25 +901,33 @@ int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     if (err) *bad = wr;
   }
   // Only the QPs waiting for a receive are restarted, outside the lock (RX may complete a
-  // receive whose handler posts to this SRQ again). An SRQ shared by a thousand connections
-  // is posted to once a message: no copy of its QP list each time.
-  constexpr size_t kFew = 16;
-  std::array<Qp*, kFew> few;
-  size_t n = 0;
-  std::vector<Qp*> many;
+  // receive whose handler posts to this SRQ again), each held by a reference taken under it
+  // (a QP destroyed meanwhile is left alone). An SRQ shared by a thousand connections is
+  // posted to once a message: no copy of its QP list each time.
+  std::vector<QpRef> stalled;
   {
     std::lock_guard lk(srq->qps_mu);
-    for (Qp* qp : srq->qps) {
-      if (!qp->rx_stalled.load(std::memory_order_acquire)) continue;
-      if (n < kFew)
-        few[n++] = qp;
-      else
-        many.push_back(qp);
-    }
+    for (Qp* qp : srq->qps)
+      if (qp->rx_stalled.load(std::memory_order_acquire)) stalled.emplace_back(qp);
   }
-  for (size_t i = 0; i < n; ++i) restart_rx(few[i]);
-  for (Qp* qp : many) restart_rx(qp);
+  for (const QpRef& ref : stalled)
+    if (ref.live()) restart_rx(ref.get());
   return err;
+}
+
+bool srq_requeue(Srq* srq, const RecvWqe& w) {
+  std::lock_guard lk(srq->mu);
+  // Full if its owner posted more once w was taken (max_wr bounds what the ring holds).
+  if (srq->count == srq->max_wr) return false;
+  RecvWqe& r = srq->ring[(srq->head + srq->count) % srq->max_wr];
+  r.wr_id = w.wr_id;
+  r.num_sge = w.num_sge;
+  r.length = w.length;
+  std::copy(w.sge, w.sge + w.num_sge, r.sge);
+  ++srq->count;
+  // A QP stalled on this SRQ waits for the next post to restart it (this runs under a
+  // destroyed QP's locks, where another QP's RX may not run).
+  return true;
 }
 
 int srq_modify(Srq* s, const ibv_srq_attr* attr, int mask) {

@@ -418,6 +418,9 @@ int qp_query(Qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init);
 int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing = false);
 int qp_post_recv(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
+// Puts back a receive WQE a QP took from srq and will never complete (destroy, RESET).
+// False if the ring is full.
+bool srq_requeue(Srq* srq, const RecvWqe& w);
 // ibv_modify_srq (mask already checked to be MAX_WR and/or LIMIT) and ibv_query_srq.
 int srq_modify(Srq* srq, const ibv_srq_attr* attr, int mask);
 void srq_query(Srq* srq, ibv_srq_attr* attr);

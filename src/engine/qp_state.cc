@@ -116,17 +116,17 @@ bool conn_transition_locked(Qp* qp, ConnEvent ev) {
       }
       break;
     case ConnEvent::error:
-      // A receive taken from an SRQ and partly filled when the QP failed completes with a
-      // flush error; the SRQ keeps the rest (IB spec 10.2.9.5; rxe flushes the WQE in
-      // progress). Lost, it would be a buffer its owner never gets back: an SRQ's owner
-      // reposts what completes, whatever the status.
-      if (qp->srq && c.have_recv) {
-        complete_recv(qp, c.cur_recv, IBV_WC_WR_FLUSH_ERR, 0, IBV_WC_RECV, 0, 0, 0);
-        c.have_recv = false;
-      }
+      // Receives taken from an SRQ and not completed when the QP failed complete with a
+      // flush error, oldest first; the SRQ keeps the rest (IB spec 10.2.9.5; rxe flushes
+      // the WQE in progress). Lost, each would be a buffer its owner never gets back: an
+      // SRQ's owner reposts what completes, whatever the status.
       if (qp->srq && c.imm_pending) {
         complete_recv(qp, c.imm_recv, IBV_WC_WR_FLUSH_ERR, 0, IBV_WC_RECV, 0, 0, 0);
         c.imm_pending = false;
+      }
+      if (qp->srq && c.have_recv) {
+        complete_recv(qp, c.cur_recv, IBV_WC_WR_FLUSH_ERR, 0, IBV_WC_RECV, 0, 0, 0);
+        c.have_recv = false;
       }
       // What we placed is acked first, as a NIC acked it on arrival: a Placement Ack held
       // for an answer that will not come now (rdma_disconnect right after the last receive:
@@ -142,6 +142,19 @@ bool conn_transition_locked(Qp* qp, ConnEvent ev) {
       break;
     case ConnEvent::reset:
     case ConnEvent::destroy:
+      // Destroy and RESET complete nothing (IB spec 10.3.1): receives an SRQ's QP took and
+      // never completed go back to the SRQ, as mlx5 returns them when it cleans the CQ. (A
+      // QP destroyed on the progress thread right after it failed gets here before its
+      // error transition, which then finds it gone.)
+      // One that no longer fits (its owner filled the ring since) completes with a flush
+      // error instead, so that it still comes back.
+      if (qp->srq) {
+        if (c.imm_pending && !srq_requeue(qp->srq, c.imm_recv))
+          complete_recv(qp, c.imm_recv, IBV_WC_WR_FLUSH_ERR, 0, IBV_WC_RECV, 0, 0, 0);
+        if (c.have_recv && !srq_requeue(qp->srq, c.cur_recv))
+          complete_recv(qp, c.cur_recv, IBV_WC_WR_FLUSH_ERR, 0, IBV_WC_RECV, 0, 0, 0);
+        c.imm_pending = c.have_recv = false;
+      }
       send_last_ack_locked(qp, from);  // the peer's last messages completed before our FIN
       qp->conn_state.store(*to, std::memory_order_release);
       if (c.fd >= 0) {

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <vector>
 
 #include "engine/iw_cm.h"
 #include "engine/progress.h"
@@ -87,9 +88,20 @@ void trim_qp(Qp* qp) {
   }
 }
 
+// The registry's QPs, listed under its lock and trimmed after it: QP creation and lookups on
+// other threads do not wait for the madvise calls. Each stays valid meanwhile: a QP leaves
+// the registry on this thread (qp_destroy's run_sync) before it is freed.
+std::vector<Qp*> g_listed;  // progress thread only
+
+void list_qp(Qp* qp) {
+  g_listed.push_back(qp);
+}
+
 void sweep() {
   g_trims_left = kMaxTrimsPerSweep;
-  oob::for_each_qp(trim_qp);
+  g_listed.clear();
+  oob::for_each_qp(list_qp);
+  for (Qp* qp : g_listed) trim_qp(qp);
   // Runs for the life of the process once a connection was up: one wake-up a period.
   Progress::get().post_after(period(), sweep);
 }

@@ -95,8 +95,9 @@ void wake_engine() {
 // siw) gets kCqFixed at once and the QPs share it, as before.
 namespace {
 
-// Promises `need` more slots of the CQ, growing it first if it can.
-void cq_reserve(uint32_t need) {
+// Promises `need` more slots of the CQ, growing it first if it can. False if what is promised
+// now passes what the CQ holds (the QPs share it then; the pool does not grow past it).
+bool cq_reserve(uint32_t need) {
   Global& G = g();
   std::lock_guard lk(G.cq_size_mu);
   if (G.cq_resizable && G.cq_reserved + need > static_cast<uint32_t>(G.cq->cqe) &&
@@ -107,6 +108,12 @@ void cq_reserve(uint32_t need) {
       SV_INFO("rds: CQ stays at %d entries", G.cq->cqe);
   }
   G.cq_reserved += need;
+  return G.cq_reserved <= static_cast<uint32_t>(G.cq->cqe);
+}
+
+void cq_unreserve(uint32_t n) {
+  std::lock_guard lk(g().cq_size_mu);
+  g().cq_reserved -= n;
 }
 
 }  // namespace
@@ -130,10 +137,10 @@ int create_qp(rdma_cm_id* id, ibv_qp_init_attr* a) {
 void destroy_qp(rdma_cm_id* id) {
   if (!id->qp) return;
   Global& G = g();
-  // A data QP on the shared receive queue goes to ERR first: the receive it had taken from
-  // the SRQ, if a message was half in, completes with a flush error, and its buffer goes
-  // back to the pool (IB spec 10.2.9.5; ibv_create_srq(3): a QP leaving an SRQ is moved to
-  // ERR and its completions drained before it is destroyed).
+  // A data QP on the shared receive queue goes to ERR first, as IB asks of a QP leaving an
+  // SRQ (error, drain, destroy): on softverbs the receive it had taken, if a message was
+  // half in, completes with a flush error, or goes back to the SRQ if the QP is destroyed
+  // before its error transition ran (engine/qp_state.cc); either way its buffer returns.
   const bool on_srq = G.srq && G.data_qps.erase(id->qp->qp_num) != 0;
   if (on_srq) {
     ibv_qp_attr at{};
@@ -149,8 +156,9 @@ void destroy_qp(rdma_cm_id* id) {
     }
   }
   rdma_destroy_qp(id);
-  // Every completion of the destroyed QP is in the CQ now: take them in (their buffers go
-  // back to the pool) before a new QP can be given its number.
+  // Every completion of the destroyed QP is in the CQ now (softverbs destroys a QP after its
+  // queued work, in order; SRQ mode is softverbs only): take them in, their buffers back to
+  // the pool, before a new QP can be given its number.
   if (on_srq) drain_cq_locked();
 }
 
@@ -176,37 +184,49 @@ void srq_post(uint32_t idx) {
     SV_WARN("rds: ibv_post_srq_recv: %s (receive buffer %u lost)", strerror(errno), idx);
 }
 
-// Grows the pool to `want` buffers (at most the SRQ's max_wr), a chunk at a time. A chunk
-// that cannot be had (a provider that pins pages: RLIMIT_MEMLOCK) leaves the pool as it is:
-// the connections share fewer buffers, and wait (RNR) for them.
-void srq_grow(size_t want) {
+// Grows the pool to `want` buffers (at most the SRQ's max_wr), a chunk at a time; true if it
+// grew. A chunk that cannot be had (memory, a registration, room in the CQ: an overrun CQ
+// loses completions, and their buffers with them) leaves the pool as it is: the connections
+// share fewer buffers, and wait (RNR) for them.
+bool srq_grow(size_t want) {
   Global& G = g();
+  const size_t before = G.srq_chunks.size();
   want = std::min<size_t>(want, static_cast<size_t>(G.srq_cap));
   while (G.srq_chunks.size() * kSrqChunk < want) {
     auto ch = std::make_unique<Global::SrqChunk>();
-    if (!ch->buf.allocate(static_cast<size_t>(kSrqChunk) * kBufSize)) return;
+    if (!ch->buf.allocate(static_cast<size_t>(kSrqChunk) * kBufSize)) break;
+    if (!cq_reserve(kSrqChunk)) {
+      cq_unreserve(kSrqChunk);
+      SV_INFO("rds: receive pool stays at %zu buffers: the CQ holds %d",
+              G.srq_chunks.size() * kSrqChunk, G.cq->cqe);
+      break;
+    }
     ch->mr = ibv_reg_mr(G.pd, ch->buf.data(), ch->buf.size(), kLocalWrite);
     if (!ch->mr) {
+      cq_unreserve(kSrqChunk);
       SV_INFO("rds: receive pool stays at %zu buffers: ibv_reg_mr: %s",
               G.srq_chunks.size() * kSrqChunk, strerror(errno));
-      return;
+      break;
     }
-    cq_reserve(kSrqChunk);
     const auto first = static_cast<uint32_t>(G.srq_chunks.size() * kSrqChunk);
     G.srq_chunks.push_back(std::move(ch));
     for (uint32_t i = 0; i < static_cast<uint32_t>(kSrqChunk); ++i) srq_post(first + i);
   }
+  return G.srq_chunks.size() > before;
 }
 
 void srq_arm_limit();
 
 // SRQ mode, at start: one receive queue for every data QP (net/rds ib's SRQ mode, as
-// Oracle's UEK runs RDS-IB), so a peer costs no receive buffers of its own. Off with
-// SOFTVERBS_RDS_SRQ=0, and on a device without SRQs: a ring of kRecvBufs per connection.
+// Oracle's UEK runs RDS-IB), so a peer costs no receive buffers of its own. Only on
+// softverbs, whose QPs wait for a receive when the pool runs dry (RNR, as IB's): an iWARP
+// device (Linux siw) ends the connection instead (DDP "no buffer"), and what it does with
+// an SRQ's WQEs when a QP goes is its own. Off with SOFTVERBS_RDS_SRQ=0: a ring of
+// kRecvBufs per connection, as on any other device.
 void srq_start(const ibv_device_attr& da) {
   Global& G = g();
   if (!settings::flag_value(SV_SETTING("SOFTVERBS_RDS_SRQ")) || da.max_srq <= 0 ||
-      da.max_srq_wr < kSrqInitial)
+      da.max_srq_wr < kSrqInitial || !dlsym(RTLD_DEFAULT, "softverbs_cq_busy_poll"))
     return;
   ibv_srq_init_attr a{};
   a.attr.max_wr = static_cast<uint32_t>(std::min(da.max_srq_wr, kSrqMax));
@@ -218,7 +238,13 @@ void srq_start(const ibv_device_attr& da) {
   }
   G.srq_cap = static_cast<int>(a.attr.max_wr);
   static const size_t first = settings::uint_value(SV_SETTING("SOFTVERBS_RDS_TEST_SRQ_BUFS"));
-  srq_grow(first ? first : kSrqInitial);
+  if (!srq_grow(first ? first : kSrqInitial)) {
+    // Not one buffer: every connection would wait for ever. The rings, as without SRQs.
+    ibv_destroy_srq(G.srq);
+    G.srq = nullptr;
+    SV_INFO("rds: the receive pool has no buffer: receive buffers per connection");
+    return;
+  }
   srq_arm_limit();
 }
 
@@ -239,14 +265,16 @@ void srq_arm_limit() {
 
 // The device's async events: the pool's limit, and whatever else comes (read so that the
 // device's queue of them does not grow; the data path learns of a QP's failure from its
-// completions and rdma_cm's events).
+// completions and rdma_cm's events). The context is the one rdma_cm gives every id of the
+// process: in SRQ mode RDS reads its events, non-blocking (docs/rds.md).
 void handle_async_events() {
   Global& G = g();
   for (ibv_async_event ev; ibv_get_async_event(G.verbs, &ev) == 0;) {
     const bool limit = ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED && ev.element.srq == G.srq;
     ibv_ack_async_event(&ev);
     if (!limit) continue;
-    srq_grow(G.srq_chunks.size() * kSrqChunk + kSrqChunk);
+    // Not armed again if it could not grow: the pool stays as it is (srq_grow said why).
+    if (!srq_grow(G.srq_chunks.size() * kSrqChunk + kSrqChunk)) continue;
     count(Ctr::recv_pool_grown);
     srq_arm_limit();
   }

@@ -41,13 +41,14 @@ enum class Ctr : uint8_t {
   rnr_waits,    // a Send arrived with no receive posted (we stop reading: RNR)
   ud_dropped,   // UD datagrams dropped: malformed, Q_Key/P_Key/QPN mismatch, QP not ready
   uc_dropped,   // UC messages dropped: no receive posted, too long, Write access denied
-  idle_trims,   // stream buffers given back while the connection was idle (engine/qp_trim.cc)
   fault_reset,  // SOFTVERBS_FAULT firings, by action (wire/fault_spec.h's order)
   fault_stall,
   fault_corrupt,
   fault_drop,
   fault_dup,
   fault_delay,
+  // Appended, as every counter: readers map counters by index (decode_slot).
+  idle_trims,  // stream buffers given back while the connection was idle (engine/qp_trim.cc)
   count
 };
 inline constexpr size_t kCtrCount = static_cast<size_t>(Ctr::count);

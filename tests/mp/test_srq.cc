@@ -1,10 +1,92 @@
 // Shared receive queues across processes: a receive taken from an SRQ is checked against the
 // SRQ's protection domain (the SRQ's WQEs belong to its PD, IB spec 10.2.9; rxe and siw check
 // the SRQ's), not the PD of the QP that consumes it.
+#include <unistd.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
+
 #include "harness.h"
+#include "wire/stats_file.h"
 
 namespace mp {
 namespace {
+
+// Counter c of our QP qpn, from this process' statistics file (softverbs-stat's source).
+uint64_t own_qp_counter(uint32_t qpn, sv::wire::Ctr c) {
+  std::ifstream in(
+      "/dev/shm/softverbs-stats-" + std::to_string(geteuid()) + "/" + std::to_string(getpid()),
+      std::ios::binary);
+  const std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  sv::wire::StatsView v;
+  if (sv::wire::decode_stats({reinterpret_cast<const std::byte*>(s.data()), s.size()}, v) !=
+      sv::wire::StatsError::ok)
+    return 0;
+  for (const auto& q : v.qps)
+    if (q.qpn == qpn) return q.ctr[static_cast<size_t>(c)];
+  return 0;
+}
+
+// Our QP, on an SRQ of 4 receives, its first receive (1 MiB) half filled by a Send: our own
+// fault rule stops our reading at the third frame that comes in (SOFTVERBS_FAULT,
+// docs/fault-injection.md; read when this process opens the device, and ctest runs each
+// test in a process of its own). The peer runs without it.
+class XProcSrq : public XProc {
+ protected:
+  void HalfInOnAnSrq();
+};
+
+void XProcSrq::HalfInOnAnSrq() {
+  PeerConfig with_srq;
+  with_srq.srq = 1;
+  with_srq.max_recv_wr = 4;  // the SRQ's max_wr
+  setenv("SOFTVERBS_FAULT", "stall:ms=20000,after=3,count=1,dir=rx", 1);
+  g_child_env = {"SOFTVERBS_FAULT=seed=1"};
+  Connect(with_srq, PeerConfig{});
+  g_child_env.clear();
+  unsetenv("SOFTVERBS_FAULT");
+  ASSERT_FALSE(HasFatalFailure());
+  constexpr uint32_t kLen = 1u << 20;  // 16 FPDUs or more
+  ASSERT_EQ(local->post_recv(7, {sge(0, kLen)}), 0);
+  for (uint64_t id = 8; id < 11; ++id) ASSERT_EQ(local->post_recv(id, {sge(kLen, 64)}), 0);
+  ASSERT_EQ(remote->post_send(make_send(1, {sge(0, kLen)})), 0);
+  // Its first segments placed, the rest held back by our stall.
+  uint64_t pkts = 0;
+  for (int i = 0; i < 2000 && pkts == 0; ++i) {
+    std::this_thread::sleep_for(Ms(5));
+    pkts = own_qp_counter(local->qp->qp_num, sv::wire::Ctr::rcvd_pkts);
+  }
+  ASSERT_GT(pkts, 0u) << "nothing of the Send arrived";
+  ASSERT_EQ(own_qp_counter(local->qp->qp_num, sv::wire::Ctr::rcvd_sends), 0u)
+      << "the whole Send arrived: our stall did not hold it";
+}
+
+// Failed, the QP completes the receive it took with a flush error (IB spec 10.2.9.5; rxe
+// flushes the WQE in progress), so the buffer comes back to its owner; the SRQ keeps the
+// rest. It was lost: no completion ever came for it.
+TEST_F(XProcSrq, ASendHalfInWhenTheQpFailsGivesItsSrqReceiveBackFlushed) {
+  ASSERT_NO_FATAL_FAILURE(HalfInOnAnSrq());
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(ibv_modify_qp(local->qp, &a, IBV_QP_STATE), 0);
+  auto r = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u) << "the SRQ receive the QP had taken never completed";
+  EXPECT_TRUE(wc_is(r[0], 7, IBV_WC_WR_FLUSH_ERR)) << wc_str(r[0]);
+  EXPECT_TRUE(local->poll(CqSel::recv, 1, Ms(200)).empty()) << "the SRQ's own receives completed";
+}
+
+// Destroyed, the QP completes nothing (IB spec 10.3.1): the receive it took goes back to the
+// SRQ, as mlx5 returns it. The SRQ is full again (4 of 4): one more post is ENOMEM. It was
+// lost, and the post went in.
+TEST_F(XProcSrq, ASendHalfInWhenTheQpIsDestroyedPutsItsSrqReceiveBack) {
+  ASSERT_NO_FATAL_FAILURE(HalfInOnAnSrq());
+  ASSERT_EQ(ibv_destroy_qp(local->qp), 0);
+  local->qp = nullptr;
+  EXPECT_EQ(local->post_recv(11, {sge(1u << 20, 64)}), ENOMEM)
+      << "the receive the destroyed QP had taken did not go back to the SRQ";
+  EXPECT_TRUE(local->poll(CqSel::recv, 1, Ms(200)).empty()) << "a destroyed QP completed";
+}
 
 PeerConfig srq_on_own_pd() {
   PeerConfig c;

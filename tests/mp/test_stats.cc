@@ -93,7 +93,6 @@ TEST_F(XProc, CountersFollowTrafficErrorsAndDestroy) {
   EXPECT_GE(v.retired.wc[IBV_WC_REM_ACCESS_ERR], 1u);
 }
 
-// SOFTVERBS_STATS=0: nothing published (counters still kept in memory).
 // An idle connection gives its stream buffers back (engine/qp_trim.cc: the receive buffer
 // and the TX header arena, once a whole SOFTVERBS_IDLE_TRIM_MS period, 1 s by default, went
 // by without traffic), and carries data as before once traffic resumes: the pages come back
@@ -146,6 +145,7 @@ TEST_F(XProc, AnIdleConnectionGivesItsBuffersBackAndStillCarriesData) {
   ASSERT_NO_FATAL_FAILURE(exchange(700));
 }
 
+// SOFTVERBS_STATS=0: nothing published (counters still kept in memory).
 TEST_F(XProc, StatsCanBeTurnedOff) {
   setenv("SOFTVERBS_STATS", "0", 1);
   ASSERT_NO_FATAL_FAILURE(Connect());

@@ -291,6 +291,10 @@ void senders_through_a_small_pool(bool grow, uint64_t* grown) {
     EXPECT_GT(rnr_waits_of_this_process(), 0u) << "the pool never ran dry: the test tests nothing";
   }
   svrds_close(fd);
+  // The settings were read once, when this process' stack started: each test of this binary
+  // runs in a process of its own (ctest), so none inherits them.
+  unsetenv("SOFTVERBS_RDS_TEST_SRQ_BUFS");
+  unsetenv("SOFTVERBS_RDS_TEST_SRQ_GROW");
 }
 
 TEST(RdsSharedReceivePool, APoolThatRunsDryHoldsSendersBackAndLosesNothing) {
