@@ -199,11 +199,12 @@ void qp_set_state_locked(Qp* qp, ibv_qp_state s) {
 
 void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal, ibv_event_type event,
                   const std::function<void()>& report) {
-  SV_INFO("qp %u: error, cause %s, %u WQEs outstanding", qp->qpn(), wire::wc_status_name(status),
-          qp->sq_count);
   bool first = false;
   {
     std::lock_guard lk(qp->tx_mu);
+    // sq_count under tx_mu: the application's post_send writes it (TSan saw the race).
+    SV_INFO("qp %u: error, cause %s, %u WQEs outstanding", qp->qpn(),
+            wire::wc_status_name(status), qp->sq_count);
     if (qp->state.load() != IBV_QPS_ERR) {
       qp_set_state_locked(qp, IBV_QPS_ERR);
       first = true;

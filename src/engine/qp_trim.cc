@@ -91,17 +91,22 @@ void trim_qp(Qp* qp) {
 // The registry's QPs, listed under its lock and trimmed after it: QP creation and lookups on
 // other threads do not wait for the madvise calls. Each stays valid meanwhile: a QP leaves
 // the registry on this thread (qp_destroy's run_sync) before it is freed.
-std::vector<Qp*> g_listed;  // progress thread only
+// Progress thread only. Never destroyed: the progress thread may still sweep while exit()
+// runs the static destructors.
+std::vector<Qp*>& listed() {
+  static auto* v = new std::vector<Qp*>();
+  return *v;
+}
 
 void list_qp(Qp* qp) {
-  g_listed.push_back(qp);
+  listed().push_back(qp);
 }
 
 void sweep() {
   g_trims_left = kMaxTrimsPerSweep;
-  g_listed.clear();
+  listed().clear();
   oob::for_each_qp(list_qp);
-  for (Qp* qp : g_listed) trim_qp(qp);
+  for (Qp* qp : listed()) trim_qp(qp);
   // Runs for the life of the process once a connection was up: one wake-up a period.
   Progress::get().post_after(period(), sweep);
 }

@@ -96,7 +96,8 @@ inline constexpr int kSignalEvery = 16;   // max_unsignaled_wrs (net/rds ib_send
 inline constexpr size_t kCongMapBytes = wire::kRdsCongMapBytes;  // RDS_CONG_MAP_BYTES
 inline constexpr size_t kMaxZcopySge = 15;  // payload SGEs per SEND (the data QP has 16)
 // A connection with nothing queued, unacked or in flight for this long is closed, freeing
-// its buffers (about 8 MiB); the next message reconnects it, sequence state intact.
+// its send slots (4 MiB of address space; and its receive ring, 4 MiB more, without the
+// shared pool); the next message reconnects it, sequence state intact.
 // SOFTVERBS_RDS_IDLE_MS overrides it (0: never). Linux RDS never closes idle connections,
 // but there one set of buffers serves a whole host, not every peer process.
 inline constexpr int kIdleCloseMs = 30000;

@@ -1,6 +1,8 @@
-// Memory per peer: a connection's buffers (about 8 MiB) are freed when its peer goes away
-// and when it has been idle for SOFTVERBS_RDS_IDLE_MS (set to 500 ms in this process); the
-// next message reconnects, sequence state intact. RSS read from /proc.
+// Memory per peer: a connection's buffers (its send slots, 4 MiB of address space; its
+// receive ring too with SOFTVERBS_RDS_SRQ=0) are freed when its peer goes away and when it
+// has been idle for SOFTVERBS_RDS_IDLE_MS (set to 500 ms in this process); the next message
+// reconnects, sequence state intact. The shared receive pool (SRQ mode, the default) run
+// dry and grown. RSS read from /proc.
 #include <spawn.h>
 #include <sys/wait.h>
 
@@ -206,6 +208,7 @@ TEST(RdsMemory, OnePeerCostsAtMostOneMiB) {
 // A sender: binds `me`, sends n messages of `size` bytes to `to`, each its index (4 bytes)
 // and then bytes that follow from it and `me` (checked by the receiver), then "end".
 int run_sender(uint16_t me, uint16_t to, int n, size_t size) {
+  setenv("SOFTVERBS_RDS_IDLE_MS", "0", 1);  // over this binary's 500 ms: see the test
   const int fd = bound_socket(me);
   std::vector<char> m(size);
   for (int i = 0; i < n; ++i) {
@@ -228,17 +231,20 @@ int run_sender(uint16_t me, uint16_t to, int n, size_t size) {
 // pool (SRQ mode, ib_transport.cc) starts at 16 buffers. Held there (`grow` false), the pool
 // runs dry: a data QP that finds no receive waits (RNR: TCP back-pressure) until a buffer
 // comes back, and the buffer's return restarts it. Every message arrives once, in order,
-// intact, and no connection is reset on the way.
+// intact, and no connection is reset on the way. Nobody closes idle connections here (this
+// binary's 500 ms would close a sanitized sender's connection while it waits).
 void senders_through_a_small_pool(bool grow, uint64_t* grown) {
   PrivateRegistry own;  // the counters below sum only this test's processes
   setenv("SOFTVERBS_RDS_TEST_SRQ_BUFS", "16", 1);
   setenv("SOFTVERBS_RDS_TEST_SRQ_GROW", grow ? "1" : "0", 1);
+  setenv("SOFTVERBS_RDS_IDLE_MS", "0", 1);  // read when our stack starts, below
   const uint16_t server = port(40);
   const int fd = bound_socket(server);
   ASSERT_GE(fd, 0);
   const int big = 256 * 1024 * 1024;  // messages wait in our queue, not in the senders'
   ASSERT_EQ(svrds_setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof big), 0);
-  const uint64_t resets_before = counter(fd, "conn_reset");
+  auto resets = [&] { return counter(fd, "conn_reset"); };
+  const uint64_t resets_before = resets();
   const uint64_t grown_before = counter(fd, "recv_pool_grown");
   constexpr int kSenders = 8, kMsgs = 100;
   constexpr size_t kSize = 60000;
@@ -281,7 +287,7 @@ void senders_through_a_small_pool(bool grow, uint64_t* grown) {
   EXPECT_EQ(bad, 0) << "messages with wrong bytes";
   EXPECT_EQ(next.size(), static_cast<size_t>(kSenders));
   // Read before the senders may exit (their connections go down with them).
-  EXPECT_EQ(counter(fd, "conn_reset"), resets_before) << "a connection was reset";
+  EXPECT_EQ(resets(), resets_before) << "a connection was reset";
   *grown = counter(fd, "recv_pool_grown") - grown_before;
   for (const auto& [me, n] : next) ASSERT_EQ(send_to(fd, me, "ok", 2), 2);
   for (pid_t p : senders) EXPECT_EQ(reap(p), 0);
