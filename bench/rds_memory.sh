@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Memory per RDS peer and per idle QP (issue 28 item 3), in one run. Not a test: it prints.
 #   1. An RDS server's growth per peer process (bench/rds_peers.cc), once every connection
-#      has been quiet for 3 s: peers that sent 100 messages of 1 KiB, and of 60,000 B, for
-#      10 and 40 peers, and the marginal cost of each of the 30 peers past the first 10.
+#      has been quiet for 3 s: peers that sent 100 messages of 1 KiB, and of 60,000 B (also
+#      echoed back by the server, so its send slots are used), for 10 and 40 peers, and the
+#      marginal cost of each of the 30 peers past the first 10.
 #      Anchor, same run: the same with a ring of receive buffers per connection
 #      (SOFTVERBS_RDS_SRQ=0, the layout before the shared receive pool). Goals: <= 256 KiB
 #      per additional idle peer, <= 1 MiB for a process with one peer (tests/rds/
@@ -18,8 +19,8 @@ export LD_LIBRARY_PATH=$B/lib SOFTVERBS_NETDEV=lo
 export SOFTVERBS_RDS_DIR=/dev/shm/softverbs-rds-bench-$$
 trap 'rm -rf "$SOFTVERBS_RDS_DIR"' EXIT
 
-per_peer() {  # per_peer <srq 0|1> <peers> <bytes>: KiB of RSS per peer
-  SOFTVERBS_RDS_SRQ=$1 timeout 120 "$B/bin/rds_peers" -n "$2" -s "$3" -m 100 |
+per_peer() {  # per_peer <srq 0|1> <peers> <bytes> [-e]: KiB of RSS per peer
+  SOFTVERBS_RDS_SRQ=$1 timeout 120 "$B/bin/rds_peers" -n "$2" -s "$3" -m 100 ${4:-} |
     awk '{for (i = 1; i <= NF; i++) if ($i == "RSS") print $(i + 1)}'
 }
 marginal() {  # marginal <kib/peer at 10> <kib/peer at 40>
@@ -27,15 +28,17 @@ marginal() {  # marginal <kib/peer at 10> <kib/peer at 40>
 }
 
 printf '%-52s %14s %14s\n' "RDS server, KiB of RSS per peer" "shared pool" "rings (anchor)"
-for bytes in 1024 60000; do
+for shape in "1024" "60000" "60000 -e"; do
+  read -r bytes echo <<<"$shape"
   for srq in 1 0; do
-    a=$(per_peer $srq 10 $bytes)
-    b=$(per_peer $srq 40 $bytes)
+    a=$(per_peer $srq 10 $bytes $echo)
+    b=$(per_peer $srq 40 $bytes $echo)
     eval "A$srq=\$a B$srq=\$b M$srq=\$(marginal \"\$a\" \"\$b\")"
   done
-  printf '%-52s %14s %14s\n' "  100 x $bytes B: 10 peers, per peer" "$A1" "$A0"
-  printf '%-52s %14s %14s\n' "  100 x $bytes B: 40 peers, per peer" "$B1" "$B0"
-  printf '%-52s %14s %14s\n' "  100 x $bytes B: each peer past 10 (goal <= 256)" "$M1" "$M0"
+  what="100 x $bytes B${echo:+, echoed}"
+  printf '%-52s %14s %14s\n' "  $what: 10 peers, per peer" "$A1" "$A0"
+  printf '%-52s %14s %14s\n' "  $what: 40 peers, per peer" "$B1" "$B0"
+  printf '%-52s %14s %14s\n' "  $what: each peer past 10 (goal <= 256)" "$M1" "$M0"
 done
 
 qp() {  # qp <trim ms>: "KiB/QP at once" "KiB/QP idle"

@@ -1,13 +1,14 @@
 // What an RDS server's memory grows by per peer process (issue 28 item 3), measured, not
 // asserted: bench/rds_memory.sh runs it for a few shapes and prints the table.
 //
-//   rds_peers [-n PEERS] [-m MSGS] [-s BYTES] [-q QUIET_MS] [-M MAX_KIB]
+//   rds_peers [-n PEERS] [-m MSGS] [-s BYTES] [-q QUIET_MS] [-M MAX_KIB] [-e]
 //
 // This process is the server: it binds 127.0.0.1 and takes its baseline once its own stack
 // is up. PEERS processes (this binary again, --peer) each send MSGS messages of BYTES to it
-// and then wait. Once every message is in, the server waits QUIET_MS with every connection
-// idle (long enough for idle connections to give back what they give back, shorter than
-// SOFTVERBS_RDS_IDLE_MS, which would close them), then prints one line:
+// (-e: and the server sends each back, so its own send slots are used too) and then wait. Once
+// every message is in, the server waits QUIET_MS with every connection idle (long enough for idle
+// connections to give back what they give back, shorter than SOFTVERBS_RDS_IDLE_MS, which would
+// close them), then prints one line:
 //
 //   rds_peers: peers N bytes S msgs M: RSS K KiB/peer, private P KiB/peer
 //
@@ -69,13 +70,15 @@ ssize_t recv_from(int fd, std::vector<char>& buf, uint16_t* port) {
   return r;
 }
 
-int peer(uint16_t me, uint16_t server, int msgs, size_t bytes) {
+int peer(uint16_t me, uint16_t server, int msgs, size_t bytes, bool echo) {
   const int fd = bound(me);
   std::vector<char> m(bytes, 'p');
   for (int i = 0; i < msgs; ++i)
     if (send_to(fd, server, m.data(), bytes) != static_cast<ssize_t>(bytes)) return 10;
+  std::vector<char> buf(bytes + 16);
+  for (int i = 0; echo && i < msgs; ++i)
+    if (recv_from(fd, buf, nullptr) != static_cast<ssize_t>(bytes)) return 13;
   if (send_to(fd, server, "in", 2) != 2) return 11;
-  std::vector<char> buf(16);
   if (recv_from(fd, buf, nullptr) != 3) return 12;  // "bye"
   svrds_close(fd);
   return 0;
@@ -84,14 +87,15 @@ int peer(uint16_t me, uint16_t server, int msgs, size_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 6 && std::strcmp(argv[1], "--peer") == 0)
+  if (argc == 7 && std::strcmp(argv[1], "--peer") == 0)
     return peer(static_cast<uint16_t>(std::atoi(argv[2])),
                 static_cast<uint16_t>(std::atoi(argv[3])), std::atoi(argv[4]),
-                static_cast<size_t>(std::atol(argv[5])));
+                static_cast<size_t>(std::atol(argv[5])), argv[6][0] == '1');
   int n = 20, msgs = 100, quiet_ms = 3000;
   long max_kib = 0;
+  bool echo = false;
   size_t bytes = 1024;
-  for (int c; (c = getopt(argc, argv, "n:m:s:q:M:")) != -1;) {
+  for (int c; (c = getopt(argc, argv, "n:m:s:q:M:e")) != -1;) {
     switch (c) {
       case 'n':
         n = std::atoi(optarg);
@@ -108,9 +112,12 @@ int main(int argc, char** argv) {
       case 'M':
         max_kib = std::atol(optarg);
         break;
+      case 'e':
+        echo = true;
+        break;
       default:
         std::fprintf(stderr,
-                     "usage: %s [-n PEERS] [-m MSGS] [-s BYTES] [-q QUIET_MS] [-M MAX_KIB]\n",
+                     "usage: %s [-n PEERS] [-m MSGS] [-s BYTES] [-q QUIET_MS] [-M MAX_KIB] [-e]\n",
                      argv[0]);
         return 2;
     }
@@ -137,7 +144,7 @@ int main(int argc, char** argv) {
       const std::string me = std::to_string(server + 1 + i), to = std::to_string(server),
                         m = std::to_string(msgs), s = std::to_string(bytes);
       execl("/proc/self/exe", "rds_peers", "--peer", me.c_str(), to.c_str(), m.c_str(), s.c_str(),
-            nullptr);
+            echo ? "1" : "0", nullptr);
       _exit(127);
     }
     pids.push_back(pid);
@@ -147,7 +154,10 @@ int main(int argc, char** argv) {
     uint16_t from = 0;
     const ssize_t r = recv_from(fd, buf, &from);
     if (r < 0) return 5;
-    if (r == 2 && std::memcmp(buf.data(), "in", 2) == 0) in.push_back(from);
+    if (r == 2 && std::memcmp(buf.data(), "in", 2) == 0)
+      in.push_back(from);
+    else if (echo && send_to(fd, from, buf.data(), static_cast<size_t>(r)) != r)
+      return 5;
   }
   usleep(static_cast<useconds_t>(quiet_ms) * 1000);
   const long rss = sv::proc_self_kib("status", "VmRSS") - rss0;

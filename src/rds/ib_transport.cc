@@ -475,16 +475,48 @@ void idle_sweep() {
 // whole SOFTVERBS_IDLE_TRIM_MS (the engine's trim period: idle QPs give their buffers back
 // too), the free memory goes back once (glibc's malloc_trim), and again only after the next
 // burst.
-void heap_trim_when_quiet() {
+//
+// A connection quiet that long gives back the pages of its free send slots too (a burst of
+// large messages leaves up to 64 x 64 KiB resident until the idle close, 30 s later). Slots
+// whose sends went unsignaled are not known to be free until a signaled one retires them:
+// such a connection first sends one signaled ack, and its slots go back a quiet spell
+// later. Only on
+// softverbs, which reads a slot only while its send is posted: a device that pinned the
+// slots' pages for its registration (siw, rxe, a NIC) would go on sending from the old
+// pages while we write the new ones.
+void trim_when_quiet() {
   static const auto ms = settings::uint_value(SV_SETTING("SOFTVERBS_IDLE_TRIM_MS"));
   if (ms == 0) return;
-  static std::chrono::steady_clock::time_point trimmed_for{};  // engine thread only
+  static const bool softverbs = dlsym(RTLD_DEFAULT, "softverbs_cq_busy_poll") != nullptr;
+  static const auto kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  static std::chrono::steady_clock::time_point trimmed_for{}, heap_trimmed_at{};  // engine thread
+  const auto now = std::chrono::steady_clock::now();
+  const auto quiet = std::chrono::milliseconds(ms);
   std::chrono::steady_clock::time_point last{};
-  for (auto& [k, c] : g().conns) last = std::max(last, c->last_active);
-  if (last == trimmed_for ||
-      std::chrono::steady_clock::now() - last < std::chrono::milliseconds(ms))
-    return;
-  trimmed_for = last;
+  bool went_quiet = false;  // a connection's quiet spell began since the last pass
+  for (auto& [k, c] : g().conns) {
+    last = std::max(last, c->last_active);
+    if (c->slots_trimmed_for == c->last_active || now - c->last_active < quiet) continue;
+    c->slots_trimmed_for = c->last_active;
+    went_quiet = true;
+    if (!softverbs || c->sbuf.empty()) continue;
+    if (!c->posted.empty() && c->state == ConnState::up) {
+      c->signal_next = true;
+      conn_send_ack(c);
+    }
+    for (const int slot : c->free_slots) {  // the whole pages inside each free slot
+      const auto b = reinterpret_cast<uintptr_t>(&c->sbuf[static_cast<size_t>(slot) * kBufSize]);
+      const uintptr_t lo = (b + kPage - 1) & ~(kPage - 1), hi = (b + kBufSize) & ~(kPage - 1);
+      if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+    }
+  }
+  // The heap when everything went quiet, or when a connection did (a server whose peers
+  // take turns is never quiet as a whole; the acks above keep it from being so for a while):
+  // at most once a period.
+  const bool all_quiet = last != trimmed_for && now - last >= quiet;
+  if (!(all_quiet || went_quiet) || now - heap_trimmed_at < quiet) return;
+  if (all_quiet) trimmed_for = last;
+  heap_trimmed_at = now;
   malloc_trim(0);
 }
 
@@ -1071,7 +1103,7 @@ void engine_loop() {
     }
     directory_tick();
     idle_sweep();
-    heap_trim_when_quiet();
+    trim_when_quiet();
     if (now_ms() - last_publish >= 500) {
       info_publish();
       last_publish = now_ms();
@@ -1272,8 +1304,9 @@ void conn_send_ack(Conn* c) {
 
 int post_data_send(Conn* c, ibv_send_wr* wr) {
   // Signal when enough went unsignaled or slots run low, so slots keep coming back.
-  const bool sig =
-      ++c->since_signal >= kSignalEvery || c->free_slots.size() < static_cast<size_t>(kSignalEvery);
+  const bool sig = ++c->since_signal >= kSignalEvery ||
+                   c->free_slots.size() < static_cast<size_t>(kSignalEvery) || c->signal_next;
+  c->signal_next = false;
   wr->send_flags = sig ? IBV_SEND_SIGNALED : 0;
   ibv_send_wr* bad;
   if (ibv_post_send(c->id->qp, wr, &bad)) {

@@ -326,6 +326,9 @@ struct Conn {
   uint64_t reconnects = 0;
   bool tearing_down = false;
   std::chrono::steady_clock::time_point last_active{};  // last completion or connect
+  // The last_active its send slots were given back for (trim_when_quiet), once per quiet spell.
+  std::chrono::steady_clock::time_point slots_trimmed_for{};
+  bool signal_next = false;    // the next send is signaled (trim_when_quiet's ack)
   std::vector<uint8_t> fcong;  // the peer's congestion map (RDS_CONG_MAP_BYTES)
   bool map_queued = false;     // send our map when the connection allows
 };
