@@ -469,55 +469,65 @@ void idle_sweep() {
   }
 }
 
-// Messages are assembled in the heap (recv.cc) and freed once read; the allocator keeps what
-// a burst of large ones freed (8 MiB of a thread's arena after 20 peers sent 6 MB each) and
-// an idle server would hold it for ever. When no connection has had a completion for a
-// whole SOFTVERBS_IDLE_TRIM_MS (the engine's trim period: idle QPs give their buffers back
-// too), the free memory goes back once (glibc's malloc_trim), and again only after the next
-// burst.
+// What a quiet spell gives back (SOFTVERBS_IDLE_TRIM_MS, at least 1 s here: a lower value,
+// chosen for the engine's buffers, would make RDS ack and trim the heap all the time).
 //
-// A connection quiet that long gives back the pages of its free send slots too (a burst of
-// large messages leaves up to 64 x 64 KiB resident until the idle close, 30 s later). Slots
-// whose sends went unsignaled are not known to be free until a signaled one retires them:
-// such a connection first sends one signaled ack, and its slots go back a quiet spell
-// later. Only on
-// softverbs, which reads a slot only while its send is posted: a device that pinned the
-// slots' pages for its registration (siw, rxe, a NIC) would go on sending from the old
-// pages while we write the new ones.
-void trim_when_quiet() {
+// A connection quiet that long gives back the pages of its free send slots (a burst of large
+// messages leaves up to 64 x 64 KiB resident until the idle close, 30 s later). Slots sit
+// 64 KiB + 48 apart, so a slot's first page is shared with the one before it: the pages go
+// back by runs of adjacent free slots. Slots whose sends went unsignaled are not known to be
+// free until a signaled one retires them: such a connection first sends one signaled ack,
+// and its slots go back a quiet spell later. Only on softverbs, which reads a slot only
+// while its send is posted: a device that pinned the slots' pages for its registration
+// (siw, rxe, a NIC) would go on sending from the old pages while we write the new ones.
+//
+// Messages are assembled in the heap (recv.cc) and freed once read; the allocator keeps what
+// a burst of large ones freed (8 MiB of a thread's arena after 20 peers sent 6 MB each). When
+// a connection goes quiet, or all are, the free heap goes back (glibc's malloc_trim) at most
+// once a period, outside the stack lock: true asks the caller for it.
+bool trim_when_quiet() {
   static const auto ms = settings::uint_value(SV_SETTING("SOFTVERBS_IDLE_TRIM_MS"));
-  if (ms == 0) return;
+  if (ms == 0) return false;
   static const bool softverbs = dlsym(RTLD_DEFAULT, "softverbs_cq_busy_poll") != nullptr;
   static const auto kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  static std::chrono::steady_clock::time_point trimmed_for{}, heap_trimmed_at{};  // engine thread
+  // Engine thread only.
+  static std::chrono::steady_clock::time_point trimmed_for{}, heap_trimmed_at{};
+  static bool heap_pending = false;
   const auto now = std::chrono::steady_clock::now();
-  const auto quiet = std::chrono::milliseconds(ms);
+  const auto quiet = std::chrono::milliseconds(std::max<uint64_t>(ms, 1000));
   std::chrono::steady_clock::time_point last{};
-  bool went_quiet = false;  // a connection's quiet spell began since the last pass
+  std::vector<int> free_slots;
   for (auto& [k, c] : g().conns) {
     last = std::max(last, c->last_active);
     if (c->slots_trimmed_for == c->last_active || now - c->last_active < quiet) continue;
     c->slots_trimmed_for = c->last_active;
-    went_quiet = true;
+    heap_pending = true;
     if (!softverbs || c->sbuf.empty()) continue;
     if (!c->posted.empty() && c->state == ConnState::up) {
       c->signal_next = true;
       conn_send_ack(c);
     }
-    for (const int slot : c->free_slots) {  // the whole pages inside each free slot
-      const auto b = reinterpret_cast<uintptr_t>(&c->sbuf[static_cast<size_t>(slot) * kBufSize]);
-      const uintptr_t lo = (b + kPage - 1) & ~(kPage - 1), hi = (b + kBufSize) & ~(kPage - 1);
+    free_slots.assign(c->free_slots.begin(), c->free_slots.end());
+    std::sort(free_slots.begin(), free_slots.end());
+    const auto base = reinterpret_cast<uintptr_t>(c->sbuf.data());
+    for (size_t i = 0; i < free_slots.size();) {
+      size_t j = i + 1;
+      while (j < free_slots.size() && free_slots[j] == free_slots[j - 1] + 1) ++j;
+      const uintptr_t from = base + static_cast<uintptr_t>(free_slots[i]) * kBufSize;
+      const uintptr_t to = base + static_cast<uintptr_t>(free_slots[j - 1] + 1) * kBufSize;
+      const uintptr_t lo = (from + kPage - 1) & ~(kPage - 1), hi = to & ~(kPage - 1);
       if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+      i = j;
     }
   }
-  // The heap when everything went quiet, or when a connection did (a server whose peers
-  // take turns is never quiet as a whole; the acks above keep it from being so for a while):
-  // at most once a period.
-  const bool all_quiet = last != trimmed_for && now - last >= quiet;
-  if (!(all_quiet || went_quiet) || now - heap_trimmed_at < quiet) return;
-  if (all_quiet) trimmed_for = last;
+  if (last != trimmed_for && now - last >= quiet) {
+    trimmed_for = last;
+    heap_pending = true;
+  }
+  if (!heap_pending || now - heap_trimmed_at < quiet) return false;
+  heap_pending = false;
   heap_trimmed_at = now;
-  malloc_trim(0);
+  return true;
 }
 
 void conn_up(Conn* c, const wire::RdsConnPriv& peer) {
@@ -1037,7 +1047,12 @@ bool on_cq_ready(ibv_cq* cq, void*) {
 void engine_loop() {
   Global& G = g();
   uint64_t last_publish = 0;
+  bool trim_heap = false;
   for (;;) {
+    if (trim_heap) {  // not under G.mu: it walks every arena (trim_when_quiet)
+      malloc_trim(0);
+      trim_heap = false;
+    }
     int timeout = 500;  // also the rds-info publication period
     {
       // The earliest of: a reconnect timer, a directory retry or claim, a delayed ack.
@@ -1103,7 +1118,7 @@ void engine_loop() {
     }
     directory_tick();
     idle_sweep();
-    trim_when_quiet();
+    trim_heap = trim_when_quiet();
     if (now_ms() - last_publish >= 500) {
       info_publish();
       last_publish = now_ms();
@@ -1138,6 +1153,8 @@ bool PageBuf::allocate(size_t n) {
   release();
   void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return false;
+  // Small pages: one touch must not make 2 MiB resident, and trim_when_quiet gives pages back.
+  madvise(p, n, MADV_NOHUGEPAGE);
   p_ = static_cast<std::byte*>(p);
   n_ = n;
   return true;

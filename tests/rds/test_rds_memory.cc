@@ -301,6 +301,7 @@ void senders_through_a_small_pool(bool grow, uint64_t* grown) {
   // runs in a process of its own (ctest), so none inherits them.
   unsetenv("SOFTVERBS_RDS_TEST_SRQ_BUFS");
   unsetenv("SOFTVERBS_RDS_TEST_SRQ_GROW");
+  setenv("SOFTVERBS_RDS_IDLE_MS", "500", 1);  // this binary's
 }
 
 TEST(RdsSharedReceivePool, APoolThatRunsDryHoldsSendersBackAndLosesNothing) {
