@@ -48,7 +48,8 @@ int g_max_read_sge = 16;
 const bool g_test_late_established =
     settings::flag_value(SV_SETTING("SOFTVERBS_RDS_TEST_LATE_ESTABLISHED"));
 // softverbs_cq_busy_poll (softverbs/verbs_ext.h), null on another provider: our CQ stays
-// armed for the completion handler, so the device cannot tell a busy poller by itself.
+// armed for the completion handler, so the device cannot tell a busy poller by itself. Also
+// what tells softverbs from other providers (srq_start, trim_when_quiet).
 int (*g_cq_busy_poll)(ibv_cq*, int) = nullptr;
 // softverbs_cq_block (verbs_ext.h), likewise.
 int (*g_cq_block)(ibv_cq*, int) = nullptr;
@@ -226,7 +227,7 @@ void srq_arm_limit();
 void srq_start(const ibv_device_attr& da) {
   Global& G = g();
   if (!settings::flag_value(SV_SETTING("SOFTVERBS_RDS_SRQ")) || da.max_srq <= 0 ||
-      da.max_srq_wr < kSrqInitial || !dlsym(RTLD_DEFAULT, "softverbs_cq_busy_poll"))
+      da.max_srq_wr < kSrqInitial || !g_cq_busy_poll)
     return;
   ibv_srq_init_attr a{};
   a.attr.max_wr = static_cast<uint32_t>(std::min(da.max_srq_wr, kSrqMax));
@@ -280,6 +281,24 @@ void handle_async_events() {
   }
 }
 
+// A receive of connection c completed into buf: its fragment goes to the stack. False when
+// there is none to take, or the connection went down over it (an error status, a protocol
+// error: net/rds drops the connection, "disconnecting and reconnecting").
+bool take_frag(Conn* c, const ibv_wc& wc, const std::byte* buf) {
+  if (wc.status != IBV_WC_SUCCESS) {
+    if (c->state == ConnState::up) conn_down(c, "recv error");
+    return false;
+  }
+  if (c->state == ConnState::connecting && !c->active) comm_established(c);
+  // An active side may see the peer's first message before its ESTABLISHED (connecting);
+  // comm_established may have brought it down instead (a bad ack).
+  if (c->state == ConnState::down) return false;
+  if (on_frag(c, buf, wc.byte_len)) return true;
+  count(Ctr::recv_protocol_error);
+  conn_down(c, "protocol error");
+  return false;
+}
+
 // A receive of the pool completed, on the data QP it names.
 void on_srq_recv(const ibv_wc& wc) {
   Global& G = g();
@@ -294,21 +313,9 @@ void on_srq_recv(const ibv_wc& wc) {
     return;
   }
   c->last_active = std::chrono::steady_clock::now();
-  if (wc.status != IBV_WC_SUCCESS) {
-    srq_post(idx);
-    if (c->state == ConnState::up) conn_down(c, "recv error");
-    return;
-  }
-  if (c->state == ConnState::connecting && !c->active) comm_established(c);
   uint32_t lkey = 0;
-  // (An active side may see the peer's first message before its ESTABLISHED: connecting.)
-  const bool ok = c->state != ConnState::down && on_frag(c, srq_buf(idx, &lkey), wc.byte_len);
-  srq_post(idx);  // on_frag copied what it keeps
-  if (!ok && c->state != ConnState::down) {
-    // A protocol error (net/rds drops the connection: "disconnecting and reconnecting").
-    count(Ctr::recv_protocol_error);
-    conn_down(c, "protocol error");
-  }
+  take_frag(c, wc, srq_buf(idx, &lkey));
+  srq_post(idx);  // whatever became of it: take_frag copied what it keeps
 }
 
 int setup_qp(Conn* c, rdma_cm_id* id) {
@@ -488,7 +495,7 @@ void idle_sweep() {
 bool trim_when_quiet() {
   static const auto ms = settings::uint_value(SV_SETTING("SOFTVERBS_IDLE_TRIM_MS"));
   if (ms == 0) return false;
-  static const bool softverbs = dlsym(RTLD_DEFAULT, "softverbs_cq_busy_poll") != nullptr;
+  const bool softverbs = g_cq_busy_poll != nullptr;
   static const auto kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   // Engine thread only.
   static std::chrono::steady_clock::time_point trimmed_for{}, heap_trimmed_at{};
@@ -970,17 +977,7 @@ void handle_wc(const ibv_wc& wc) {
   }
   c->last_active = std::chrono::steady_clock::now();
   if (kind == kRecv) {
-    if (wc.status != IBV_WC_SUCCESS) {
-      if (c->state == ConnState::up) conn_down(c, "recv error");
-      return;
-    }
-    if (c->state == ConnState::connecting && !c->active) comm_established(c);
-    if (!on_frag(c, &c->rbuf[static_cast<size_t>(idx) * kBufSize], wc.byte_len)) {
-      // A protocol error (net/rds drops the connection: "disconnecting and reconnecting").
-      count(Ctr::recv_protocol_error);
-      conn_down(c, "protocol error");
-      return;
-    }
+    if (!take_frag(c, wc, &c->rbuf[static_cast<size_t>(idx) * kBufSize])) return;
     if (c->id && c->id->qp) {
       ibv_sge s{reinterpret_cast<uint64_t>(&c->rbuf[static_cast<size_t>(idx) * kBufSize]),
                 static_cast<uint32_t>(kBufSize), c->rmr->lkey};
@@ -1203,6 +1200,8 @@ int transport_start() {
   }
   G.cm_ch = rdma_create_event_channel();
   if (!G.cq || !G.cm_ch) return -ENOMEM;
+  g_cq_busy_poll =
+      reinterpret_cast<int (*)(ibv_cq*, int)>(dlsym(RTLD_DEFAULT, "softverbs_cq_busy_poll"));
   srq_start(da);
   // Its async events are read by the engine thread without blocking (handle_async_events).
   if (G.srq) fcntl(G.verbs->async_fd, F_SETFL, fcntl(G.verbs->async_fd, F_GETFL) | O_NONBLOCK);
@@ -1215,8 +1214,6 @@ int transport_start() {
           reinterpret_cast<SetHandler>(dlsym(RTLD_DEFAULT, "softverbs_cq_set_comp_handler"));
       set && settings::flag_value(SV_SETTING("SOFTVERBS_RDS_CQ_HANDLER")))
     set(G.cq, on_cq_ready, nullptr);
-  g_cq_busy_poll =
-      reinterpret_cast<int (*)(ibv_cq*, int)>(dlsym(RTLD_DEFAULT, "softverbs_cq_busy_poll"));
   g_qp_set_ib_completion = reinterpret_cast<int (*)(ibv_qp*, int)>(
       dlsym(RTLD_DEFAULT, "softverbs_qp_set_ib_completion"));
   g_qp_ib_completion =
