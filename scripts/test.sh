@@ -45,7 +45,7 @@ run_ctest build "default build"
 # docs/testing.md, "Fuzzing".
 CC=clang CXX=clang++ cmake -S "$ROOT" -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSV_FUZZ=ON -DSV_WERROR=ON >/dev/null || exit 1
-ninja -C build-fuzz fuzz_frames fuzz_rds fuzz_iw_rx fuzz_mpa fuzz_stats fuzz_rsocket fuzz_ud fuzz_ud_rx fuzz_fault_spec || exit 1
+ninja -C build-fuzz fuzz_frames fuzz_rds fuzz_iw_rx fuzz_mpa fuzz_stats fuzz_rsocket fuzz_ud fuzz_ud_rx fuzz_fault_spec fuzz_shm_ring || exit 1
 run_ctest build-fuzz "fuzz (short)" -L '^fuzz$'
 
 if [ $QUICK = 0 ]; then

@@ -182,13 +182,19 @@ std::string peer_text(const QpStatsView& q) {
 void show_qps(const std::vector<StatsView>& ps) {
   for (const auto& p : ps)
     for (const auto& q : p.qps)
-      std::printf("link softverbs0/1 lqpn %u rqpn %u type %s state %s peer %s pid %u comm %s\n",
-                  q.qpn, q.dest_qpn,
-                  q.qp_type == IBV_QPT_RC   ? "RC"
-                  : q.qp_type == IBV_QPT_UC ? "UC"
-                  : q.qp_type == IBV_QPT_UD ? "UD"
-                                            : "UNKNOWN",
-                  sv::wire::qp_state_name(q.state), peer_text(q).c_str(), p.pid, p.comm.c_str());
+      std::printf(
+          "link softverbs0/1 lqpn %u rqpn %u type %s state %s peer %s transport %s pid %u comm "
+          "%s\n",
+          q.qpn, q.dest_qpn,
+          q.qp_type == IBV_QPT_RC   ? "RC"
+          : q.qp_type == IBV_QPT_UC ? "UC"
+          : q.qp_type == IBV_QPT_UD ? "UD"
+                                    : "UNKNOWN",
+          sv::wire::qp_state_name(q.state), peer_text(q).c_str(),
+          q.transport == sv::wire::kTransportShm ? "shm"
+          : q.qp_type == IBV_QPT_UD              ? "udp"
+                                                 : "tcp",
+          p.pid, p.comm.c_str());
 }
 
 void print_counters(const QpStatsView& q) {

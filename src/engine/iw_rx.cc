@@ -226,7 +226,8 @@ bool rx_run_locked(Qp* qp) {
         msghdr mh{};
         mh.msg_iov = iov;
         mh.msg_iovlen = static_cast<size_t>(k) + 1;
-        n = transport::sys_recvmsg(c.fd, &mh, MSG_DONTWAIT);
+        n = c.rx_ring ? shm_rx_read(qp, iov, mh.msg_iovlen)
+                      : transport::sys_recvmsg(c.fd, &mh, MSG_DONTWAIT);
         if (n > 0) {
           size_t asked = 0;
           for (int i = 0; i <= k; ++i) asked += iov[i].iov_len;
@@ -247,7 +248,12 @@ bool rx_run_locked(Qp* qp) {
       } else {
         // Never more than the buffer holds (a fuzzed connection runs with small ones).
         const size_t asked = std::min(rx_read_len(c), c.rxbuf.size());
-        n = transport::sys_recv(c.fd, c.rxbuf.data(), asked, MSG_DONTWAIT);
+        if (c.rx_ring) {
+          iovec v{c.rxbuf.data(), asked};
+          n = shm_rx_read(qp, &v, 1);
+        } else {
+          n = transport::sys_recv(c.fd, c.rxbuf.data(), asked, MSG_DONTWAIT);
+        }
         if (n > 0) {
           drained = static_cast<size_t>(n) < asked;
           stats::add(qp->stats, stats::Ctr::rcvd_bytes, static_cast<uint64_t>(n));
@@ -262,6 +268,12 @@ bool rx_run_locked(Qp* qp) {
       }
       if (errno == EINTR) continue;
       if (errno == EAGAIN) break;
+      if (errno == EPROTO) {
+        // The peer's shared-memory ring lies about its bytes: the stream is lost (RFC 5044's
+        // LLP error), as a TCP stream whose framing breaks.
+        rx_fail(qp, llp_term(wire::LlpEcode::stream_lost), RxBlame::stream);
+        return false;
+      }
       conn_eof(qp);
       return false;
     }
@@ -354,6 +366,11 @@ bool rx_run_locked(Qp* qp) {
         c.hdr_have = 0;
         c.ulpdu_len = 0;
         if (!rx_on_segment_end(qp)) return false;
+        if (c.rx_switch_after_seg) [[unlikely]] {
+          shm_rx_switch_locked(qp);
+          drained = false;
+          continue;
+        }
         if (c.expect_rtr) {
           // The peer-to-peer RTR has arrived (RFC 6581 §4): we may now send.
           c.expect_rtr = false;

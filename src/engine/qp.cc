@@ -37,9 +37,17 @@ struct QpIo : Progress::Handler {
         (ev & (EPOLLERR | EPOLLHUP | EPOLLRDHUP)) == 0 && (ev & EPOLLIN) && qp_busy_step_back(qp);
     if ((ev & (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)) && !to_poller) {
       std::lock_guard lk(qp->rx_mu);
+      // On shared memory the socket holds doorbells (or says the peer is gone): take them,
+      // then read the ring, where the bytes are.
+      if (qp->conn.rx_ring && qp->conn.fd >= 0) shm_take_bells_locked(qp);
       if (qp->ud || qp->conn.fd >= 0) qp_rx_locked(qp);
+    } else if ((ev & EPOLLIN) && to_poller && qp->tx_blocked) {
+      // The poller reads the ring; the bell that woke us is for our full one.
+      std::lock_guard lk(qp->rx_mu);
+      if (qp->conn.rx_ring && qp->conn.fd >= 0) shm_take_bells_locked(qp);
     }
-    if (ev & EPOLLOUT) tx_kick(qp);
+    // A full shared-memory ring waits for the consumer's bell: EPOLLIN.
+    if ((ev & EPOLLOUT) || ((ev & EPOLLIN) && qp->tx_blocked && qp->tx_ring.load())) tx_kick(qp);
     qp_update_interest(qp);
   }
 };
@@ -989,7 +997,7 @@ void qp_update_interest(Qp* qp) {
     }
     uint32_t ev = 0;
     if (!qp->rx_stalled && !qp->rx_yielded) ev |= EPOLLIN;
-    if (qp->tx_blocked) ev |= EPOLLOUT;
+    if (qp->tx_blocked) ev |= qp->tx_ring.load() ? EPOLLIN : EPOLLOUT;
     if (!qp->conn.registered) {
       Progress::get().add(qp->conn.fd, ev, qp->io.get());
       qp->conn.registered = true;

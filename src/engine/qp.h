@@ -40,6 +40,7 @@
 #include "engine/mr.h"
 #include "engine/progress.h"
 #include "engine/qp_state.h"
+#include "engine/shm_link.h"
 #include "engine/stats.h"
 #include "transport/tcp.h"
 #include "util/raw_array.h"
@@ -223,6 +224,18 @@ struct Conn {
   // on transmit (RFC 5040), else a peer that placed them would wait on us and we on it.
   bool acks_unseen = false;
 
+  // Shared memory (issue 29, shm_link.h, qp_shm.cc). shm is set and reset with rx_mu and
+  // tx_mu held; the set-up flags below are written with tx_mu held (RX takes it to answer).
+  std::unique_ptr<ShmLink> shm;
+  uint8_t shm_tx_due = 0;            // a wire::ShmCtrl::Type to frame next (0: none)
+  bool shm_wait_answer = false;      // initiator: offered, no accept or decline yet
+  bool shm_wait_switch = false;      // responder: accepted, the initiator's switch not yet read
+  bool shm_tx_switch = false;        // tx_mu: once this batch is sent, TX goes to the ring
+  bool rx_switch_after_seg = false;  // rx_mu: the peer's bytes after this segment are in its ring
+  bool rx_ring = false;              // rx_mu: RX reads the peer's ring; the socket holds bells
+  bool shm_peer_gone = false;        // rx_mu: the socket said EOF or reset (ring read to the end)
+  uint64_t bell_check_ns = 0;        // rx_mu: when RX last looked at the socket for bells
+
   bool fault_reset = false;  // tx_mu: a reset fault cut the batch; abort once it is sent
   bool registered = false;   // in the progress thread's epoll set
   uint32_t events = 0;       // current epoll interest
@@ -361,6 +374,10 @@ struct Qp {
   // (a compare-and-swap, which a newer stall makes fail).
   std::atomic<uint32_t> fault_held{0};
   std::atomic<uint32_t> fault_hold_gen{0};
+  // TX writes to the shared-memory ring (Conn::shm): the socket carries only doorbells from
+  // us. Written with tx_mu held; read by RX (which may ring for room only then) and by the
+  // progress thread (a full ring waits for a bell, EPOLLIN, not EPOLLOUT).
+  std::atomic<bool> tx_ring{false};
 
   // Lifetime, as rxe's kref on its QP (rxe_get/rxe_put): ibv_create_qp's reference, and one
   // per piece of deferred work (QpRef). qp_destroy tears the QP down, sets `destroyed` on the
@@ -535,6 +552,30 @@ void qp_rx_locked(Qp* qp);
 // ---- iw_rx.cc -------------------------------------------------------------------------
 // Parses what the socket holds. Caller holds rx_mu. Returns false if the connection died.
 bool rx_run_locked(Qp* qp);
+
+// ---- qp_shm.cc: the shared-memory transport (shm_link.h) -------------------------------
+// SOFTVERBS_SHM: offer shared memory to softverbs peers on this host, and accept it.
+bool shm_wanted();
+// Initiator, connection just up (rx_mu and tx_mu held): creates the segment and queues the
+// offer; on any failure the connection stays on TCP.
+void shm_offer_locked(Qp* qp);
+// Writes the kShmCtrlLen bytes of a control message of `type` (tx_mu held).
+void shm_encode_ctrl(Qp* qp, uint8_t type, std::byte* out);
+// tx_mu held: the batch that carried our accept or switch is sent; TX uses the ring now.
+void shm_tx_switched_locked(Qp* qp);
+// RX (rx_mu held), a shared-memory control message's header is in conn.hdr: answers or
+// switches. False, with the reason in *err, for a message out of order or from a peer that
+// never said it is softverbs (the caller Terminates).
+bool shm_on_ctrl(Qp* qp, const char** err);
+// rx_mu held: the segment that carried the peer's accept or switch is done; RX reads the ring.
+void shm_rx_switch_locked(Qp* qp);
+// rx_mu held, RX on the ring: takes the doorbells off the socket. False if it says EOF or
+// reset (what is still in the ring is read first, then the connection ends).
+bool shm_take_bells_locked(Qp* qp);
+// The ring's counterparts of recv/recvmsg and sendmsg: bytes moved, 0 at the end of the
+// stream (RX), or -1 with errno EAGAIN (empty / full) or EPROTO (the peer corrupted the ring).
+ssize_t shm_rx_read(Qp* qp, iovec* iov, size_t n);
+ssize_t shm_tx_write(Qp* qp, const iovec* iov, size_t n);
 
 // ---- errors.cc ------------------------------------------------------------------------
 // The status of the WQE a Terminate fails; `head_is_atomic`: the oldest outstanding WQE is

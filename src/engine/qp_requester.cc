@@ -23,7 +23,7 @@ namespace {
 
 using wire::RdmapOpcode;
 
-constexpr size_t kMaxFpduHdr = 2 + 70;  // length + largest header (Atomic Request)
+constexpr size_t kMaxFpduHdr = 2 + 82;  // length + largest header (softverbs shared memory)
 constexpr size_t kCopyBelow = 64;       // small payloads are copied next to their header
 
 // Builder for one FPDU inside the current batch. Headers, small payloads and trailers go
@@ -468,7 +468,9 @@ ssize_t send_queued(Qp* qp) {
   msghdr mh{};
   mh.msg_iov = &c.iov[c.iov_pos];
   mh.msg_iovlen = std::min<size_t>(c.iov_n - c.iov_pos, IOV_MAX);
-  const ssize_t n = transport::sys_sendmsg(c.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+  const ssize_t n = qp->tx_ring.load(std::memory_order_relaxed)
+                        ? shm_tx_write(qp, mh.msg_iov, mh.msg_iovlen)
+                        : transport::sys_sendmsg(c.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
   if (n > 0) {
     c.tx_sent += static_cast<uint64_t>(n);
     stats::add(qp->stats, stats::Ctr::sent_bytes, static_cast<uint64_t>(n));
@@ -491,6 +493,23 @@ bool build_batch(Qp* qp) {
     std::byte* h = f.begin(wire::kDdpTaggedHdrLen);
     wire::encode_tagged(h, RdmapOpcode::rdma_write, true, 0, 0);
     if (f.end()) c.send_rtr = false;
+  }
+  if (c.shm_tx_due && f.room(0)) {
+    // Shared-memory set-up (qp_shm.cc). An accept or switch goes alone in its batch: once
+    // the batch is sent, everything after it goes to the ring.
+    const uint8_t type = c.shm_tx_due;
+    f.start();
+    std::byte* h = f.begin(wire::kDdpUntaggedHdrLen + wire::kShmCtrlLen);
+    wire::encode_untagged(h, RdmapOpcode::sv_shm, true, 0, wire::kQnSvShm, 0, 0);
+    shm_encode_ctrl(qp, type, h + wire::kDdpUntaggedHdrLen);
+    if (!f.end()) return true;  // a reset fault cut it: the connection ends
+    c.shm_tx_due = 0;
+    if (type == static_cast<uint8_t>(wire::ShmCtrl::Type::accept) ||
+        type == static_cast<uint8_t>(wire::ShmCtrl::Type::switch_over)) {
+      c.shm_tx_switch = true;
+      stats::add(qp->stats, stats::Ctr::sent_pkts, f.fpdus);
+      return true;
+    }
   }
   if (c.ack_to_send != c.ack_sent && f.room(0)) {
     // Placement Ack (softverbs peers only): ahead of anything else, so an answer framed in
@@ -544,6 +563,10 @@ void tx_run_locked(Qp* qp) {
         });
         return;
       }
+    }
+    if (c.shm_tx_switch) [[unlikely]] {
+      c.shm_tx_switch = false;
+      shm_tx_switched_locked(qp);
     }
     if (c.fault_reset) [[unlikely]] {
       // Everything before the cut FPDU is on its way: now the RST, and nothing after it.

@@ -567,6 +567,16 @@ RxAction rx_on_header(Qp* qp) {
       return on_imm(qp, c);
     case RdmapOpcode::sv_ack:
       return on_sv_ack(qp, c);
+    case RdmapOpcode::sv_shm: {
+      c.place.kind = Placement::Kind::discard;
+      const char* why = nullptr;
+      if (!shm_on_ctrl(qp, &why)) {
+        SV_WARN("qp %u: shared-memory control message refused: %s", qp->qpn(), why);
+        rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), RxBlame::peer);
+        return RxAction::dead;
+      }
+      return RxAction::place;
+    }
     case RdmapOpcode::terminate: {
       const Terminate t = wire::decode_terminate(&c.hdr[2 + wire::kDdpUntaggedHdrLen]);
       SV_INFO("qp %u: Terminate layer %d etype %d ecode %#x", qp->qpn(), int(t.layer), t.etype,

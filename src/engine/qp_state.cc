@@ -172,6 +172,7 @@ bool conn_transition_locked(Qp* qp, ConnEvent ev) {
         qp->fault_corrupt_armed.store(false, std::memory_order_relaxed);
         qp->rx_stalled = false;
         qp->tx_blocked = false;
+        qp->tx_ring.store(false);
         qp->ud_tx_failed = false;
       }
       break;
@@ -203,8 +204,8 @@ void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal, ibv_event_type event
   {
     std::lock_guard lk(qp->tx_mu);
     // sq_count under tx_mu: the application's post_send writes it (TSan saw the race).
-    SV_INFO("qp %u: error, cause %s, %u WQEs outstanding", qp->qpn(),
-            wire::wc_status_name(status), qp->sq_count);
+    SV_INFO("qp %u: error, cause %s, %u WQEs outstanding", qp->qpn(), wire::wc_status_name(status),
+            qp->sq_count);
     if (qp->state.load() != IBV_QPS_ERR) {
       qp_set_state_locked(qp, IBV_QPS_ERR);
       first = true;
@@ -294,6 +295,13 @@ void qp_take_endpoint(Qp* qp, Endpoint* ep) {
   c.trailer_have = 0;
   c.rx_begin = c.rx_end = 0;
   qp->rx_stalled = false;
+  // A new stream starts on TCP; shared memory is offered again (qp_shm.cc).
+  c.shm.reset();
+  c.shm_tx_due = 0;
+  c.shm_wait_answer = c.shm_wait_switch = c.shm_tx_switch = false;
+  c.rx_switch_after_seg = c.rx_ring = c.shm_peer_gone = false;
+  qp->tx_ring.store(false);
+  stats::set_transport(qp->stats, 0);
   c.fd = ep->release_fd();
   c.crc = o.crc;
   c.peer_sv = o.peer_sv;
@@ -316,6 +324,7 @@ void qp_take_endpoint(Qp* qp, Endpoint* ep) {
   c.iov.allocate(Conn::kMaxIov);
   c.arena.allocate(Conn::kHdrArena);
   qp_trim_start();  // idle connections give these two back
+  if (!passive && c.peer_sv && shm_wanted()) shm_offer_locked(qp);
   ++qp->conn_gen;
   conn_transition_locked(qp, ConnEvent::established);
   qp_attach_conn(qp);

@@ -27,13 +27,14 @@ struct Slot {
   uint16_t family;
   uint16_t port;
   uint8_t addr[16];
-  uint32_t reserved;
+  std::atomic<uint32_t> transport;  // wire::kTransportShm or 0
   std::atomic<uint64_t> ctr[wire::kCtrCount];
   std::atomic<uint64_t> wc[wire::kWcStatusCount];
 };
 static_assert(sizeof(Slot) == wire::kSlotSize);
 static_assert(offsetof(Slot, ctr) == wire::kSlotCounters);
 static_assert(offsetof(Slot, addr) == wire::kSlotAddr);
+static_assert(offsetof(Slot, transport) == wire::kSlotTransport);
 
 // A slot for a new QP (never null).
 Slot* attach(uint32_t qpn, uint32_t qp_type);
@@ -53,6 +54,9 @@ inline void set_state(Slot* s, uint32_t state) {
   s->state.store(state, std::memory_order_relaxed);
 }
 void set_peer(Slot* s, const transport::SockAddr& peer, uint32_t dest_qpn);
+inline void set_transport(Slot* s, uint32_t t) {
+  s->transport.store(t, std::memory_order_relaxed);
+}
 
 // The path of this process's statistics file, or "" when it publishes none.
 const char* file_path();

@@ -55,6 +55,8 @@ inline constexpr Setting kAll[] = {
     {"SOFTVERBS_MPA_TIMEOUT_MS", Kind::uint, 10000, 1, 3600000, 0},
     {"SOFTVERBS_RFC7306", Kind::flag, 1, 0, 1, 0},
     {"SOFTVERBS_IB_COMPLETION", Kind::flag, 1, 0, 1, 0},
+    {"SOFTVERBS_SHM", Kind::flag, 0, 0, 1, 0},
+    {"SOFTVERBS_SHM_RING", Kind::uint, 256 * 1024, 4096, 16u << 20, 0},
     {"SOFTVERBS_PROT_ERR_BURST", Kind::real, 0, 0, 0, 32},
     {"SOFTVERBS_PROT_ERR_PER_SEC", Kind::real, 0, 0, 0, 4},
     // The data path (engine/qp.cc, engine/busy_poll.cc). SNDBUF 0: the kernel's autotuning.

@@ -1,5 +1,7 @@
 #include "wire/ddp_rdmap.h"
 
+#include <cstring>
+
 #include "wire/be.h"
 
 namespace sv::wire {
@@ -173,6 +175,30 @@ Terminate decode_terminate(const std::byte* in) noexcept {
   t.d = w & (1u << 14);
   t.r = w & (1u << 13);
   return t;
+}
+
+void encode_shm_ctrl(std::byte* out, const ShmCtrl& c) noexcept {
+  std::memset(out, 0, kShmCtrlLen);
+  out[0] = std::byte{static_cast<uint8_t>(c.type)};
+  store_be32(out + 4, c.ring_bytes);
+  store_be64(out + 8, c.nonce);
+  store_be32(out + 16, c.pid);
+  store_be32(out + 20, c.fd);
+  std::memcpy(out + 24, c.boot_id.data(), c.boot_id.size());
+  store_be64(out + 40, c.netns);
+}
+
+bool decode_shm_ctrl(const std::byte* in, ShmCtrl& out) noexcept {
+  const auto t = static_cast<uint8_t>(in[0]);
+  if (t < 1 || t > 4) return false;
+  out.type = static_cast<ShmCtrl::Type>(t);
+  out.ring_bytes = load_be32(in + 4);
+  out.nonce = load_be64(in + 8);
+  out.pid = load_be32(in + 16);
+  out.fd = load_be32(in + 20);
+  std::memcpy(out.boot_id.data(), in + 24, out.boot_id.size());
+  out.netns = load_be64(in + 40);
+  return true;
 }
 
 }  // namespace sv::wire

@@ -28,8 +28,12 @@ enum class RdmapOpcode : uint8_t {
   // It gives InfiniBand's completion rule (a Send or Write completes once the responder has
   // it) and puts a remote error on the WQE that caused it.
   sv_ack = 12,
+  // softverbs only: a shared-memory control message (issue 29), untagged QN 5, its fixed
+  // kShmCtrlLen bytes in the header (ShmCtrl). Sent only to a peer that said in MPA that it
+  // is softverbs; the two move the connection's FPDU stream into shared memory rings.
+  sv_shm = 13,
 };
-inline constexpr unsigned kRdmapOpcodeCount = 13;
+inline constexpr unsigned kRdmapOpcodeCount = 14;
 
 // Untagged queue numbers, RFC 5040 §5.1 (0-2) and RFC 7306 §5 (3).
 inline constexpr uint32_t kQnSend = 0;
@@ -37,6 +41,7 @@ inline constexpr uint32_t kQnReadRequest = 1;  // also RFC 7306 Atomic Requests
 inline constexpr uint32_t kQnTerminate = 2;
 inline constexpr uint32_t kQnAtomicResponse = 3;
 inline constexpr uint32_t kQnSvAck = 4;  // softverbs Placement Ack
+inline constexpr uint32_t kQnSvShm = 5;  // softverbs shared-memory control
 
 inline constexpr uint8_t kDdpVersion = 1;         // RFC 5041 §5.1 DV
 inline constexpr uint8_t kRdmapVersion = 1;       // RFC 5040 §4.2 RV
@@ -47,6 +52,7 @@ inline constexpr size_t kTerminateCtrlLen = 4;    // RFC 5040 §4.8
 inline constexpr size_t kAtomicRequestLen = 52;   // RFC 7306 §5.2
 inline constexpr size_t kAtomicResponseLen = 12;  // RFC 7306 §5.3
 inline constexpr size_t kImmDataLen = 8;          // RFC 7306 §6: 8 bytes of immediate data
+inline constexpr size_t kShmCtrlLen = 64;         // softverbs ShmCtrl
 inline constexpr size_t kMaxUlpduLen = 65535;     // 16-bit ULPDU_Length, RFC 5044 §4.1
 
 struct OpcodeInfo {
@@ -75,6 +81,7 @@ inline constexpr std::array<OpcodeInfo, kRdmapOpcodeCount> kOpcodeTable{{
     {"Atomic Response", false, kQnAtomicResponse, kDdpUntaggedHdrLen + kAtomicResponseLen, true,
      false},
     {"softverbs Placement Ack", false, kQnSvAck, kDdpUntaggedHdrLen, true, false},
+    {"softverbs shared memory", false, kQnSvShm, kDdpUntaggedHdrLen + kShmCtrlLen, true, false},
 }};
 static_assert(kOpcodeTable.size() == kRdmapOpcodeCount);
 
@@ -168,6 +175,26 @@ struct AtomicResponse {
 };
 void encode_atomic_response(std::byte* out, const AtomicResponse& r) noexcept;
 AtomicResponse decode_atomic_response(const std::byte* in) noexcept;
+
+// softverbs shared-memory set-up (issue 29), carried in order on the TCP stream:
+//   initiator -> offer  (a sealed memfd: its owner's pid and descriptor, the nonce written in
+//                        its header, the ring size, the host's boot id);
+//   responder -> accept (everything it sends after this goes through the ring) or decline;
+//   initiator -> switch (everything it sends after this goes through the ring).
+// After each side's accept/switch, the TCP stream carries only doorbell bytes (shm_ring.h).
+struct ShmCtrl {
+  enum class Type : uint8_t { offer = 1, accept = 2, decline = 3, switch_over = 4 };
+  Type type = Type::offer;
+  uint32_t ring_bytes = 0;
+  uint64_t nonce = 0;
+  uint32_t pid = 0;
+  uint32_t fd = 0;
+  std::array<std::byte, 16> boot_id{};
+  uint64_t netns = 0;  // the offering process' network namespace (its inode number)
+};
+void encode_shm_ctrl(std::byte* out, const ShmCtrl& c) noexcept;  // kShmCtrlLen bytes
+// False if the type is unknown.
+[[nodiscard]] bool decode_shm_ctrl(const std::byte* in, ShmCtrl& out) noexcept;
 
 // RFC 5040 §4.8 Terminate control word.
 enum class TermLayer : uint8_t { rdmap = 0, ddp = 1, llp = 2 };

@@ -38,6 +38,7 @@ void decode_slot(const std::byte* s, uint32_t ncounters, uint32_t nwc, QpStatsVi
   q.family = ld16(s + kSlotFamily);
   q.port = ld16(s + kSlotPort);
   std::memcpy(q.addr.data(), s + kSlotAddr, q.addr.size());
+  q.transport = ld32(s + kSlotTransport);
   const std::byte* c = s + kSlotCounters;
   for (uint32_t i = 0; i < ncounters && i < kCtrCount; ++i) q.ctr[i] = ld64(c + 8 * i);
   const std::byte* w = c + 8 * size_t{ncounters};

@@ -72,9 +72,13 @@ inline constexpr size_t kHdrVersion = 8, kHdrHeaderLen = 12, kHdrSlotSize = 16, 
                         kHdrNcounters = 24, kHdrNwc = 28, kHdrPid = 32, kHdrStartTime = 40,
                         kHdrComm = 48;
 // Slot: u32 qpn | u32 state | u32 qp_type | u32 dest_qpn | u16 family | u16 port (network
-// order) | u8 addr[16] | u32 reserved | u64 counters[ncounters] | u64 wc_status[nwc]
+// order) | u8 addr[16] | u32 transport | u64 counters[ncounters] | u64 wc_status[nwc]
+// transport: 0 the socket (TCP, or UDP for UD), kTransportShm shared memory (issue 29); a
+// writer older than it leaves 0 there.
 inline constexpr size_t kSlotQpn = 0, kSlotState = 4, kSlotType = 8, kSlotDestQpn = 12,
-                        kSlotFamily = 16, kSlotPort = 18, kSlotAddr = 20, kSlotCounters = 40;
+                        kSlotFamily = 16, kSlotPort = 18, kSlotAddr = 20, kSlotTransport = 36,
+                        kSlotCounters = 40;
+inline constexpr uint32_t kTransportShm = 1;
 inline constexpr size_t kSlotSize = kSlotCounters + 8 * (kCtrCount + kWcStatusCount);
 
 // Limits a reader enforces (a writer never exceeds them).
@@ -90,6 +94,7 @@ struct QpStatsView {
   uint16_t family = 0;
   uint16_t port = 0;  // network order
   std::array<uint8_t, 16> addr{};
+  uint32_t transport = 0;                     // kTransportShm, or 0: the socket
   std::array<uint64_t, kCtrCount> ctr{};      // counters this reader knows; others dropped
   std::array<uint64_t, kWcStatusCount> wc{};  // completions by ibv_wc_status (0: success)
 };

@@ -63,7 +63,7 @@ crossed=0
 [ ${#lq[@]} = 4 ] && [ "${lq[0]}" = "${lq[3]}" ] && [ "${lq[1]}" = "${lq[2]}" ] && crossed=1
 echo "qps $n crossed $crossed" >>"$W/qp.log"
 check "qp: both QPs, live states, loopback peers, each other's QPN" "$W/qp.log" \
-  "type RC state (RTS|RTR) peer 127\.0\.0\.1:[0-9]+ pid $cpid comm ib_send_bw" \
+  "type RC state (RTS|RTR) peer 127\.0\.0\.1:[0-9]+ transport (tcp|shm) pid $cpid comm ib_send_bw" \
   "^qps 2 crossed 1$"
 cat "$W/qp.err" >>"$W/qp.log"
 check "debris: garbage named, a dead pid's file skipped" "$W/qp.log" \
@@ -132,7 +132,7 @@ cpid=$(pgrep -P $tpid -n)
 "$STAT" qp >"$W/udqp.log" 2>&1
 "$STAT" -p $cpid stat >>"$W/udqp.log" 2>&1
 check "UD: type UD in RTS, datagrams counted, none dropped" "$W/udqp.log" \
-  "type UD state RTS peer - pid $cpid comm ib_send_bw" "pid $cpid .* sent_sends [1-9][0-9]* " \
+  "type UD state RTS peer - transport udp pid $cpid comm ib_send_bw" "pid $cpid .* sent_sends [1-9][0-9]* " \
   " ud_dropped 0 "
 wait $tpid
 for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done

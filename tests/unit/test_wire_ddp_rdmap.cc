@@ -262,9 +262,10 @@ TEST(DdpRdmap, Rfc5040Sec4_2RdmapVersionNot1) {
   }
 }
 
-// 12 is softverbs' Placement Ack (sent only between softverbs peers).
-TEST(DdpRdmap, Rfc5040Sec4_1Opcodes13To15AreBad) {
-  for (uint8_t op = 13; op <= 15; ++op) {
+// 12 is softverbs' Placement Ack, 13 its shared-memory control (sent only between softverbs
+// peers).
+TEST(DdpRdmap, Rfc5040Sec4_1Opcodes14To15AreBad) {
+  for (uint8_t op = 14; op <= 15; ++op) {
     for (uint8_t ddp : {0x41, 0xc1}) {  // untagged and tagged
       Bytes h(80);
       h[0] = std::byte{ddp};
@@ -279,7 +280,7 @@ TEST(DdpRdmap, Rfc5040Sec4_1Opcodes13To15AreBad) {
 TEST(DdpRdmap, Rfc5040Sec4_1TaggedBitMustMatchOpcode) {
   for (unsigned op = 0; op < kRdmapOpcodeCount; ++op) {
     const OpcodeInfo& info = kOpcodeTable[op];
-    Bytes h(80);
+    Bytes h(96);
     // Right model: everything else valid (QN from the table), so the T bit alone decides.
     h[0] = std::byte{static_cast<uint8_t>(info.tagged ? 0xc1 : 0x41)};
     h[1] = std::byte{static_cast<uint8_t>(0x40 | op)};
@@ -549,6 +550,7 @@ TEST(DdpRdmap, OpcodeTableMatchesHeaderConstants) {
       {RdmapOpcode::atomic_request, false, kQnReadRequest, 70, true, false},
       {RdmapOpcode::atomic_response, false, kQnAtomicResponse, 30, true, false},
       {RdmapOpcode::sv_ack, false, kQnSvAck, 18, true, false},
+      {RdmapOpcode::sv_shm, false, kQnSvShm, 82, true, false},
   };
   ASSERT_EQ(std::size(want), kRdmapOpcodeCount);
   EXPECT_EQ(kDdpTaggedHdrLen, 14u);
@@ -578,7 +580,35 @@ TEST(DdpRdmap, OpcodeTableMatchesHeaderConstants) {
     EXPECT_EQ(ddp_header_len(ctrl), w.hdr_len) << info.name;
   }
   EXPECT_EQ(names.size(), kRdmapOpcodeCount);
-  EXPECT_STREQ(to_string(static_cast<RdmapOpcode>(13)), "unknown opcode");
+  EXPECT_STREQ(to_string(static_cast<RdmapOpcode>(14)), "unknown opcode");
+}
+
+TEST(DdpRdmap, ShmCtrlRoundTripsAndRefusesUnknownTypes) {
+  ShmCtrl c;
+  c.type = ShmCtrl::Type::offer;
+  c.ring_bytes = 1u << 18;
+  c.nonce = 0x0123456789abcdefull;
+  c.pid = 4242;
+  c.fd = 17;
+  for (size_t i = 0; i < c.boot_id.size(); ++i) c.boot_id[i] = std::byte{static_cast<uint8_t>(i)};
+  c.netns = 4026531840ull;
+  Bytes b(kShmCtrlLen, std::byte{0xEE});
+  encode_shm_ctrl(b.data(), c);
+  EXPECT_EQ(b[0], std::byte{1});
+  EXPECT_EQ(b[kShmCtrlLen - 1], std::byte{0});  // reserved bytes are zero
+  ShmCtrl d;
+  ASSERT_TRUE(decode_shm_ctrl(b.data(), d));
+  EXPECT_EQ(d.type, c.type);
+  EXPECT_EQ(d.ring_bytes, c.ring_bytes);
+  EXPECT_EQ(d.nonce, c.nonce);
+  EXPECT_EQ(d.pid, c.pid);
+  EXPECT_EQ(d.fd, c.fd);
+  EXPECT_EQ(d.boot_id, c.boot_id);
+  EXPECT_EQ(d.netns, c.netns);
+  for (uint8_t t : {0, 5, 255}) {
+    b[0] = std::byte{t};
+    EXPECT_FALSE(decode_shm_ctrl(b.data(), d)) << int(t);
+  }
 }
 
 }  // namespace

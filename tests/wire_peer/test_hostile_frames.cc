@@ -57,7 +57,7 @@ std::vector<Case> cases() {
   }
   {
     auto u = send_ok;
-    u[1] = std::byte{0x4d};  // opcode 13: no such RDMAP message
+    u[1] = std::byte{0x4e};  // opcode 14: no such RDMAP message
     v.push_back({"unknown_opcode", u, 0, TermLayer::rdmap, uint8_t(RdmapEtype::remote_operation),
                  uint8_t(RdmapEcode::unexpected_opcode)});
   }

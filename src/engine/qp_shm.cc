@@ -1,0 +1,368 @@
+// Shared-memory transport between softverbs peers on one host (issue 29; shm_link.h tells
+// the protocol). This file: the segment (create, open, check, map), the set-up messages,
+// and the doorbells. The requester and the parser call in where they would write to or read
+// from the socket.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "engine/log.h"
+#include "engine/qp.h"
+#include "engine/shm_link.h"
+#include "util/clock.h"
+#include "util/settings.h"
+#include "wire/ddp_rdmap.h"
+
+namespace sv::engine {
+namespace {
+
+using transport::ShmHeader;
+using transport::ShmLayout;
+using transport::ShmRingCtrl;
+using wire::ShmCtrl;
+
+// A consumer that reads its ring without having been rung (a busy poller) still looks at the
+// socket this often: for the peer's EOF or death, and for a bell that came late.
+constexpr uint64_t kBellCheckNs = 50'000;
+
+const std::array<std::byte, 16>& boot_id() {
+  static const std::array<std::byte, 16> id = [] {
+    std::array<std::byte, 16> out{};
+    char text[64] = {};
+    FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (!f) return out;
+    const size_t n = std::fread(text, 1, sizeof text - 1, f);
+    std::fclose(f);
+    // 8-4-4-4-12 hex digits: 16 bytes.
+    size_t k = 0;
+    for (size_t i = 0; i + 1 < n && k < out.size(); ++i) {
+      auto hex = [](char ch) -> int {
+        if (ch >= '0' && ch <= '9') return ch - '0';
+        if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+        return -1;
+      };
+      const int hi = hex(text[i]), lo = hex(text[i + 1]);
+      if (hi < 0 || lo < 0) continue;
+      out[k++] = static_cast<std::byte>(hi << 4 | lo);
+      ++i;
+    }
+    return out;
+  }();
+  return id;
+}
+
+// Peers in different network namespaces are, to everything above, on different hosts (a veth
+// pair between namespaces is how two hosts are tested on one): they stay on TCP.
+uint64_t netns_id() {
+  static const uint64_t id = [] {
+    struct stat st {};
+    return stat("/proc/self/ns/net", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+  }();
+  return id;
+}
+
+void* map_segment(int fd, size_t len) {
+  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+// Wires tx/rx to the rings: ring 0 is the initiator's.
+void attach_rings(ShmLink& l) {
+  auto* b = static_cast<std::byte*>(l.base);
+  const size_t rb = l.ring_bytes;
+  const int mine = l.initiator ? 0 : 1;
+  const int theirs = 1 - mine;
+  l.tx =
+      transport::ShmProducer(reinterpret_cast<ShmRingCtrl*>(b + ShmLayout::ctrl_offset(mine, rb)),
+                             b + ShmLayout::data_offset(mine, rb), rb);
+  l.rx =
+      transport::ShmConsumer(reinterpret_cast<ShmRingCtrl*>(b + ShmLayout::ctrl_offset(theirs, rb)),
+                             b + ShmLayout::data_offset(theirs, rb), rb);
+  l.rx.set_want_bell(true);  // until a busy poller says otherwise, every arrival rings
+}
+
+// The initiator's segment: a sealed memfd with both rings, zeroed by the kernel.
+std::unique_ptr<ShmLink> create_segment() {
+  auto l = std::make_unique<ShmLink>();
+  l->initiator = true;
+  // A power of two (rounded down): ring offsets are masks.
+  const uint64_t want = settings::uint_value(SV_SETTING("SOFTVERBS_SHM_RING"));
+  l->ring_bytes = 1u << (63 - __builtin_clzll(want | 1));
+  const size_t len = ShmLayout::segment_bytes(l->ring_bytes);
+  if (len == 0) return nullptr;
+  l->memfd = memfd_create("softverbs-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (l->memfd < 0) return nullptr;
+  if (ftruncate(l->memfd, static_cast<off_t>(len)) != 0 ||
+      fcntl(l->memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    return nullptr;
+  if (!(l->base = map_segment(l->memfd, len))) return nullptr;
+  l->len = len;
+  if (getrandom(&l->nonce, sizeof l->nonce, 0) != sizeof l->nonce) return nullptr;
+  auto* h = static_cast<ShmHeader*>(l->base);
+  h->magic = ShmLayout::kMagic;
+  h->nonce = l->nonce;
+  h->ring_bytes = l->ring_bytes;
+  attach_rings(*l);
+  return l;
+}
+
+// The responder's side: opens the offered segment and checks everything about it. Null, and
+// a reason, if it is not the segment offered on a host we share.
+std::unique_ptr<ShmLink> open_segment(const ShmCtrl& o, const char** why) {
+  *why = nullptr;
+  if (o.boot_id != boot_id()) {
+    *why = "another host (boot id)";
+    return nullptr;
+  }
+  if (o.netns != netns_id()) {
+    *why = "another network namespace";
+    return nullptr;
+  }
+  const size_t len = ShmLayout::segment_bytes(o.ring_bytes);
+  if (len == 0) {
+    *why = "ring size out of range";
+    return nullptr;
+  }
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%u/fd/%u", o.pid, o.fd);
+  // O_NOCTTY | O_NONBLOCK: whatever the name leads to, opening it must not block or adopt a
+  // terminal; everything below refuses what is not a sealed memfd of the right size.
+  const int fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) {
+    *why = errno == EACCES || errno == EPERM ? "no permission" : "not found";
+    return nullptr;
+  }
+  auto l = std::make_unique<ShmLink>();
+  l->memfd = fd;  // closed once mapped
+  struct stat st {};
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<size_t>(st.st_size) != len ||
+      seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+    *why = "not a sealed segment of the offered size";
+    return nullptr;
+  }
+  if (!(l->base = map_segment(fd, len))) {
+    *why = "mmap failed";
+    return nullptr;
+  }
+  l->len = len;
+  l->close_memfd();
+  const auto* h = static_cast<const ShmHeader*>(l->base);
+  if (h->magic != ShmLayout::kMagic || h->nonce != o.nonce || h->ring_bytes != o.ring_bytes) {
+    *why = "its header does not match the offer";
+    return nullptr;
+  }
+  l->nonce = o.nonce;
+  l->ring_bytes = o.ring_bytes;
+  l->initiator = false;
+  attach_rings(*l);
+  return l;
+}
+
+void ring_bell(int fd) {
+  const char b = 0;
+  // A full socket already holds bells the consumer has not taken: this one is not needed.
+  (void)::send(fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+}  // namespace
+
+ShmLink::~ShmLink() {
+  if (base) munmap(base, len);
+  close_memfd();
+}
+
+void ShmLink::close_memfd() {
+  if (memfd >= 0) ::close(memfd);
+  memfd = -1;
+}
+
+bool shm_wanted() {
+  static const bool on = settings::flag_value(SV_SETTING("SOFTVERBS_SHM"));
+  return on;
+}
+
+void shm_offer_locked(Qp* qp) {
+  Conn& c = qp->conn;
+  auto l = create_segment();
+  if (!l) {
+    SV_INFO("qp %u: no shared-memory segment (%s): staying on TCP", qp->qpn(),
+            std::strerror(errno));
+    return;
+  }
+  c.shm = std::move(l);
+  c.shm_tx_due = static_cast<uint8_t>(ShmCtrl::Type::offer);
+  c.shm_wait_answer = true;
+}
+
+void shm_encode_ctrl(Qp* qp, uint8_t type, std::byte* out) {
+  const Conn& c = qp->conn;
+  ShmCtrl m;
+  m.type = static_cast<ShmCtrl::Type>(type);
+  if (m.type == ShmCtrl::Type::offer && c.shm) {
+    m.ring_bytes = c.shm->ring_bytes;
+    m.nonce = c.shm->nonce;
+    m.pid = static_cast<uint32_t>(getpid());
+    m.fd = static_cast<uint32_t>(c.shm->memfd);
+    m.boot_id = boot_id();
+    m.netns = netns_id();
+  }
+  wire::encode_shm_ctrl(out, m);
+}
+
+void shm_tx_switched_locked(Qp* qp) {
+  Conn& c = qp->conn;
+  qp->tx_ring.store(true);
+  stats::set_transport(qp->stats, wire::kTransportShm);
+  SV_INFO("qp %u: sends through shared memory", qp->qpn());
+  // A consumer that took bytes while our socket still carried FPDUs could not ring for room.
+  if (c.shm->rx.space_bell_due()) ring_bell(c.fd);
+}
+
+bool shm_on_ctrl(Qp* qp, const char** err) {
+  Conn& c = qp->conn;
+  *err = nullptr;
+  ShmCtrl m;
+  if (!c.peer_sv || !wire::decode_shm_ctrl(&c.hdr[2 + wire::kDdpUntaggedHdrLen], m)) {
+    *err = "unexpected";
+    return false;
+  }
+  std::lock_guard lk(qp->tx_mu);
+  switch (m.type) {
+    case ShmCtrl::Type::offer: {
+      // Once per connection, to the responder, which has not offered itself.
+      if (c.shm || c.shm_tx_due || c.shm_wait_switch || qp->tx_ring.load()) {
+        *err = "a second offer";
+        return false;
+      }
+      const char* why = nullptr;
+      std::unique_ptr<ShmLink> l;
+      if (shm_wanted())
+        l = open_segment(m, &why);
+      else
+        why = "SOFTVERBS_SHM=0";
+      if (!l) {
+        SV_INFO("qp %u: declines the peer's shared memory: %s", qp->qpn(), why);
+        c.shm_tx_due = static_cast<uint8_t>(ShmCtrl::Type::decline);
+      } else {
+        c.shm = std::move(l);
+        c.shm_tx_due = static_cast<uint8_t>(ShmCtrl::Type::accept);
+        c.shm_wait_switch = true;
+      }
+      tx_run_locked(qp);
+      return true;
+    }
+    case ShmCtrl::Type::accept:
+    case ShmCtrl::Type::decline:
+      if (!c.shm_wait_answer) {
+        *err = "an answer to no offer";
+        return false;
+      }
+      c.shm_wait_answer = false;
+      c.shm->close_memfd();  // mapped by both, or by nobody else
+      if (m.type == ShmCtrl::Type::decline) {
+        SV_INFO("qp %u: the peer declined shared memory: staying on TCP", qp->qpn());
+        c.shm.reset();
+        return true;
+      }
+      // Everything the peer sends after this message is in its ring.
+      c.rx_switch_after_seg = true;
+      c.shm_tx_due = static_cast<uint8_t>(ShmCtrl::Type::switch_over);
+      tx_run_locked(qp);
+      return true;
+    case ShmCtrl::Type::switch_over:
+      if (!c.shm_wait_switch) {
+        *err = "a switch with no accept";
+        return false;
+      }
+      c.shm_wait_switch = false;
+      c.rx_switch_after_seg = true;
+      return true;
+  }
+  *err = "unexpected";
+  return false;
+}
+
+void shm_rx_switch_locked(Qp* qp) {
+  Conn& c = qp->conn;
+  c.rx_switch_after_seg = false;
+  c.rx_ring = true;
+  // What the socket still had after the switch message is doorbells.
+  c.rx_begin = c.rx_end = 0;
+  c.bell_check_ns = 0;
+  SV_INFO("qp %u: receives through shared memory", qp->qpn());
+}
+
+bool shm_take_bells_locked(Qp* qp) {
+  Conn& c = qp->conn;
+  c.bell_check_ns = mono_ns();
+  char buf[256];
+  bool alive = true;
+  for (;;) {
+    const ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) {
+      if (static_cast<size_t>(n) < sizeof buf) break;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    alive = false;  // EOF, reset, or a socket shut down under us
+    break;
+  }
+  c.shm->rx.bell_taken();
+  if (!alive) c.shm_peer_gone = true;
+  return alive;
+}
+
+ssize_t shm_rx_read(Qp* qp, iovec* iov, size_t n) {
+  Conn& c = qp->conn;
+  transport::ShmConsumer& rx = c.shm->rx;
+  long got = rx.readv(iov, n);
+  if (got == 0 && !c.shm_peer_gone &&
+      (rx.bell_pending() || mono_ns() - c.bell_check_ns >= kBellCheckNs)) {
+    shm_take_bells_locked(qp);
+    got = rx.readv(iov, n);  // a bell means bytes may be there now
+  }
+  if (got < 0) {
+    SV_WARN("qp %u: the peer's shared-memory ring is corrupt", qp->qpn());
+    errno = EPROTO;
+    return -1;
+  }
+  if (got == 0) {
+    if (c.shm_peer_gone) return 0;  // everything it wrote before it went is taken: EOF
+    errno = EAGAIN;
+    return -1;
+  }
+  if (qp->tx_ring.load() && rx.space_bell_due()) ring_bell(c.fd);
+  return got;
+}
+
+ssize_t shm_tx_write(Qp* qp, const iovec* iov, size_t n) {
+  Conn& c = qp->conn;
+  transport::ShmProducer& tx = c.shm->tx;
+  for (int tries = 0; tries < 2; ++tries) {
+    const long w = tx.writev(iov, n);
+    if (w < 0) {
+      SV_WARN("qp %u: the peer corrupted our shared-memory ring", qp->qpn());
+      errno = EPROTO;
+      return -1;
+    }
+    if (w > 0) {
+      if (tx.bell_due()) ring_bell(c.fd);
+      return w;
+    }
+    if (!tx.wait_for_space()) break;  // full: the consumer rings when it has taken bytes
+  }
+  errno = EAGAIN;
+  return -1;
+}
+
+}  // namespace sv::engine
