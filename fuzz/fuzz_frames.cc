@@ -102,6 +102,21 @@ void fuzz_rdmap_header(const DdpSegment& seg, const std::byte* h) {
       FUZZ_CHECK(std::memcmp(out + 4, h + 4, kAtomicRequestLen - 4) == 0);
       break;
     }
+    case RdmapOpcode::sv_shm: {
+      // Type, ring size, nonce, pid, fd, boot id and namespace survive a round trip; the
+      // reserved bytes (1-3, 48-63) are not kept; an unknown type is refused.
+      ShmCtrl c;
+      if (!decode_shm_ctrl(h, c)) {
+        const auto t = static_cast<uint8_t>(h[0]);
+        FUZZ_CHECK(t < 1 || t > 4);
+        break;
+      }
+      std::byte out[kShmCtrlLen];
+      encode_shm_ctrl(out, c);
+      FUZZ_CHECK(out[0] == h[0]);
+      FUZZ_CHECK(std::memcmp(out + 4, h + 4, 44) == 0);
+      break;
+    }
     case RdmapOpcode::atomic_response: {
       const AtomicResponse r = decode_atomic_response(h);
       std::byte out[kAtomicResponseLen];
