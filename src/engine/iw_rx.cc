@@ -226,8 +226,9 @@ bool rx_run_locked(Qp* qp) {
         msghdr mh{};
         mh.msg_iov = iov;
         mh.msg_iovlen = static_cast<size_t>(k) + 1;
-        n = c.rx_ring ? shm_rx_read(qp, iov, mh.msg_iovlen)
-                      : transport::sys_recvmsg(c.fd, &mh, MSG_DONTWAIT);
+        n = qp->rx_ring.load(std::memory_order_relaxed)
+                ? shm_rx_read(qp, iov, mh.msg_iovlen)
+                : transport::sys_recvmsg(c.fd, &mh, MSG_DONTWAIT);
         if (n > 0) {
           size_t asked = 0;
           for (int i = 0; i <= k; ++i) asked += iov[i].iov_len;
@@ -248,7 +249,7 @@ bool rx_run_locked(Qp* qp) {
       } else {
         // Never more than the buffer holds (a fuzzed connection runs with small ones).
         const size_t asked = std::min(rx_read_len(c), c.rxbuf.size());
-        if (c.rx_ring) {
+        if (qp->rx_ring.load(std::memory_order_relaxed)) {
           iovec v{c.rxbuf.data(), asked};
           n = shm_rx_read(qp, &v, 1);
         } else {
@@ -305,6 +306,8 @@ bool rx_run_locked(Qp* qp) {
         }
         if (c.crc) c.crc_state = wire::crc32c_update(wire::kCrc32cInit, c.hdr.data(), c.hdr_have);
         count_rx_segment(qp->stats, c.seg);
+        if (c.shm_offer_on_cap && c.seg.sv_shm_cap) [[unlikely]]
+          shm_peer_capable(qp);
         if (c.tx_gated && !c.expect_rtr) {
           std::lock_guard lk(qp->tx_mu);
           c.tx_gated = false;

@@ -129,7 +129,7 @@ class KeyTable {
   util::ZeroArray<Entry> slot_{kSlots};  // resident only where used
   uint32_t type2_bound_ = 0;             // qp_gone scans only when some are
   std::vector<uint64_t> used_ = std::vector<uint64_t>(kSlots / 64);  // slot taken (bit)
-  uint32_t n_used_ = 1;                                               // slot 0: key 0 is invalid
+  uint32_t n_used_ = 1;                                              // slot 0: key 0 is invalid
   uint64_t rng_;
   uint32_t next_random();
 };

@@ -39,15 +39,19 @@ struct QpIo : Progress::Handler {
       std::lock_guard lk(qp->rx_mu);
       // On shared memory the socket holds doorbells (or says the peer is gone): take them,
       // then read the ring, where the bytes are.
-      if (qp->conn.rx_ring && qp->conn.fd >= 0) shm_take_bells_locked(qp);
+      if (qp->rx_ring.load() && qp->conn.fd >= 0) shm_take_bells_locked(qp);
       if (qp->ud || qp->conn.fd >= 0) qp_rx_locked(qp);
-    } else if ((ev & EPOLLIN) && to_poller && qp->tx_blocked) {
-      // The poller reads the ring; the bell that woke us is for our full one.
+    } else if ((ev & EPOLLIN) && to_poller && qp->tx_blocked && qp->rx_ring.load()) {
+      // The poller owns the ring; the socket is watched for our full one. A bell taken here
+      // may be the peer's for data too: what it announced is read now, or a thread asleep
+      // on the CQ's wait set would find the socket empty and sleep on with bytes in the ring.
       std::lock_guard lk(qp->rx_mu);
-      if (qp->conn.rx_ring && qp->conn.fd >= 0) shm_take_bells_locked(qp);
+      if (qp->conn.fd >= 0 && qp->conn.shm) {
+        shm_take_bells_locked(qp);
+        if (qp->conn.shm->rx.available() != 0) qp_rx_locked(qp);
+      }
     }
-    // A full shared-memory ring waits for the consumer's bell: EPOLLIN.
-    if ((ev & EPOLLOUT) || ((ev & EPOLLIN) && qp->tx_blocked && qp->tx_ring.load())) tx_kick(qp);
+    if (ev & EPOLLOUT) tx_kick(qp);
     qp_update_interest(qp);
   }
 };
@@ -997,7 +1001,14 @@ void qp_update_interest(Qp* qp) {
     }
     uint32_t ev = 0;
     if (!qp->rx_stalled && !qp->rx_yielded) ev |= EPOLLIN;
-    if (qp->tx_blocked) ev |= qp->tx_ring.load() ? EPOLLIN : EPOLLOUT;
+    if (qp->tx_blocked) {
+      if (!qp->tx_ring.load())
+        ev |= EPOLLOUT;
+      else if (qp->rx_ring.load() && !qp->shm_gone.load())
+        ev |= EPOLLIN;  // the consumer's bell for room
+      else if (!qp->shm_gone.load())
+        shm_tx_retry_later(qp);  // its bells would sit behind FPDUs we do not read yet
+    }
     if (!qp->conn.registered) {
       Progress::get().add(qp->conn.fd, ev, qp->io.get());
       qp->conn.registered = true;

@@ -227,12 +227,15 @@ struct Conn {
   // Shared memory (issue 29, shm_link.h, qp_shm.cc). shm is set and reset with rx_mu and
   // tx_mu held; the set-up flags below are written with tx_mu held (RX takes it to answer).
   std::unique_ptr<ShmLink> shm;
+  bool shm_cap_tx = false;           // our FPDUs carry kDdpSvShmCap (peer_sv and SOFTVERBS_SHM)
+  bool shm_passive = false;          // the MPA responder: the one side that answers offers
+  bool shm_offer_on_cap = false;     // initiator: offer once the peer's FPDUs carry the bit
+                                     // (written with rx_mu and tx_mu held)
   uint8_t shm_tx_due = 0;            // a wire::ShmCtrl::Type to frame next (0: none)
   bool shm_wait_answer = false;      // initiator: offered, no accept or decline yet
   bool shm_wait_switch = false;      // responder: accepted, the initiator's switch not yet read
   bool shm_tx_switch = false;        // tx_mu: once this batch is sent, TX goes to the ring
   bool rx_switch_after_seg = false;  // rx_mu: the peer's bytes after this segment are in its ring
-  bool rx_ring = false;              // rx_mu: RX reads the peer's ring; the socket holds bells
   bool shm_peer_gone = false;        // rx_mu: the socket said EOF or reset (ring read to the end)
   uint64_t bell_check_ns = 0;        // rx_mu: when RX last looked at the socket for bells
 
@@ -378,6 +381,12 @@ struct Qp {
   // us. Written with tx_mu held; read by RX (which may ring for room only then) and by the
   // progress thread (a full ring waits for a bell, EPOLLIN, not EPOLLOUT).
   std::atomic<bool> tx_ring{false};
+  // RX reads the peer's ring; the socket holds only bells (written with rx_mu held; read by
+  // the progress thread for the socket's interest).
+  std::atomic<bool> rx_ring{false};
+  // The socket said EOF or reset while on shared memory: a full ring will never drain.
+  std::atomic<bool> shm_gone{false};
+  std::atomic<bool> shm_tx_timer{false};  // a retry of a full ring is scheduled
 
   // Lifetime, as rxe's kref on its QP (rxe_get/rxe_put): ibv_create_qp's reference, and one
   // per piece of deferred work (QpRef). qp_destroy tears the QP down, sets `destroyed` on the
@@ -559,6 +568,11 @@ bool shm_wanted();
 // Initiator, connection just up (rx_mu and tx_mu held): creates the segment and queues the
 // offer; on any failure the connection stays on TCP.
 void shm_offer_locked(Qp* qp);
+// RX (rx_mu held): the peer's FPDU carried kDdpSvShmCap; an initiator that waits for it offers.
+void shm_peer_capable(Qp* qp);
+// Progress thread: a full ring whose consumer cannot ring us yet (our RX still reads TCP, the
+// peer's switch not read): retry TX on a timer instead of waiting on the socket.
+void shm_tx_retry_later(Qp* qp);
 // Writes the kShmCtrlLen bytes of a control message of `type` (tx_mu held).
 void shm_encode_ctrl(Qp* qp, uint8_t type, std::byte* out);
 // tx_mu held: the batch that carried our accept or switch is sent; TX uses the ring now.

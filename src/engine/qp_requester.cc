@@ -86,6 +86,7 @@ struct Framer {
   bool end() {
     ++fpdus;
     wire::store_be16(hdr, static_cast<uint16_t>(ulpdu));
+    if (c.shm_cap_tx) hdr[2] |= std::byte{wire::kDdpSvShmCap};
     const size_t pad = wire::fpdu_pad(ulpdu);
     std::memset(&c.arena[c.arena_used], 0, pad + 4);
     c.arena_used += pad;
@@ -553,6 +554,10 @@ void tx_run_locked(Qp* qp) {
             qp->tx_blocked = true;
             qp_update_interest(qp);
           }
+          // A full ring: the consumer's bell for room may have been taken (by any receive
+          // pass) before tx_blocked was visible, and no one would kick us. Look once more
+          // now that it is (seq_cst, against the taker's load of tx_blocked).
+          if (qp->tx_ring.load() && c.shm->tx.has_room()) continue;
           return;
         }
         // The peer is gone; RX sees the same and errors the QP.
@@ -608,13 +613,24 @@ void drain_until(Qp* qp, std::chrono::steady_clock::time_point deadline) {
   while (c.iov_pos < c.iov_n) {
     const ssize_t n = send_queued(qp);
     if (n > 0) {
-      if (c.iov_pos == c.iov_n) c.iov_n = c.iov_pos = c.arena_used = 0;  // as tx_run_locked
+      if (c.iov_pos == c.iov_n) {
+        c.iov_n = c.iov_pos = c.arena_used = 0;  // as tx_run_locked
+        if (c.shm_tx_switch) {                   // the batch carried our accept or switch
+          c.shm_tx_switch = false;
+          shm_tx_switched_locked(qp);
+        }
+      }
       continue;
     }
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return;
+    if (qp->tx_ring.load()) {
+      // A full ring: nothing to wait on here (the consumer's bell comes to RX); look again.
+      ::poll(nullptr, 0, 1);
+      continue;
+    }
     pollfd p{c.fd, POLLOUT, 0};
     if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) return;
   }
@@ -628,6 +644,10 @@ void tx_terminate_locked(Qp* qp, const wire::Terminate& t) {
   // peer may be slow to read (a full socket is how a Read Response stalls): give it a short,
   // bounded time, since the connection closes after the Terminate and would drop it.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kTermDrainMs);
+  // A batch that carries our shared-memory accept or switch goes out first: the peer reads
+  // nothing on TCP after it, so the Terminate must follow it into the ring.
+  if (c.shm_tx_switch) drain_until(qp, deadline);
+  if (c.shm_tx_switch) return;
   Framer f{c};
   if (!f.room(1)) drain_until(qp, deadline);
   if (!f.room(1)) return;

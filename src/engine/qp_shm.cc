@@ -3,10 +3,12 @@
 // and the doorbells. The requester and the parser call in where they would write to or read
 // from the socket.
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -71,7 +73,11 @@ uint64_t netns_id() {
 
 void* map_segment(int fd, size_t len) {
   void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  return p == MAP_FAILED ? nullptr : p;
+  if (p == MAP_FAILED) return nullptr;
+  // A forked child has no use for the parent's connections (fork.md): it does not inherit
+  // a writable view of the peer's rings.
+  madvise(p, len, MADV_DONTFORK);
+  return p;
 }
 
 // Wires tx/rx to the rings: ring 0 is the initiator's.
@@ -133,19 +139,36 @@ std::unique_ptr<ShmLink> open_segment(const ShmCtrl& o, const char** why) {
   }
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%u/fd/%u", o.pid, o.fd);
-  // O_NOCTTY | O_NONBLOCK: whatever the name leads to, opening it must not block or adopt a
-  // terminal; everything below refuses what is not a sealed memfd of the right size.
-  const int fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-  if (fd < 0) {
+  // O_PATH first: the name is the peer's choice, and opening a device, a FIFO or a file on
+  // a FUSE mount for real could block or have effects. Only a regular file on tmpfs (where
+  // memfds live) owned by our own uid is opened for read and write, through our own
+  // descriptor: root does not map another user's segment.
+  const int pfd = open(path, O_PATH | O_CLOEXEC);
+  if (pfd < 0) {
     *why = errno == EACCES || errno == EPERM ? "no permission" : "not found";
+    return nullptr;
+  }
+  struct stat st {};
+  struct statfs sfs {};
+  const bool plain = fstat(pfd, &st) == 0 && S_ISREG(st.st_mode) && fstatfs(pfd, &sfs) == 0 &&
+                     sfs.f_type == TMPFS_MAGIC;
+  if (!plain || st.st_uid != geteuid()) {
+    ::close(pfd);
+    *why = !plain ? "not a shared-memory file" : "another user's";
+    return nullptr;
+  }
+  std::snprintf(path, sizeof path, "/proc/self/fd/%d", pfd);
+  const int fd = open(path, O_RDWR | O_CLOEXEC);
+  ::close(pfd);
+  if (fd < 0) {
+    *why = "no permission";
     return nullptr;
   }
   auto l = std::make_unique<ShmLink>();
   l->memfd = fd;  // closed once mapped
-  struct stat st {};
   const int seals = fcntl(fd, F_GET_SEALS);
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<size_t>(st.st_size) != len ||
-      seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != len || seals < 0 ||
+      (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
     *why = "not a sealed segment of the offered size";
     return nullptr;
   }
@@ -192,6 +215,7 @@ bool shm_wanted() {
 
 void shm_offer_locked(Qp* qp) {
   Conn& c = qp->conn;
+  if (c.shm) return;
   auto l = create_segment();
   if (!l) {
     SV_INFO("qp %u: no shared-memory segment (%s): staying on TCP", qp->qpn(),
@@ -201,6 +225,25 @@ void shm_offer_locked(Qp* qp) {
   c.shm = std::move(l);
   c.shm_tx_due = static_cast<uint8_t>(ShmCtrl::Type::offer);
   c.shm_wait_answer = true;
+}
+
+void shm_peer_capable(Qp* qp) {
+  std::lock_guard lk(qp->tx_mu);
+  qp->conn.shm_offer_on_cap = false;
+  shm_offer_locked(qp);
+  tx_run_locked(qp);
+}
+
+void shm_tx_retry_later(Qp* qp) {
+  if (qp->shm_tx_timer.exchange(true)) return;
+  Progress::get().post_after(std::chrono::milliseconds(1), [ref = QpRef(qp)] {
+    Qp* q = ref.get();
+    q->shm_tx_timer.store(false);
+    if (!ref.live()) return;
+    tx_kick(q);
+    if (q->tx_blocked && q->tx_ring.load() && !q->rx_ring.load() && !q->shm_gone.load())
+      shm_tx_retry_later(q);
+  });
 }
 
 void shm_encode_ctrl(Qp* qp, uint8_t type, std::byte* out) {
@@ -239,6 +282,10 @@ bool shm_on_ctrl(Qp* qp, const char** err) {
   switch (m.type) {
     case ShmCtrl::Type::offer: {
       // Once per connection, to the responder, which has not offered itself.
+      if (!c.shm_passive) {
+        *err = "an offer to the initiator";
+        return false;
+      }
       if (c.shm || c.shm_tx_due || c.shm_wait_switch || qp->tx_ring.load()) {
         *err = "a second offer";
         return false;
@@ -294,9 +341,12 @@ bool shm_on_ctrl(Qp* qp, const char** err) {
 void shm_rx_switch_locked(Qp* qp) {
   Conn& c = qp->conn;
   c.rx_switch_after_seg = false;
-  c.rx_ring = true;
-  // What the socket still had after the switch message is doorbells.
+  qp->rx_ring.store(true);
+  // What the socket still had after the switch message is doorbells: dropped, so the bell
+  // they announced is taken (bell_pending cleared) before the ring is read. Otherwise the
+  // flag stays set with no byte left to wake anyone, and the producer never rings again.
   c.rx_begin = c.rx_end = 0;
+  c.shm->rx.bell_taken();
   c.bell_check_ns = 0;
   SV_INFO("qp %u: receives through shared memory", qp->qpn());
 }
@@ -305,10 +355,11 @@ bool shm_take_bells_locked(Qp* qp) {
   Conn& c = qp->conn;
   c.bell_check_ns = mono_ns();
   char buf[256];
-  bool alive = true;
+  bool alive = true, took = false;
   for (;;) {
     const ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
     if (n > 0) {
+      took = true;
       if (static_cast<size_t>(n) < sizeof buf) break;
       continue;
     }
@@ -318,7 +369,17 @@ bool shm_take_bells_locked(Qp* qp) {
     break;
   }
   c.shm->rx.bell_taken();
-  if (!alive) c.shm_peer_gone = true;
+  if (!alive) {
+    c.shm_peer_gone = true;
+    qp->shm_gone.store(true);
+  }
+  // Bells come for data and for room alike: whoever takes one kicks a TX waiting for room
+  // (its own re-look after setting tx_blocked covers a bell taken before that; qp_requester).
+  // rx_mu -> tx_mu is the lock order.
+  if ((took || !alive) && qp->tx_ring.load() && qp->tx_blocked.load()) {
+    std::lock_guard lk(qp->tx_mu);
+    tx_run_locked(qp);
+  }
   return alive;
 }
 
@@ -341,6 +402,9 @@ ssize_t shm_rx_read(Qp* qp, iovec* iov, size_t n) {
     errno = EAGAIN;
     return -1;
   }
+  // seq_cst: our head store (readv) before the flag's load, against the TX thread's store of
+  // tx_ring before its own look at want_space (shm_tx_switched_locked).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   if (qp->tx_ring.load() && rx.space_bell_due()) ring_bell(c.fd);
   return got;
 }
@@ -361,7 +425,8 @@ ssize_t shm_tx_write(Qp* qp, const iovec* iov, size_t n) {
     }
     if (!tx.wait_for_space()) break;  // full: the consumer rings when it has taken bytes
   }
-  errno = EAGAIN;
+  // Full for good: the consumer is gone (its socket ended), as sendmsg says EPIPE.
+  errno = qp->shm_gone.load() ? EPIPE : EAGAIN;
   return -1;
 }
 

@@ -173,6 +173,8 @@ bool conn_transition_locked(Qp* qp, ConnEvent ev) {
         qp->rx_stalled = false;
         qp->tx_blocked = false;
         qp->tx_ring.store(false);
+        qp->rx_ring.store(false);
+        qp->shm_gone.store(false);
         qp->ud_tx_failed = false;
       }
       break;
@@ -299,8 +301,10 @@ void qp_take_endpoint(Qp* qp, Endpoint* ep) {
   c.shm.reset();
   c.shm_tx_due = 0;
   c.shm_wait_answer = c.shm_wait_switch = c.shm_tx_switch = false;
-  c.rx_switch_after_seg = c.rx_ring = c.shm_peer_gone = false;
+  c.rx_switch_after_seg = c.shm_peer_gone = false;
   qp->tx_ring.store(false);
+  qp->rx_ring.store(false);
+  qp->shm_gone.store(false);
   stats::set_transport(qp->stats, 0);
   c.fd = ep->release_fd();
   c.crc = o.crc;
@@ -324,7 +328,11 @@ void qp_take_endpoint(Qp* qp, Endpoint* ep) {
   c.iov.allocate(Conn::kMaxIov);
   c.arena.allocate(Conn::kHdrArena);
   qp_trim_start();  // idle connections give these two back
-  if (!passive && c.peer_sv && shm_wanted()) shm_offer_locked(qp);
+  // Shared memory (qp_shm.cc): both sides say they can; the initiator offers once it has
+  // seen the responder say so on an FPDU.
+  c.shm_cap_tx = c.peer_sv && shm_wanted();
+  c.shm_offer_on_cap = c.shm_cap_tx && !passive;
+  c.shm_passive = passive;
   ++qp->conn_gen;
   conn_transition_locked(qp, ConnEvent::established);
   qp_attach_conn(qp);

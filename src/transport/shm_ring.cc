@@ -15,6 +15,11 @@ bool pow2(size_t v) {
   return v && (v & (v - 1)) == 0;
 }
 
+// The rings are shared with another process: their atomics must be lock-free (a lock would
+// live in each process, guarding nothing).
+static_assert(std::atomic_ref<uint64_t>::is_always_lock_free);
+static_assert(std::atomic_ref<uint32_t>::is_always_lock_free);
+
 }  // namespace
 
 size_t ShmLayout::segment_bytes(size_t ring_bytes) {
@@ -82,6 +87,12 @@ bool ShmProducer::wait_for_space() {
   const uint64_t head = ref(c_->head).load(std::memory_order_acquire);
   const uint64_t used = tail_ - head;
   return used < cap_;  // (a corrupt head: writev says so)
+}
+
+bool ShmProducer::has_room() const {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const uint64_t head = ref(c_->head).load(std::memory_order_acquire);
+  return tail_ - head < cap_;
 }
 
 void ShmProducer::close() {

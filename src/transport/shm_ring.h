@@ -69,6 +69,9 @@ class ShmProducer {
   // The ring was full: ask for a bell when room is made. Returns true if room appeared in
   // the meantime (the caller writes again rather than waits).
   bool wait_for_space();
+  // Whether there is room now; fenced first (seq_cst), so a flag stored before is visible
+  // to whoever frees room and then looks at it.
+  bool has_room() const;
   void close();  // no more bytes
   size_t capacity() const { return cap_; }
   uint64_t tail() const { return tail_; }

@@ -71,6 +71,7 @@ DdpError ddp_decode(std::span<const std::byte> hdr, uint16_t ulpdu_len, DdpSegme
   out.tagged = tagged;
   out.last = d & kDdpLast;
   out.sv_ack_req = d & kDdpSvAckReq;
+  out.sv_shm_cap = d & kDdpSvShmCap;
   out.hdr_len = info.hdr_len;
   out.payload_len = static_cast<uint16_t>(ulpdu_len - info.hdr_len);
   if (tagged) {

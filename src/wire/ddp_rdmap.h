@@ -106,6 +106,7 @@ struct DdpSegment {
   uint16_t hdr_len = 0;      // header bytes including the opcode's extra RDMAP header
   uint16_t payload_len = 0;  // ULPDU_Length - hdr_len
   bool sv_ack_req = false;   // kDdpSvAckReq
+  bool sv_shm_cap = false;   // kDdpSvShmCap
 };
 
 // A reserved DDP control bit (RFC 5041 §5.1: zero on transmit, ignored on receive) that
@@ -113,6 +114,11 @@ struct DdpSegment {
 // message whose placement it wants acked now (IB's AckReq): a signaled WR, or a periodic one
 // so unsignaled WRs can retire.
 inline constexpr uint8_t kDdpSvAckReq = 0x20;
+// Another reserved DDP control bit, set by softverbs on every FPDU toward a softverbs peer when
+// it understands the shared-memory messages (RdmapOpcode::sv_shm) and would accept an offer.
+// An initiator offers only once it has seen it: a softverbs build without shared memory ignores
+// the bit (RFC 5041 §5.1), and never receives an opcode it would refuse.
+inline constexpr uint8_t kDdpSvShmCap = 0x10;
 
 // Why a segment header was refused; errors.cc maps each to a Terminate triple.
 enum class DdpError : uint8_t {
