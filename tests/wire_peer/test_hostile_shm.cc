@@ -156,6 +156,26 @@ void expect_send_works(Local& l, FakePeer& p) {
   EXPECT_EQ(l.buf[0], 0x3c);
 }
 
+// With shared memory on, every FPDU toward a softverbs peer says so (kDdpSvShmCap): that is
+// what an initiator waits for before it offers, so a build without it never gets an offer.
+TEST(ShmSetup, TheQpsFpdusCarryTheCapabilityBit) {
+  Local l;
+  FakePeer p(l.qp->qp_num);
+  open_stream(p);
+  ibv_sge s{reinterpret_cast<uint64_t>(l.buf.data()), 8, l.mr->lkey};
+  ibv_send_wr w{};
+  w.sg_list = &s;
+  w.num_sge = 1;
+  w.opcode = IBV_WR_SEND;
+  ibv_send_wr* bad;
+  ASSERT_EQ(ibv_post_send(l.qp, &w, &bad), 0);
+  DdpSegment seg;
+  std::vector<std::byte> u;
+  ASSERT_TRUE(read_fpdu(p, seg, u));
+  EXPECT_TRUE(seg.sv_shm_cap);
+  EXPECT_NE(static_cast<uint8_t>(u[0]) & kDdpSvShmCap, 0);
+}
+
 TEST(ShmSetup, AnAcceptToNoOfferTerminates) {
   Local l;
   FakePeer p(l.qp->qp_num);
@@ -186,6 +206,7 @@ TEST(ShmSetup, AnUnknownMessageTypeTerminates) {
   expect_terminate(l, p);
 }
 
+// One offer per connection: a second, even of the same segment, is a broken peer.
 TEST(ShmSetup, ASecondOfferTerminates) {
   Local l;
   FakePeer p(l.qp->qp_num);
