@@ -2,6 +2,7 @@
 
 #include <sched.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -80,6 +81,11 @@ void recheck(Qp* qp) {
     qp->scq->recheck_parked.store(true);
     qp->rcq->recheck_parked.store(true);
     if (blocked_on(qp)) {
+      // The sleeper needs bells; bytes that came while the spinner said none wake it now.
+      if (shm_ring_on(qp)) {
+        cq_kick(qp->scq);
+        if (qp->rcq != qp->scq) cq_kick(qp->rcq);
+      }
       const uint64_t gen = block_gen(qp);
       const bool same = gen == qp->park_gen;
       qp->park_gen = gen;
@@ -105,6 +111,12 @@ void recheck(Qp* qp) {
   }
   qp->rx_yielded = false;
   qp_update_interest(qp);  // EPOLLIN again: level-triggered, so nothing waiting is missed
+  // ... except bytes in a shared-memory ring whose producer was told not to ring: bells on,
+  // and what is there is read now.
+  if (shm_ring_on(qp)) {
+    std::unique_lock lk(qp->rx_mu, std::try_to_lock);
+    if (lk.owns_lock()) qp_rx_locked(qp);  // else a poller is reading it right now
+  }
 }
 
 }  // namespace
@@ -209,6 +221,9 @@ bool qp_busy_step_back(Qp* qp) {
   if (until <= now && !blocked_on(qp)) return false;  // the poller ended meanwhile
   qp->rx_yielded = true;
   qp->yield_backoff = 0;
+  // A spinner takes the ring's bytes itself: the peer need not ring (no send and recv per
+  // message). A thread that blocks later turns bells back on (cq_block_begin).
+  if (!blocked_on(qp)) shm_quiet(qp);
   schedule_recheck(qp, until > now ? until - now : busy_poll_hold_ns());
   return true;
 }
@@ -216,9 +231,26 @@ bool qp_busy_step_back(Qp* qp) {
 void cq_block_begin(Cq* cq) {
   if (!busy_poll_hold_ns()) return;
   set_owner(cq);
+  // Shared-memory rings a spinner told not to ring: this thread is about to sleep, so they
+  // ring again, and what came meanwhile wakes it at once (qp_shm.cc).
+  if (const int kick = cq->kick_fd.load(); kick >= 0) {
+    uint64_t v;
+    (void)!read(kick, &v, sizeof v);
+    bool waiting = false;
+    std::lock_guard lk(cq->qps_mu);
+    for (Qp* qp : cq->qps) waiting |= shm_wake_locked_out(qp);
+    if (waiting) cq_kick(cq);
+  }
   if (cq->blockers.fetch_add(1) == 0) {
     cq->block_since.store(mono_ns(), std::memory_order_relaxed);
     cq->block_gen.fetch_add(1);
+  }
+}
+
+void cq_kick(Cq* cq) {
+  if (const int kick = cq->kick_fd.load(); kick >= 0) {
+    const uint64_t one = 1;
+    (void)!write(kick, &one, sizeof one);
   }
 }
 
@@ -276,6 +308,14 @@ int cq_wait_fd(Cq* cq) {
     if (fd < 0) {
       err = errno;
       return;
+    }
+    const int kick = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (kick >= 0) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u32 = 0;  // no QP's
+      epoll_ctl(fd, EPOLL_CTL_ADD, kick, &ev);
+      cq->kick_fd.store(kick);
     }
     cq->wait_epfd.store(fd);
     std::lock_guard lk(cq->qps_mu);

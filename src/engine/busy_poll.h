@@ -74,6 +74,8 @@ inline constexpr uint64_t kBlockRecheckNs = 1'000'000;
 inline constexpr uint64_t kMaxRecheckNs = 2'000'000;
 // The CQ's wait set (created on first use, progress thread); -1 and errno on failure.
 int cq_wait_fd(Cq* cq);
+// Makes the CQ's wait set readable (its kick eventfd), so a thread blocked on it wakes.
+void cq_kick(Cq* cq);
 // The calling thread is about to block on the CQ's wait set; it woke (for whatever reason).
 void cq_block_begin(Cq* cq);
 void cq_block_end(Cq* cq);

@@ -81,6 +81,10 @@ struct Cq {
   // itself (softverbs_cq_wait_fd). -1 until asked for; its members change on the progress
   // thread only.
   std::atomic<int> wait_epfd{-1};
+  // In the wait set beside the sockets: an eventfd written when bytes wait in a shared-memory
+  // ring whose producer was told not to ring (a spinner owned the QP, engine/qp_shm.cc), so a
+  // thread that blocks finds the set readable. Drained by cq_block_begin.
+  std::atomic<int> kick_fd{-1};
 
   // Extended CQ (ibv_create_cq_ex, verbs/cq_ex.cc): the completion times, per ring slot, when
   // its wc_flags ask for them (ns; CLOCK_MONOTONIC is the device's "HCA clock", CLOCK_REALTIME

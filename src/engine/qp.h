@@ -568,6 +568,15 @@ bool shm_wanted();
 // Initiator, connection just up (rx_mu and tx_mu held): creates the segment and queues the
 // offer; on any failure the connection stays on TCP.
 void shm_offer_locked(Qp* qp);
+// Busy-poll ownership and the ring's bells (busy_poll.cc). Progress thread, for QPs whose RX
+// is on a ring (else they do nothing and return false):
+//  shm_quiet: a spinner owns the QP's RX; the peer stops ringing.
+//  shm_ring_on: bells on again; true if bytes wait in the ring (the caller reads them).
+void shm_quiet(Qp* qp);
+bool shm_ring_on(Qp* qp);
+// The same as shm_ring_on from an application thread about to block (cq_block_begin, with
+// the CQ's qps_mu held): takes the QP's rx_mu to look.
+bool shm_wake_locked_out(Qp* qp);
 // RX (rx_mu held): the peer's FPDU carried kDdpSvShmCap; an initiator that waits for it offers.
 void shm_peer_capable(Qp* qp);
 // Progress thread: a full ring whose consumer cannot ring us yet (our RX still reads TCP, the

@@ -190,10 +190,11 @@ std::unique_ptr<ShmLink> open_segment(const ShmCtrl& o, const char** why) {
   return l;
 }
 
-void ring_bell(int fd) {
+void ring_bell(Qp* qp) {
   const char b = 0;
   // A full socket already holds bells the consumer has not taken: this one is not needed.
-  (void)::send(fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  (void)::send(qp->conn.fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  stats::add(qp->stats, stats::Ctr::shm_bells);
 }
 
 }  // namespace
@@ -234,6 +235,38 @@ void shm_peer_capable(Qp* qp) {
   tx_run_locked(qp);
 }
 
+namespace {
+// Bytes in the ring that a receive pass would take now. Not while RX waits for a receive
+// buffer (RNR) or the QP is in error: a sleeper woken for them would find nothing to do,
+// and be woken again at once.
+bool bytes_to_take(const Qp* qp, const transport::ShmConsumer& rx) {
+  return rx.available() > 0 && !qp->rx_stalled.load() && qp->state.load() != IBV_QPS_ERR;
+}
+}  // namespace
+
+// On the progress thread c.shm changes only on that thread once RX is on the ring (a RESET
+// or a new connection, both run there): reading it here needs no lock.
+void shm_quiet(Qp* qp) {
+  if (!qp->rx_ring.load() || !qp->conn.shm) return;
+  qp->conn.shm->rx.set_want_bell(false);
+}
+
+bool shm_ring_on(Qp* qp) {
+  if (!qp->rx_ring.load() || !qp->conn.shm) return false;
+  transport::ShmConsumer& rx = qp->conn.shm->rx;
+  rx.set_want_bell(true);  // seq_cst: bytes written before the producer saw it are there now
+  return bytes_to_take(qp, rx);
+}
+
+bool shm_wake_locked_out(Qp* qp) {
+  if (!qp->rx_ring.load()) return false;
+  std::lock_guard lk(qp->rx_mu);  // c.shm is stable under it
+  if (!qp->conn.shm) return false;
+  transport::ShmConsumer& rx = qp->conn.shm->rx;
+  rx.set_want_bell(true);
+  return bytes_to_take(qp, rx);
+}
+
 void shm_tx_retry_later(Qp* qp) {
   if (qp->shm_tx_timer.exchange(true)) return;
   Progress::get().post_after(std::chrono::milliseconds(1), [ref = QpRef(qp)] {
@@ -267,7 +300,7 @@ void shm_tx_switched_locked(Qp* qp) {
   stats::set_transport(qp->stats, wire::kTransportShm);
   SV_INFO("qp %u: sends through shared memory", qp->qpn());
   // A consumer that took bytes while our socket still carried FPDUs could not ring for room.
-  if (c.shm->rx.space_bell_due()) ring_bell(c.fd);
+  if (c.shm->rx.space_bell_due()) ring_bell(qp);
 }
 
 bool shm_on_ctrl(Qp* qp, const char** err) {
@@ -402,10 +435,9 @@ ssize_t shm_rx_read(Qp* qp, iovec* iov, size_t n) {
     errno = EAGAIN;
     return -1;
   }
-  // seq_cst: our head store (readv) before the flag's load, against the TX thread's store of
-  // tx_ring before its own look at want_space (shm_tx_switched_locked).
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (qp->tx_ring.load() && rx.space_bell_due()) ring_bell(c.fd);
+  // Our head store (readv, seq_cst) before this seq_cst load, against the TX thread's store
+  // of tx_ring before its own look at want_space (shm_tx_switched_locked).
+  if (qp->tx_ring.load() && rx.space_bell_due()) ring_bell(qp);
   return got;
 }
 
@@ -420,7 +452,7 @@ ssize_t shm_tx_write(Qp* qp, const iovec* iov, size_t n) {
       return -1;
     }
     if (w > 0) {
-      if (tx.bell_due()) ring_bell(c.fd);
+      if (tx.bell_due()) ring_bell(qp);
       return w;
     }
     if (!tx.wait_for_space()) break;  // full: the consumer rings when it has taken bytes

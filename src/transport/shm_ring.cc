@@ -68,30 +68,29 @@ long ShmProducer::writev(const iovec* iov, size_t n) {
   }
   if (done) {
     tail_ += done;
-    ref(c_->tail).store(tail_, std::memory_order_release);
+    // seq_cst, as every flag below: the bells are Dekker pairs (our store, then their flag;
+    // their flag, then our index), and GCC's ThreadSanitizer has no fences.
+    ref(c_->tail).store(tail_, std::memory_order_seq_cst);
   }
   return static_cast<long>(done);
 }
 
 bool ShmProducer::bell_due() {
   // Dekker with set_want_bell: our tail store, then their flag; their flag, then our tail.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (ref(c_->want_bell).load(std::memory_order_relaxed) == 0) return false;
-  if (ref(c_->bell_pending).load(std::memory_order_relaxed) != 0) return false;
-  return ref(c_->bell_pending).exchange(1, std::memory_order_acq_rel) == 0;
+  if (ref(c_->want_bell).load(std::memory_order_seq_cst) == 0) return false;
+  if (ref(c_->bell_pending).load(std::memory_order_seq_cst) != 0) return false;
+  return ref(c_->bell_pending).exchange(1, std::memory_order_seq_cst) == 0;
 }
 
 bool ShmProducer::wait_for_space() {
-  ref(c_->want_space).store(1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  const uint64_t head = ref(c_->head).load(std::memory_order_acquire);
+  ref(c_->want_space).store(1, std::memory_order_seq_cst);
+  const uint64_t head = ref(c_->head).load(std::memory_order_seq_cst);
   const uint64_t used = tail_ - head;
   return used < cap_;  // (a corrupt head: writev says so)
 }
 
 bool ShmProducer::has_room() const {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  const uint64_t head = ref(c_->head).load(std::memory_order_acquire);
+  const uint64_t head = ref(c_->head).load(std::memory_order_seq_cst);
   return tail_ - head < cap_;
 }
 
@@ -103,7 +102,7 @@ ShmConsumer::ShmConsumer(ShmRingCtrl* ctrl, std::byte* data, size_t cap)
     : c_(ctrl), data_(data), cap_(cap), head_(ref(ctrl->head).load(std::memory_order_relaxed)) {}
 
 long ShmConsumer::available() const {
-  const uint64_t tail = ref(c_->tail).load(std::memory_order_acquire);
+  const uint64_t tail = ref(c_->tail).load(std::memory_order_seq_cst);
   const uint64_t avail = tail - head_;
   if (avail > cap_) return -1;  // more than a ring ahead, or behind us: not a producer's doing
   return static_cast<long>(avail);
@@ -130,7 +129,7 @@ long ShmConsumer::readv(const iovec* iov, size_t n) {
   if (done) {
     head_ += done;
     // Release: the bytes are copied out before the producer may reuse their room.
-    ref(c_->head).store(head_, std::memory_order_release);
+    ref(c_->head).store(head_, std::memory_order_seq_cst);
   }
   return static_cast<long>(done);
 }
@@ -140,13 +139,11 @@ bool ShmConsumer::closed() const {
 }
 
 void ShmConsumer::set_want_bell(bool on) {
-  ref(c_->want_bell).store(on ? 1 : 0, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  ref(c_->want_bell).store(on ? 1 : 0, std::memory_order_seq_cst);
 }
 
 void ShmConsumer::bell_taken() {
-  ref(c_->bell_pending).store(0, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  ref(c_->bell_pending).store(0, std::memory_order_seq_cst);
 }
 
 bool ShmConsumer::bell_pending() const {
@@ -154,9 +151,8 @@ bool ShmConsumer::bell_pending() const {
 }
 
 bool ShmConsumer::space_bell_due() {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (ref(c_->want_space).load(std::memory_order_relaxed) == 0) return false;
-  return ref(c_->want_space).exchange(0, std::memory_order_acq_rel) != 0;
+  if (ref(c_->want_space).load(std::memory_order_seq_cst) == 0) return false;
+  return ref(c_->want_space).exchange(0, std::memory_order_seq_cst) != 0;
 }
 
 }  // namespace sv::transport

@@ -69,8 +69,8 @@ class ShmProducer {
   // The ring was full: ask for a bell when room is made. Returns true if room appeared in
   // the meantime (the caller writes again rather than waits).
   bool wait_for_space();
-  // Whether there is room now; fenced first (seq_cst), so a flag stored before is visible
-  // to whoever frees room and then looks at it.
+  // Whether there is room now (a seq_cst load: a flag stored before it is visible to
+  // whoever frees room and then looks at it).
   bool has_room() const;
   void close();  // no more bytes
   size_t capacity() const { return cap_; }
@@ -96,10 +96,10 @@ class ShmConsumer {
   long available() const;
   // Whether the producer said it closed (and everything before is readable).
   bool closed() const;
-  // Consumer side of the bells. set_want_bell(true) is followed by a full fence: a caller
-  // then looks at the ring, and whatever the producer wrote before seeing the flag is there.
+  // Consumer side of the bells. set_want_bell(true) is a seq_cst store: a caller then looks
+  // at the ring, and whatever the producer wrote before seeing the flag is there.
   void set_want_bell(bool on);
-  // Clears bell_pending (a bell was taken off the socket); fenced as above.
+  // Clears bell_pending (a bell was taken off the socket); seq_cst as above.
   void bell_taken();
   bool bell_pending() const;
   // After bytes were taken: true if the producer asked to be rung for room (this call took it).

@@ -634,6 +634,7 @@ SV_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {
   if (cq->comp_handler) Progress::get().run_sync([cq] { Progress::get().forget_cq(cq); });
   if (ibcq->channel) --ibcq->channel->refcnt;
   if (const int fd = cq->wait_epfd.load(); fd >= 0) close(fd);  // no QP is attached any more
+  if (const int fd = cq->kick_fd.load(); fd >= 0) close(fd);
   pthread_mutex_destroy(&ibcq->mutex);
   pthread_cond_destroy(&ibcq->cond);
   delete cq;

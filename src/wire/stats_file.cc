@@ -120,6 +120,8 @@ const char* ctr_name(Ctr c) {
       return "uc_dropped";
     case Ctr::idle_trims:
       return "idle_trims";
+    case Ctr::shm_bells:
+      return "shm_bells";
     case Ctr::fault_reset:
       return "fault_reset";
     case Ctr::fault_stall:

@@ -49,6 +49,8 @@ enum class Ctr : uint8_t {
   fault_delay,
   // Appended, as every counter: readers map counters by index (decode_slot).
   idle_trims,  // stream buffers given back while the connection was idle (engine/qp_trim.cc)
+  shm_bells,   // doorbells rung on a shared-memory connection (engine/qp_shm.cc): one system
+               // call each; a spinning peer needs none
   count
 };
 inline constexpr size_t kCtrCount = static_cast<size_t>(Ctr::count);

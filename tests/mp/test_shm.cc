@@ -2,6 +2,7 @@
 // move their FPDUs through rings in a sealed memfd, the TCP connection kept for liveness.
 // Each test checks where the bytes went (the QP's published transport) and that they
 // arrived intact; the fallbacks (a peer that declines) stay on TCP and work all the same.
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "harness.h"
+#include "softverbs/verbs_ext.h"
 #include "wire/stats_file.h"
 
 namespace mp {
@@ -181,6 +183,44 @@ TEST_F(Shm, APeerKilledMidTransferFailsEveryOutstandingWr) {
   EXPECT_LT(ok, 40u);
   expect_error_then_flush(wcs, 0, 39, IBV_WC_RETRY_EXC_ERR);
   EXPECT_EQ(wait_state(*local, IBV_QPS_ERR), IBV_QPS_ERR);
+}
+
+// A spinner owns the receive path, and the peer stops ringing (quiet bells). When it turns to
+// its completion channel instead, what the peer sent meanwhile still arrives: arming hands the
+// receive path back, bells come on again, and what waits in the ring is read.
+TEST_F(Shm, ASpinnerThatTurnsToItsChannelStillGetsWhatCameMeanwhile) {
+  PeerConfig lc;
+  lc.with_channel = true;
+  ASSERT_NO_FATAL_FAILURE(Connect(lc));
+  ASSERT_NO_FATAL_FAILURE(Exchange());
+  ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);  // a spinner, said outright
+  for (uint64_t round = 0; round < 20; ++round) {
+    ASSERT_EQ(local->post_recv(round, {sge(round * 64, 64)}), 0);
+    ASSERT_EQ(remote->post_send(make_send(round, {sge(0, 32)})), 0);
+    ibv_wc wc{};
+    int n = 0;
+    for (auto end = Clock::now() + kWait; n == 0 && Clock::now() < end;)
+      n = ibv_poll_cq(local->rcq, 1, &wc);
+    ASSERT_EQ(n, 1) << "round " << round;
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+  }
+  // The peer sends while nobody polls; then the application arms and waits on the channel.
+  ASSERT_EQ(local->post_recv(99, {sge(0, 64)}), 0);
+  ASSERT_EQ(remote->post_send(make_send(99, {sge(0, 32)})), 0);
+  std::this_thread::sleep_for(Ms(20));
+  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
+  ibv_wc wc{};
+  if (ibv_poll_cq(local->rcq, 1, &wc) == 0) {
+    pollfd p{local->channel->fd, POLLIN, 0};
+    ASSERT_EQ(::poll(&p, 1, static_cast<int>(kWait.count())), 1) << "the Send never arrived";
+    ibv_cq* cq;
+    void* ctx;
+    ASSERT_EQ(ibv_get_cq_event(local->channel, &cq, &ctx), 0);
+    ibv_ack_cq_events(cq, 1);
+    ASSERT_EQ(ibv_poll_cq(local->rcq, 1, &wc), 1);
+  }
+  EXPECT_EQ(wc.wr_id, 99u);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
 }
 
 }  // namespace
