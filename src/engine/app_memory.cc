@@ -6,7 +6,9 @@
 namespace sv::engine {
 
 void copy_from_app(std::byte* dst, const std::byte* app, size_t n) noexcept {
-  if (n) std::memcpy(dst, app, n);
+  if (!n) return;
+  DmaScope dma;
+  std::memcpy(dst, app, n);
 }
 
 // The last byte is stored last, with release order. Applications poll the last byte of an RDMA
@@ -16,6 +18,7 @@ void copy_from_app(std::byte* dst, const std::byte* app, size_t n) noexcept {
 // there, and had it overwritten by the rest of the copy (riostream hung within 200 iterations).
 void copy_to_app(std::byte* app, const std::byte* src, size_t n) noexcept {
   if (!n) return;
+  DmaScope dma;
   std::memcpy(app, src, n - 1);
   __atomic_store_n(reinterpret_cast<unsigned char*>(app + n - 1),
                    static_cast<unsigned char>(src[n - 1]), __ATOMIC_RELEASE);
@@ -42,7 +45,9 @@ uint32_t copy_to_sgl(const ibv_sge* sge, uint32_t num_sge, uint32_t offset, cons
 
 uint64_t app_atomic(uint64_t* v, const wire::AtomicRequest& r) noexcept {
   // Atomic with respect to every other QP of this process; remote peers reach this
-  // memory only through us.
+  // memory only through us. DMA to TSan too: the application's own plain access to the word
+  // is ordered by the network, as for the copies.
+  DmaScope dma;
   switch (r.op) {
     case wire::AtomicOp::fetch_add:
       return __atomic_fetch_add(v, r.add_swap, __ATOMIC_SEQ_CST);

@@ -10,7 +10,35 @@
 
 #include "wire/ddp_rdmap.h"
 
+#if defined(__SANITIZE_THREAD__)
+extern "C" void __tsan_ignore_thread_begin();
+extern "C" void __tsan_ignore_thread_end();
+#endif
+
 namespace sv::engine {
+
+// The engine's copies to and from application memory are DMA: ThreadSanitizer looks away
+// from them, as it never sees the kernel's (recvmsg and sendmsg placing payloads straight
+// into application memory). The ordering that makes them safe runs through the network.
+// Over TCP TSan happened to see it (it orders every send before every later recv on any
+// socket of the process); over a shared-memory ring (qp_shm.cc) there is no system call,
+// and TSan reported the application reading a buffer the engine had filled for an earlier
+// message. Synchronisation (atomics, locks) inside a scope is still tracked.
+struct DmaScope {
+#if defined(__SANITIZE_THREAD__)
+  DmaScope() {
+    __tsan_ignore_thread_begin();
+  }
+  ~DmaScope() {
+    __tsan_ignore_thread_end();
+  }
+#endif
+  DmaScope(const DmaScope&) = delete;
+  DmaScope& operator=(const DmaScope&) = delete;
+#if !defined(__SANITIZE_THREAD__)
+  DmaScope() = default;
+#endif
+};
 
 void copy_from_app(std::byte* dst, const std::byte* app, size_t n) noexcept;
 void copy_to_app(std::byte* app, const std::byte* src, size_t n) noexcept;

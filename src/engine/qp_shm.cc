@@ -16,6 +16,7 @@
 #include <cstring>
 #include <memory>
 
+#include "engine/app_memory.h"
 #include "engine/log.h"
 #include "engine/qp.h"
 #include "engine/shm_link.h"
@@ -419,11 +420,17 @@ bool shm_take_bells_locked(Qp* qp) {
 ssize_t shm_rx_read(Qp* qp, iovec* iov, size_t n) {
   Conn& c = qp->conn;
   transport::ShmConsumer& rx = c.shm->rx;
-  long got = rx.readv(iov, n);
+  // The iovecs may be application memory (a payload placed straight from the ring, as
+  // recvmsg places it from the socket): DMA to TSan.
+  auto readv = [&] {
+    DmaScope dma;
+    return rx.readv(iov, n);
+  };
+  long got = readv();
   if (got == 0 && !c.shm_peer_gone &&
       (rx.bell_pending() || mono_ns() - c.bell_check_ns >= kBellCheckNs)) {
     shm_take_bells_locked(qp);
-    got = rx.readv(iov, n);  // a bell means bytes may be there now
+    got = readv();  // a bell means bytes may be there now
   }
   if (got < 0) {
     SV_WARN("qp %u: the peer's shared-memory ring is corrupt", qp->qpn());
@@ -445,7 +452,11 @@ ssize_t shm_tx_write(Qp* qp, const iovec* iov, size_t n) {
   Conn& c = qp->conn;
   transport::ShmProducer& tx = c.shm->tx;
   for (int tries = 0; tries < 2; ++tries) {
-    const long w = tx.writev(iov, n);
+    long w;
+    {
+      DmaScope dma;  // large payloads are framed straight from application memory
+      w = tx.writev(iov, n);
+    }
     if (w < 0) {
       SV_WARN("qp %u: the peer corrupted our shared-memory ring", qp->qpn());
       errno = EPROTO;
