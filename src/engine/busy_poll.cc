@@ -82,9 +82,13 @@ void recheck(Qp* qp) {
     qp->rcq->recheck_parked.store(true);
     if (blocked_on(qp)) {
       // The sleeper needs bells; bytes that came while the spinner said none wake it now.
-      if (shm_ring_on(qp)) {
-        cq_kick(qp->scq);
-        if (qp->rcq != qp->scq) cq_kick(qp->rcq);
+      // (If a receive pass holds rx_mu, it wakes them anyway: a spurious wake costs a poll.)
+      if (qp->rx_ring.load()) {
+        std::unique_lock lk(qp->rx_mu, std::try_to_lock);
+        if (!lk.owns_lock() || shm_ring_on_locked(qp)) {
+          cq_kick(qp->scq);
+          if (qp->rcq != qp->scq) cq_kick(qp->rcq);
+        }
       }
       const uint64_t gen = block_gen(qp);
       const bool same = gen == qp->park_gen;
@@ -112,10 +116,11 @@ void recheck(Qp* qp) {
   qp->rx_yielded = false;
   qp_update_interest(qp);  // EPOLLIN again: level-triggered, so nothing waiting is missed
   // ... except bytes in a shared-memory ring whose producer was told not to ring: bells on,
-  // and what is there is read now.
-  if (shm_ring_on(qp)) {
-    std::unique_lock lk(qp->rx_mu, std::try_to_lock);
-    if (lk.owns_lock()) qp_rx_locked(qp);  // else a poller is reading it right now
+  // and what is there is read now. Under rx_mu, waited for: a poller holding it may have
+  // made its last read before the bytes came (and the consumer's index is rx_mu's).
+  if (qp->rx_ring.load()) {
+    std::lock_guard lk(qp->rx_mu);
+    if (shm_ring_on_locked(qp)) qp_rx_locked(qp);
   }
 }
 
@@ -222,8 +227,18 @@ bool qp_busy_step_back(Qp* qp) {
   qp->rx_yielded = true;
   qp->yield_backoff = 0;
   // A spinner takes the ring's bytes itself: the peer need not ring (no send and recv per
-  // message). A thread that blocks later turns bells back on (cq_block_begin).
-  if (!blocked_on(qp)) shm_quiet(qp);
+  // message). A thread that blocks later turns bells back on (cq_block_begin, which counts
+  // itself a blocker first: seq_cst, against this look at blocked_on after quieting).
+  if (!blocked_on(qp) && qp->rx_ring.load()) {
+    std::unique_lock lk(qp->rx_mu, std::try_to_lock);
+    if (lk.owns_lock()) {
+      shm_quiet_locked(qp);
+      if (blocked_on(qp) && shm_ring_on_locked(qp)) {
+        cq_kick(qp->scq);
+        if (qp->rcq != qp->scq) cq_kick(qp->rcq);
+      }
+    }
+  }
   schedule_recheck(qp, until > now ? until - now : busy_poll_hold_ns());
   return true;
 }
@@ -231,23 +246,28 @@ bool qp_busy_step_back(Qp* qp) {
 void cq_block_begin(Cq* cq) {
   if (!busy_poll_hold_ns()) return;
   set_owner(cq);
-  // Shared-memory rings a spinner told not to ring: this thread is about to sleep, so they
-  // ring again, and what came meanwhile wakes it at once (qp_shm.cc).
-  if (const int kick = cq->kick_fd.load(); kick >= 0) {
-    uint64_t v;
-    (void)!read(kick, &v, sizeof v);
-    bool waiting = false;
-    std::lock_guard lk(cq->qps_mu);
-    for (Qp* qp : cq->qps) waiting |= shm_wake_locked_out(qp);
-    if (waiting) cq_kick(cq);
-  }
   if (cq->blockers.fetch_add(1) == 0) {
     cq->block_since.store(mono_ns(), std::memory_order_relaxed);
     cq->block_gen.fetch_add(1);
   }
+  // Shared-memory rings a spinner told not to ring: this thread is about to sleep, so they
+  // ring again, and what came meanwhile wakes it at once (qp_shm.cc). After counting itself
+  // a blocker: a step-back that quiets a ring then sees it and turns bells back on.
+  const int kick = cq->kick_fd.load();
+  if (kick >= 0) {
+    uint64_t v;
+    (void)!read(kick, &v, sizeof v);
+  }
+  bool waiting = false;
+  {
+    std::lock_guard lk(cq->qps_mu);
+    for (Qp* qp : cq->qps) waiting |= shm_wake_locked_out(qp);
+  }
+  if (waiting) cq_kick(cq);
 }
 
 void cq_kick(Cq* cq) {
+  if (cq->blockers.load() == 0) return;  // nobody sleeps on the set: no stale readiness
   if (const int kick = cq->kick_fd.load(); kick >= 0) {
     const uint64_t one = 1;
     (void)!write(kick, &one, sizeof one);
@@ -256,6 +276,10 @@ void cq_kick(Cq* cq) {
 
 void cq_block_end(Cq* cq) {
   if (!busy_poll_hold_ns()) return;
+  if (const int kick = cq->kick_fd.load(); kick >= 0) {  // what woke it is taken in next
+    uint64_t v;
+    (void)!read(kick, &v, sizeof v);
+  }
   cq_busy_poll_mark(cq);  // it takes in what woke it, then ownership decays as a spinner's
   const uint64_t since = cq->block_since.load(std::memory_order_relaxed);
   if (cq->blockers.fetch_sub(1) != 1 || !cq->recheck_parked.exchange(false)) return;
@@ -309,14 +333,19 @@ int cq_wait_fd(Cq* cq) {
       err = errno;
       return;
     }
+    // The kick (Cq::kick_fd): without it a sleeper could miss bytes in a quiet ring, so no
+    // wait set without it either (the caller, RDS, then waits without one).
     const int kick = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (kick >= 0) {
-      epoll_event ev{};
-      ev.events = EPOLLIN;
-      ev.data.u32 = 0;  // no QP's
-      epoll_ctl(fd, EPOLL_CTL_ADD, kick, &ev);
-      cq->kick_fd.store(kick);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u32 = 0;  // no QP's
+    if (kick < 0 || epoll_ctl(fd, EPOLL_CTL_ADD, kick, &ev) != 0) {
+      err = errno;
+      if (kick >= 0) close(kick);
+      close(fd);
+      return;
     }
+    cq->kick_fd.store(kick);
     cq->wait_epfd.store(fd);
     std::lock_guard lk(cq->qps_mu);
     for (Qp* qp : cq->qps) qp_wait_sync(qp);

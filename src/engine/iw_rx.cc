@@ -227,7 +227,7 @@ bool rx_run_locked(Qp* qp) {
         mh.msg_iov = iov;
         mh.msg_iovlen = static_cast<size_t>(k) + 1;
         n = qp->rx_ring.load(std::memory_order_relaxed)
-                ? shm_rx_read(qp, iov, mh.msg_iovlen)
+                ? shm_rx_read(qp, iov, mh.msg_iovlen, true)
                 : transport::sys_recvmsg(c.fd, &mh, MSG_DONTWAIT);
         if (n > 0) {
           size_t asked = 0;

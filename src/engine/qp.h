@@ -570,12 +570,14 @@ bool shm_wanted();
 void shm_offer_locked(Qp* qp);
 // Busy-poll ownership and the ring's bells (busy_poll.cc). Progress thread, for QPs whose RX
 // is on a ring (else they do nothing and return false):
-//  shm_quiet: a spinner owns the QP's RX; the peer stops ringing.
-//  shm_ring_on: bells on again; true if bytes wait in the ring (the caller reads them).
-void shm_quiet(Qp* qp);
-bool shm_ring_on(Qp* qp);
-// The same as shm_ring_on from an application thread about to block (cq_block_begin, with
-// the CQ's qps_mu held): takes the QP's rx_mu to look.
+// Both with rx_mu held (the consumer's index is rx_mu's):
+//  shm_quiet_locked: a spinner owns the QP's RX; the peer stops ringing.
+//  shm_ring_on_locked: bells on again; true if bytes wait in the ring that a receive pass
+//  would take now (the caller reads them, or wakes whoever will).
+void shm_quiet_locked(Qp* qp);
+bool shm_ring_on_locked(Qp* qp);
+// shm_ring_on_locked from an application thread about to block (cq_block_begin, with the
+// CQ's qps_mu held): takes the QP's rx_mu.
 bool shm_wake_locked_out(Qp* qp);
 // RX (rx_mu held): the peer's FPDU carried kDdpSvShmCap; an initiator that waits for it offers.
 void shm_peer_capable(Qp* qp);
@@ -597,7 +599,8 @@ void shm_rx_switch_locked(Qp* qp);
 bool shm_take_bells_locked(Qp* qp);
 // The ring's counterparts of recv/recvmsg and sendmsg: bytes moved, 0 at the end of the
 // stream (RX), or -1 with errno EAGAIN (empty / full) or EPROTO (the peer corrupted the ring).
-ssize_t shm_rx_read(Qp* qp, iovec* iov, size_t n);
+// `app`: the iovecs include application memory (a payload placed straight from the ring).
+ssize_t shm_rx_read(Qp* qp, iovec* iov, size_t n, bool app = false);
 ssize_t shm_tx_write(Qp* qp, const iovec* iov, size_t n);
 
 // ---- errors.cc ------------------------------------------------------------------------

@@ -241,18 +241,17 @@ namespace {
 // buffer (RNR) or the QP is in error: a sleeper woken for them would find nothing to do,
 // and be woken again at once.
 bool bytes_to_take(const Qp* qp, const transport::ShmConsumer& rx) {
-  return rx.available() > 0 && !qp->rx_stalled.load() && qp->state.load() != IBV_QPS_ERR;
+  return rx.available() > 0 && !qp->rx_stalled.load() && qp->state.load() != IBV_QPS_ERR &&
+         qp->fault_held.load() == 0 && qp->conn_up();
 }
 }  // namespace
 
-// On the progress thread c.shm changes only on that thread once RX is on the ring (a RESET
-// or a new connection, both run there): reading it here needs no lock.
-void shm_quiet(Qp* qp) {
+void shm_quiet_locked(Qp* qp) {
   if (!qp->rx_ring.load() || !qp->conn.shm) return;
   qp->conn.shm->rx.set_want_bell(false);
 }
 
-bool shm_ring_on(Qp* qp) {
+bool shm_ring_on_locked(Qp* qp) {
   if (!qp->rx_ring.load() || !qp->conn.shm) return false;
   transport::ShmConsumer& rx = qp->conn.shm->rx;
   rx.set_want_bell(true);  // seq_cst: bytes written before the producer saw it are there now
@@ -261,11 +260,8 @@ bool shm_ring_on(Qp* qp) {
 
 bool shm_wake_locked_out(Qp* qp) {
   if (!qp->rx_ring.load()) return false;
-  std::lock_guard lk(qp->rx_mu);  // c.shm is stable under it
-  if (!qp->conn.shm) return false;
-  transport::ShmConsumer& rx = qp->conn.shm->rx;
-  rx.set_want_bell(true);
-  return bytes_to_take(qp, rx);
+  std::lock_guard lk(qp->rx_mu);
+  return shm_ring_on_locked(qp);
 }
 
 void shm_tx_retry_later(Qp* qp) {
@@ -417,12 +413,13 @@ bool shm_take_bells_locked(Qp* qp) {
   return alive;
 }
 
-ssize_t shm_rx_read(Qp* qp, iovec* iov, size_t n) {
+ssize_t shm_rx_read(Qp* qp, iovec* iov, size_t n, bool app) {
   Conn& c = qp->conn;
   transport::ShmConsumer& rx = c.shm->rx;
-  // The iovecs may be application memory (a payload placed straight from the ring, as
-  // recvmsg places it from the socket): DMA to TSan.
+  // Application memory (a payload placed straight from the ring, as recvmsg places it from
+  // the socket) is DMA to TSan; rxbuf is not.
   auto readv = [&] {
+    if (!app) return rx.readv(iov, n);
     DmaScope dma;
     return rx.readv(iov, n);
   };
