@@ -102,6 +102,19 @@ SendSpec make_atomic(ibv_wr_opcode op, uint64_t wr_id, SgeSpec local, uint64_t r
   return s;
 }
 
+void spin_receive(Peer& local, RemotePeer& remote, uint64_t rounds) {
+  for (uint64_t round = 0; round < rounds; ++round) {
+    ASSERT_EQ(local.post_recv(round, {sge(round * 64, 64)}), 0);
+    ASSERT_EQ(remote.post_send(make_send(round, {sge(0, 32)})), 0);
+    ibv_wc wc{};
+    int n = 0;
+    for (auto end = Clock::now() + kWait; n == 0 && Clock::now() < end;)
+      n = ibv_poll_cq(local.rcq, 1, &wc);
+    ASSERT_EQ(n, 1) << "round " << round;
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << "round " << round;
+  }
+}
+
 std::vector<ibv_wc> poll_cq(ibv_cq* cq, size_t n, Ms timeout) {
   std::vector<ibv_wc> out;
   out.reserve(n);

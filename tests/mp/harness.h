@@ -271,6 +271,10 @@ int wait_state(P& p, int want) {
   return st;
 }
 
+// `rounds` Sends of 32 B from remote, each received by local spinning on ibv_poll_cq (no
+// back-off: a busy poller, as busy-poll ownership sees one). Receives use wr_id = round.
+void spin_receive(Peer& local, RemotePeer& remote, uint64_t rounds);
+
 // Entry point of the re-executed binary (--peer=<scenario>).
 int peer_main(const char* scenario, int argc, char** argv);
 

@@ -194,16 +194,7 @@ TEST_F(Shm, ASpinnerThatTurnsToItsChannelStillGetsWhatCameMeanwhile) {
   ASSERT_NO_FATAL_FAILURE(Connect(lc));
   ASSERT_NO_FATAL_FAILURE(Exchange());
   ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);  // a spinner, said outright
-  for (uint64_t round = 0; round < 20; ++round) {
-    ASSERT_EQ(local->post_recv(round, {sge(round * 64, 64)}), 0);
-    ASSERT_EQ(remote->post_send(make_send(round, {sge(0, 32)})), 0);
-    ibv_wc wc{};
-    int n = 0;
-    for (auto end = Clock::now() + kWait; n == 0 && Clock::now() < end;)
-      n = ibv_poll_cq(local->rcq, 1, &wc);
-    ASSERT_EQ(n, 1) << "round " << round;
-    ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
-  }
+  ASSERT_NO_FATAL_FAILURE(spin_receive(*local, *remote, 20));
   // The peer sends while nobody polls; then the application arms and waits on the channel.
   ASSERT_EQ(local->post_recv(99, {sge(0, 64)}), 0);
   ASSERT_EQ(remote->post_send(make_send(99, {sge(0, 32)})), 0);

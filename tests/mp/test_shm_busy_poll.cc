@@ -28,24 +28,16 @@ class ShmBusyPoll : public XProc {
 // which does not poll the CQ first) after spinning: bytes that came while the peer was told
 // not to ring still wake it (cq_block_begin turns bells back on and kicks the wait set for
 // what is already in the ring). A stale bell byte can wake it too: this checks that the
-// sleeper is not left asleep, not which of the two woke it. A 30 s hold keeps the receive path the
-// spinner's all along (the progress thread never takes it back and reads the ring itself). Read
-// once per process: ctest runs each test in its own.
+// sleeper is not left asleep, not which of the two woke it. Run with a 30 s hold (ctest
+// busy_poll_shm), which keeps the receive path the spinner's all along: the progress thread
+// never takes it back and reads the ring itself.
 TEST_F(ShmBusyPoll, ASleeperOnTheWaitSetWakesForWhatCameWhileItSpun) {
   ASSERT_NO_FATAL_FAILURE(Connect());
   ASSERT_NO_FATAL_FAILURE(Exchange());
   const int wfd = softverbs_cq_wait_fd(local->rcq);
   ASSERT_GE(wfd, 0);
   ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);
-  for (uint64_t round = 0; round < 10; ++round) {
-    ASSERT_EQ(local->post_recv(round, {sge(round * 64, 64)}), 0);
-    ASSERT_EQ(remote->post_send(make_send(round, {sge(0, 32)})), 0);
-    ibv_wc wc{};
-    int n = 0;
-    for (auto end = Clock::now() + kWait; n == 0 && Clock::now() < end;)
-      n = ibv_poll_cq(local->rcq, 1, &wc);
-    ASSERT_EQ(n, 1) << "round " << round;
-  }
+  ASSERT_NO_FATAL_FAILURE(spin_receive(*local, *remote, 10));
   ASSERT_EQ(local->post_recv(77, {sge(0, 64)}), 0);
   ASSERT_EQ(remote->post_send(make_send(77, {sge(0, 32)})), 0);
   std::this_thread::sleep_for(Ms(20));  // it is in the ring now, no bell rung

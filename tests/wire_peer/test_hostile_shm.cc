@@ -176,34 +176,19 @@ TEST(ShmSetup, TheQpsFpdusCarryTheCapabilityBit) {
   EXPECT_NE(static_cast<uint8_t>(u[0]) & kDdpSvShmCap, 0);
 }
 
-TEST(ShmSetup, AnAcceptToNoOfferTerminates) {
-  Local l;
-  FakePeer p(l.qp->qp_num);
-  open_stream(p);
-  ShmCtrl c;
-  c.type = ShmCtrl::Type::accept;
-  p.send_fpdu(ctrl_ulpdu(c));
-  expect_terminate(l, p);
-}
-
-TEST(ShmSetup, ASwitchWithNoAcceptTerminates) {
-  Local l;
-  FakePeer p(l.qp->qp_num);
-  open_stream(p);
-  ShmCtrl c;
-  c.type = ShmCtrl::Type::switch_over;
-  p.send_fpdu(ctrl_ulpdu(c));
-  expect_terminate(l, p);
-}
-
-TEST(ShmSetup, AnUnknownMessageTypeTerminates) {
-  Local l;
-  FakePeer p(l.qp->qp_num);
-  open_stream(p);
-  auto u = ctrl_ulpdu(ShmCtrl{});
-  u[kDdpUntaggedHdrLen] = std::byte{9};
-  p.send_fpdu(u);
-  expect_terminate(l, p);
+// Set-up messages out of order, or of no known type: a broken peer, Terminated.
+TEST(ShmSetup, AnAcceptOrSwitchWithNothingBeforeItOrAnUnknownTypeTerminates) {
+  for (uint8_t type :
+       {uint8_t(ShmCtrl::Type::accept), uint8_t(ShmCtrl::Type::switch_over), uint8_t(9)}) {
+    SCOPED_TRACE(int(type));
+    Local l;
+    FakePeer p(l.qp->qp_num);
+    open_stream(p);
+    auto u = ctrl_ulpdu(ShmCtrl{});
+    u[kDdpUntaggedHdrLen] = std::byte{type};
+    p.send_fpdu(u);
+    expect_terminate(l, p);
+  }
 }
 
 // One offer per connection: a second, even of the same segment, is a broken peer.
