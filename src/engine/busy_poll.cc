@@ -243,6 +243,18 @@ bool qp_busy_step_back(Qp* qp) {
   return true;
 }
 
+namespace {
+// Empties the kick eventfd. errno is kept: softverbs_cq_block runs right around the caller's
+// own poll(), whose errno (EINTR) the caller reads after it (the RDS shim's poll returns it
+// to rds-stress, which retries on EINTR and dies on the EAGAIN an empty eventfd would leave).
+void drain_kick(int kick) {
+  const int saved = errno;
+  uint64_t v;
+  (void)!read(kick, &v, sizeof v);
+  errno = saved;
+}
+}  // namespace
+
 void cq_block_begin(Cq* cq) {
   if (!busy_poll_hold_ns()) return;
   set_owner(cq);
@@ -254,10 +266,7 @@ void cq_block_begin(Cq* cq) {
   // ring again, and what came meanwhile wakes it at once (qp_shm.cc). After counting itself
   // a blocker: a step-back that quiets a ring then sees it and turns bells back on.
   const int kick = cq->kick_fd.load();
-  if (kick >= 0) {
-    uint64_t v;
-    (void)!read(kick, &v, sizeof v);
-  }
+  if (kick >= 0) drain_kick(kick);
   bool waiting = false;
   {
     std::lock_guard lk(cq->qps_mu);
@@ -269,17 +278,16 @@ void cq_block_begin(Cq* cq) {
 void cq_kick(Cq* cq) {
   if (cq->blockers.load() == 0) return;  // nobody sleeps on the set: no stale readiness
   if (const int kick = cq->kick_fd.load(); kick >= 0) {
+    const int saved = errno;
     const uint64_t one = 1;
     (void)!write(kick, &one, sizeof one);
+    errno = saved;
   }
 }
 
 void cq_block_end(Cq* cq) {
   if (!busy_poll_hold_ns()) return;
-  if (const int kick = cq->kick_fd.load(); kick >= 0) {  // what woke it is taken in next
-    uint64_t v;
-    (void)!read(kick, &v, sizeof v);
-  }
+  if (const int kick = cq->kick_fd.load(); kick >= 0) drain_kick(kick);  // it is taken in next
   cq_busy_poll_mark(cq);  // it takes in what woke it, then ownership decays as a spinner's
   const uint64_t since = cq->block_since.load(std::memory_order_relaxed);
   if (cq->blockers.fetch_sub(1) != 1 || !cq->recheck_parked.exchange(false)) return;
