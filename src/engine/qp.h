@@ -236,7 +236,6 @@ struct Conn {
   bool shm_wait_switch = false;      // responder: accepted, the initiator's switch not yet read
   bool shm_tx_switch = false;        // tx_mu: once this batch is sent, TX goes to the ring
   bool rx_switch_after_seg = false;  // rx_mu: the peer's bytes after this segment are in its ring
-  bool shm_peer_gone = false;        // rx_mu: the socket said EOF or reset (ring read to the end)
   uint64_t bell_check_ns = 0;        // rx_mu: when RX last looked at the socket for bells
 
   bool fault_reset = false;  // tx_mu: a reset fault cut the batch; abort once it is sent

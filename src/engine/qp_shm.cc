@@ -399,10 +399,7 @@ bool shm_take_bells_locked(Qp* qp) {
     break;
   }
   c.shm->rx.bell_taken();
-  if (!alive) {
-    c.shm_peer_gone = true;
-    qp->shm_gone.store(true);
-  }
+  if (!alive) qp->shm_gone.store(true);
   // Bells come for data and for room alike: whoever takes one kicks a TX waiting for room
   // (its own re-look after setting tx_blocked covers a bell taken before that; qp_requester).
   // rx_mu -> tx_mu is the lock order.
@@ -424,7 +421,7 @@ ssize_t shm_rx_read(Qp* qp, iovec* iov, size_t n, bool app) {
     return rx.readv(iov, n);
   };
   long got = readv();
-  if (got == 0 && !c.shm_peer_gone &&
+  if (got == 0 && !qp->shm_gone.load() &&
       (rx.bell_pending() || mono_ns() - c.bell_check_ns >= kBellCheckNs)) {
     shm_take_bells_locked(qp);
     got = readv();  // a bell means bytes may be there now
@@ -435,7 +432,7 @@ ssize_t shm_rx_read(Qp* qp, iovec* iov, size_t n, bool app) {
     return -1;
   }
   if (got == 0) {
-    if (c.shm_peer_gone) return 0;  // everything it wrote before it went is taken: EOF
+    if (qp->shm_gone.load()) return 0;  // everything it wrote before it went is taken: EOF
     errno = EAGAIN;
     return -1;
   }

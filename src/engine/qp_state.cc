@@ -301,7 +301,7 @@ void qp_take_endpoint(Qp* qp, Endpoint* ep) {
   c.shm.reset();
   c.shm_tx_due = 0;
   c.shm_wait_answer = c.shm_wait_switch = c.shm_tx_switch = false;
-  c.rx_switch_after_seg = c.shm_peer_gone = false;
+  c.rx_switch_after_seg = false;
   qp->tx_ring.store(false);
   qp->rx_ring.store(false);
   qp->shm_gone.store(false);

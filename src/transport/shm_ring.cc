@@ -40,12 +40,6 @@ size_t ShmLayout::data_offset(int ring, size_t ring_bytes) {
 ShmProducer::ShmProducer(ShmRingCtrl* ctrl, std::byte* data, size_t cap)
     : c_(ctrl), data_(data), cap_(cap), tail_(ref(ctrl->tail).load(std::memory_order_relaxed)) {}
 
-uint64_t ShmProducer::unread() const {
-  const uint64_t head = ref(c_->head).load(std::memory_order_acquire);
-  const uint64_t used = tail_ - head;
-  return used > cap_ ? cap_ : used;
-}
-
 long ShmProducer::writev(const iovec* iov, size_t n) {
   // Acquire: the consumer copied the bytes out before it published its head.
   const uint64_t head = ref(c_->head).load(std::memory_order_acquire);
@@ -94,10 +88,6 @@ bool ShmProducer::has_room() const {
   return tail_ - head < cap_;
 }
 
-void ShmProducer::close() {
-  ref(c_->closed).store(1, std::memory_order_release);
-}
-
 ShmConsumer::ShmConsumer(ShmRingCtrl* ctrl, std::byte* data, size_t cap)
     : c_(ctrl), data_(data), cap_(cap), head_(ref(ctrl->head).load(std::memory_order_relaxed)) {}
 
@@ -132,10 +122,6 @@ long ShmConsumer::readv(const iovec* iov, size_t n) {
     ref(c_->head).store(head_, std::memory_order_seq_cst);
   }
   return static_cast<long>(done);
-}
-
-bool ShmConsumer::closed() const {
-  return ref(c_->closed).load(std::memory_order_acquire) != 0;
 }
 
 void ShmConsumer::set_want_bell(bool on) {

@@ -32,7 +32,6 @@ struct alignas(64) ShmRingCtrl {
   alignas(64) uint32_t want_bell;   // consumer: 1 = ring me when bytes arrive
   uint32_t bell_pending;            // producer sets, consumer clears: a bell is on its way
   alignas(64) uint32_t want_space;  // producer: 1 = ring me when room is made
-  uint32_t closed;                  // producer: no more bytes will come (orderly close)
 };
 static_assert(sizeof(ShmRingCtrl) == 256);
 
@@ -72,11 +71,8 @@ class ShmProducer {
   // Whether there is room now (a seq_cst load: a flag stored before it is visible to
   // whoever frees room and then looks at it).
   bool has_room() const;
-  void close();  // no more bytes
   size_t capacity() const { return cap_; }
   uint64_t tail() const { return tail_; }
-  // Bytes written that the consumer has not taken (as far as its published head says).
-  uint64_t unread() const;
 
  private:
   ShmRingCtrl* c_ = nullptr;
@@ -94,8 +90,6 @@ class ShmConsumer {
   long readv(const iovec* iov, size_t n);
   // Bytes readable now; -1 if the ring is corrupt.
   long available() const;
-  // Whether the producer said it closed (and everything before is readable).
-  bool closed() const;
   // Consumer side of the bells. set_want_bell(true) is a seq_cst store: a caller then looks
   // at the ring, and whatever the producer wrote before seeing the flag is there.
   void set_want_bell(bool on);
