@@ -103,8 +103,9 @@ void fuzz_rdmap_header(const DdpSegment& seg, const std::byte* h) {
       break;
     }
     case RdmapOpcode::sv_shm: {
-      // Type, ring size, nonce, pid, fd, boot id and namespace survive a round trip; the
-      // reserved bytes (1-3, 48-63) are not kept; an unknown type is refused.
+      // Type, flags, ring size, nonce, pid, fd, boot id, namespace and nonce address survive
+      // a round trip; the reserved bytes (2-3, 56-63) are not kept; an unknown type is
+      // refused.
       ShmCtrl c;
       if (!decode_shm_ctrl(h, c)) {
         const auto t = static_cast<uint8_t>(h[0]);
@@ -113,8 +114,8 @@ void fuzz_rdmap_header(const DdpSegment& seg, const std::byte* h) {
       }
       std::byte out[kShmCtrlLen];
       encode_shm_ctrl(out, c);
-      FUZZ_CHECK(out[0] == h[0]);
-      FUZZ_CHECK(std::memcmp(out + 4, h + 4, 44) == 0);
+      FUZZ_CHECK(out[0] == h[0] && out[1] == h[1]);
+      FUZZ_CHECK(std::memcmp(out + 4, h + 4, 52) == 0);
       break;
     }
     case RdmapOpcode::atomic_response: {
@@ -152,7 +153,12 @@ void fuzz_ddp(Bytes ulpdu, uint16_t ulpdu_len) {
   FUZZ_CHECK(seg.hdr_len <= ulpdu.size() && seg.hdr_len <= ulpdu_len);
   FUZZ_CHECK(size_t{seg.hdr_len} + seg.payload_len == ulpdu_len);
   const OpcodeInfo& info = opcode_info(seg.opcode);
-  FUZZ_CHECK(info.hdr_len == seg.hdr_len && info.tagged == seg.tagged);
+  FUZZ_CHECK(info.hdr_len + (seg.sv_ref ? kSvRefLen : 0) == seg.hdr_len &&
+             info.tagged == seg.tagged);
+  // A segment by reference: a tagged Write or Read Response, no payload, a length.
+  FUZZ_CHECK(!seg.sv_ref ||
+             ((seg.opcode == RdmapOpcode::rdma_write || seg.opcode == RdmapOpcode::read_response) &&
+              seg.payload_len == 0 && seg.ref_len != 0));
   FUZZ_CHECK(info.has_payload || seg.payload_len == 0);
   FUZZ_CHECK(seg.tagged || seg.qn == info.qn);
 
@@ -171,6 +177,14 @@ void fuzz_ddp(Bytes ulpdu, uint16_t ulpdu_len) {
   FUZZ_CHECK(std::memcmp(out + 2, ulpdu.data() + 2, n - 2) == 0);
   // The one reserved bit we read back: softverbs' ack request.
   FUZZ_CHECK(seg.sv_ack_req == ((ulpdu[0] & std::byte{kDdpSvAckReq}) != std::byte{0}));
+  if (seg.sv_ref) {
+    // The reference survives a round trip (its reserved word is not kept).
+    std::byte ref[kDdpTaggedHdrLen + kSvRefLen];
+    FUZZ_CHECK(encode_tagged_ref(ref, seg.opcode, seg.last, seg.stag, seg.to, seg.ref_addr,
+                                 seg.ref_len) == sizeof ref);
+    FUZZ_CHECK(std::memcmp(ref + 2, ulpdu.data() + 2, sizeof ref - 2 - 4) == 0);
+    return;
+  }
 
   if (seg.hdr_len > n) fuzz_rdmap_header(seg, ulpdu.data() + n);
 }

@@ -89,6 +89,7 @@ Terminate ddp_error_term(DdpError e) {
       t.ecode = static_cast<uint8_t>(DdpUntaggedEcode::invalid_qn);
       break;
     case DdpError::bad_opcode:
+    case DdpError::bad_ref:
     case DdpError::unexpected_payload:
     case DdpError::short_ulpdu:
     case DdpError::ok:

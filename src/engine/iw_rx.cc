@@ -43,15 +43,15 @@ void place_bytes(Conn& c, const std::byte* src, uint32_t n) {
   }
 }
 
-// The target of the next data_left payload bytes as iovecs. Returns how many.
-int target_iov(const Conn& c, iovec* iov) {
+// The target of the next `len` payload bytes as iovecs. Returns how many.
+int target_iov(const Conn& c, uint32_t len, iovec* iov) {
   const Placement& p = c.place;
   if (p.kind == Placement::Kind::contiguous) {
-    iov[0] = iovec{p.ptr, c.data_left};
+    iov[0] = iovec{p.ptr, len};
     return 1;
   }
   int k = 0;
-  uint32_t off = p.offset, left = c.data_left;
+  uint32_t off = p.offset, left = len;
   for (uint32_t i = 0; i < p.num_sge && left && k < static_cast<int>(kMaxSge); ++i) {
     const ibv_sge& s = p.sge[i];
     if (off >= s.length) {
@@ -116,6 +116,30 @@ void conn_eof(Qp* qp) {
   }
   qp->rx_stalled = true;  // stop reading
   qp_conn_lost(qp, IBV_WC_RETRY_EXC_ERR);
+}
+
+// A segment by reference (kDdpSvRef) has passed its checks: its data comes from the peer's
+// memory into the target its header was checked against, as a payload would have.
+bool pull_ref(Qp* qp) {
+  Conn& c = qp->conn;
+  c.ref_pending = false;
+  iovec iov[kMaxSge];
+  const int k = target_iov(c, c.ref_len, iov);
+  const int err = c.shm ? shm_pull(qp, iov, static_cast<size_t>(k), c.ref_addr, c.ref_len) : EFAULT;
+  if (err == 0) {
+    advance_place(c, c.ref_len);
+    return true;
+  }
+  if (err == ESRCH) {
+    // The peer is exiting (its memory is gone before its socket closes): as its EOF.
+    conn_eof(qp);
+    return false;
+  }
+  // The peer named memory it does not have: its stream is broken. Our Read that this
+  // answered fails as a bad response (IB 10.8.3.1).
+  rx_fail(qp, llp_term(wire::LlpEcode::stream_lost),
+          c.seg.opcode == wire::RdmapOpcode::read_response ? RxBlame::response : RxBlame::peer);
+  return false;
 }
 
 // An incoming FPDU, whole, before its CRC check (SOFTVERBS_FAULT dir=rx). False if a reset
@@ -220,7 +244,7 @@ bool rx_run_locked(Qp* qp) {
         // Scatter read: the payload goes straight from the socket into its target (MR or
         // receive buffers), whatever follows it into rxbuf. No second copy, no extra call.
         iovec iov[kMaxSge + 1];
-        const int k = target_iov(c, iov);
+        const int k = target_iov(c, c.data_left, iov);
         const size_t tail = wire::fpdu_pad(c.ulpdu_len) + wire::kMpaCrcLen + kNextHdr;
         iov[k] = iovec{c.rxbuf.data(), tail};
         msghdr mh{};
@@ -368,6 +392,7 @@ bool rx_run_locked(Qp* qp) {
         c.phase = RxPhase::header;
         c.hdr_have = 0;
         c.ulpdu_len = 0;
+        if (c.ref_pending && !pull_ref(qp)) return false;
         if (!rx_on_segment_end(qp)) return false;
         if (c.rx_switch_after_seg) [[unlikely]] {
           shm_rx_switch_locked(qp);

@@ -82,6 +82,8 @@ struct SendWqe {
   uint32_t msn = 0;         // Read/Atomic request MSN (also the atomic request id)
   uint32_t resp_bytes = 0;  // Read Response bytes placed
   uint32_t ack_seq = 0;     // softverbs peer: complete once peer_acked reaches it
+  bool by_ref = false;      // a segment named its data (kDdpSvRef): the peer reads it from
+                            // our memory until it acks, whatever acks_unseen says
   // UD (qp_ud.cc): the destination, copied from the AH at post so it may be destroyed.
   ibv_gid dgid{};
   uint8_t sgid_index = 0;  // the interface a multicast datagram leaves on
@@ -237,6 +239,9 @@ struct Conn {
   bool shm_tx_switch = false;        // tx_mu: once this batch is sent, TX goes to the ring
   bool rx_switch_after_seg = false;  // rx_mu: the peer's bytes after this segment are in its ring
   uint64_t bell_check_ns = 0;        // rx_mu: when RX last looked at the socket for bells
+  bool ref_pending = false;          // rx_mu: this segment's data is read from the peer at its
+  uint64_t ref_addr = 0;             // end (kDdpSvRef): from ref_addr, ref_len bytes, into
+  uint32_t ref_len = 0;              // `place`
 
   bool fault_reset = false;  // tx_mu: a reset fault cut the batch; abort once it is sent
   bool registered = false;   // in the progress thread's epoll set
@@ -601,6 +606,12 @@ bool shm_take_bells_locked(Qp* qp);
 // `app`: the iovecs include application memory (a payload placed straight from the ring).
 ssize_t shm_rx_read(Qp* qp, iovec* iov, size_t n, bool app = false);
 ssize_t shm_tx_write(Qp* qp, const iovec* iov, size_t n);
+// tx_mu held: `len` bytes of a Write or Read Response go by reference (kDdpSvRef) now: TX is
+// on the ring, the peer can read our memory, and len reaches SOFTVERBS_SHM_PULL_MIN.
+bool shm_sends_refs(const Qp* qp, uint32_t len);
+// rx_mu held: reads `len` bytes at `src` in the peer's memory into `dst` (n iovecs, as many
+// bytes). 0, or the errno: ESRCH if the peer has exited, EFAULT if it does not have them.
+int shm_pull(Qp* qp, const iovec* dst, size_t n, uint64_t src, uint32_t len);
 
 // ---- errors.cc ------------------------------------------------------------------------
 // The status of the WQE a Terminate fails; `head_is_atomic`: the oldest outstanding WQE is

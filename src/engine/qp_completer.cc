@@ -63,12 +63,13 @@ void complete_sq_locked(Qp* qp) {
     SendWqe& w = qp->sq[qp->sq_head & mask];
     // A Send or Write is complete when TCP has it (RFC 5040: iWARP has no ACKs) or, when we
     // asked a softverbs peer for Placement Acks, once its ack says it placed it (IB's rule),
-    // unless our RX cannot read acks for now (Conn::acks_unseen).
+    // unless our RX cannot read acks for now (Conn::acks_unseen) and the peer does not still
+    // read the data from our memory (SendWqe::by_ref).
     const Conn& c = qp->conn;
     const bool done =
-        w.state == WqeState::done ||
-        (w.state == WqeState::sent && w.stream_end <= c.tx_sent &&
-         (!c.wait_acks || c.acks_unseen || static_cast<int32_t>(c.peer_acked - w.ack_seq) >= 0));
+        w.state == WqeState::done || (w.state == WqeState::sent && w.stream_end <= c.tx_sent &&
+                                      (!c.wait_acks || (c.acks_unseen && !w.by_ref) ||
+                                       static_cast<int32_t>(c.peer_acked - w.ack_seq) >= 0));
     if (!done) break;
     if (w.status != IBV_WC_SUCCESS) break;  // errors are completed by the flush
     if (w.signaled) complete_send(qp, w, IBV_WC_SUCCESS);

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <utility>
 
 #include "engine/app_memory.h"
 #include "engine/iw_cm.h"
@@ -157,6 +158,16 @@ bool Framer::on_fault() {
   }
 }
 
+// The gather-list piece at payload offset `off`: its address and the bytes left in it.
+std::pair<const std::byte*, uint32_t> sge_piece(const SendWqe& w, uint32_t off) {
+  for (uint32_t i = 0; i < w.num_sge; ++i) {
+    const ibv_sge& s = w.sge[i];
+    if (off < s.length) return {reinterpret_cast<const std::byte*>(s.addr) + off, s.length - off};
+    off -= s.length;
+  }
+  return {nullptr, 0};
+}
+
 // Adds payload bytes [off, off+len) of a WQE's gather list.
 void gather(Framer& f, const SendWqe& w, uint32_t off, uint32_t len) {
   for (uint32_t i = 0; i < w.num_sge && len; ++i) {
@@ -226,7 +237,16 @@ bool frame_irq(Qp* qp, Framer& f) {
     IrqEntry& e = qp->irq[qp->irq_head];
     if (!f.room(1)) return false;
     f.start();
-    if (e.atomic) {
+    const uint32_t left = e.length - e.sent;
+    if (!e.atomic && left && shm_sends_refs(qp, left)) {
+      // One copy (kDdpSvRef): the requester reads the rest straight from the region.
+      if (!read_source_still_valid(qp, e, left)) return false;
+      std::byte* h = f.begin(wire::kDdpTaggedHdrLen + wire::kSvRefLen);
+      wire::encode_tagged_ref(h, RdmapOpcode::read_response, true, e.sink_stag, e.sink_to + e.sent,
+                              reinterpret_cast<uintptr_t>(e.src + e.sent), left);
+      if (!f.end()) return false;
+      e.sent = e.length;
+    } else if (e.atomic) {
       std::byte* h = f.begin(wire::kDdpUntaggedHdrLen + wire::kAtomicResponseLen);
       wire::encode_untagged(h, RdmapOpcode::atomic_response, true, 0, wire::kQnAtomicResponse,
                             ++c.aresp_msn_tx, 0);
@@ -367,6 +387,24 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
       }
       case IBV_WR_RDMA_WRITE:
       case IBV_WR_RDMA_WRITE_WITH_IMM: {
+        // One copy (kDdpSvRef): the responder reads each gather piece from our memory. Only
+        // when its Placement Ack completes the WR (IB's rule): that ack is what says the
+        // buffer is ours again. Not while acks are unseen (an RNR stall): those WRs complete
+        // on transmit, and this one could not.
+        if (c.wait_acks && !c.acks_unseen && shm_sends_refs(qp, w.length)) {
+          const auto [src, piece] = sge_piece(w, w.sent);
+          const bool last = w.sent + piece == w.length;
+          std::byte* h = f.begin(wire::kDdpTaggedHdrLen + wire::kSvRefLen);
+          wire::encode_tagged_ref(h, RdmapOpcode::rdma_write, last, w.rkey, w.remote_addr + w.sent,
+                                  reinterpret_cast<uintptr_t>(src), piece);
+          if (last && w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM) mark_ack_request(qp, c, w, h);
+          if (!f.end()) return false;
+          w.by_ref = true;
+          w.sent += piece;
+          if (!last) continue;
+          ++c.units_tx;
+          break;
+        }
         const uint32_t chunk =
             std::min<uint32_t>(w.length - w.sent, c.max_ulpdu - wire::kDdpTaggedHdrLen);
         const bool last = w.sent + chunk == w.length;

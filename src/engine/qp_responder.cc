@@ -203,16 +203,31 @@ RxAction on_send(Qp* qp, Conn& c) {
   return RxAction::place;
 }
 
+// The data bytes a tagged segment places: its payload, or what its reference names.
+uint32_t tagged_len(const wire::DdpSegment& s) {
+  return s.sv_ref ? s.ref_len : s.payload_len;
+}
+
+// A segment by reference (kDdpSvRef): its data is read from the peer at the segment's end,
+// into `place`, once the FPDU has passed its checks (iw_rx.cc).
+void expect_ref(Conn& c) {
+  if (!c.seg.sv_ref) return;
+  c.ref_pending = true;
+  c.ref_addr = c.seg.ref_addr;
+  c.ref_len = c.seg.ref_len;
+}
+
 RxAction on_write(Qp* qp, Conn& c) {
   const auto& s = c.seg;
   c.place.kind = Placement::Kind::discard;
-  if (s.payload_len == 0) return RxAction::place;  // zero-length Write, e.g. the RTR
+  const uint32_t len = tagged_len(s);
+  if (len == 0) return RxAction::place;  // zero-length Write, e.g. the RTR
   AccessResult r = AccessResult::access_rights;
   std::byte* p = nullptr;
   if (qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_WRITE) {
     auto& kt = KeyTable::get();
     auto g = kt.read_guard();
-    r = kt.check(s.stag, qp->pd, s.to, s.payload_len, IBV_ACCESS_REMOTE_WRITE, true, &p, qp);
+    r = kt.check(s.stag, qp->pd, s.to, len, IBV_ACCESS_REMOTE_WRITE, true, &p, qp);
   }
   if (r != AccessResult::ok) {
     SV_INFO("qp %u: write to stag %#x denied", qp->qpn(), s.stag);
@@ -226,7 +241,8 @@ RxAction on_write(Qp* qp, Conn& c) {
   }
   c.place.kind = Placement::Kind::contiguous;
   c.place.ptr = p;
-  c.write_len += s.payload_len;
+  c.write_len += len;
+  expect_ref(c);
   return RxAction::place;
 }
 
@@ -333,9 +349,10 @@ RxAction on_read_response(Qp* qp, Conn& c) {
   SendWqe* w = oldest_awaiting(qp, false);
   const uint32_t sink_stag = w && w->num_sge ? w->sge[0].lkey : 0;
   const uint64_t sink_to = w && w->num_sge ? w->sge[0].addr : 0;
+  const uint32_t len = tagged_len(s);
   // RFC 5040 §4.5: the response targets exactly the Sink STag/TO we asked for, in order.
-  if (!w || (s.payload_len && s.stag != sink_stag) || s.to != sink_to + w->resp_bytes ||
-      w->resp_bytes + s.payload_len > w->length) {
+  if (!w || (len && s.stag != sink_stag) || s.to != sink_to + w->resp_bytes ||
+      static_cast<uint64_t>(w->resp_bytes) + len > w->length) {
     // A response we did not ask for is a tagged placement error (RFC 5041 §7.2).
     tx_terminate_locked(
         qp,
@@ -350,7 +367,8 @@ RxAction on_read_response(Qp* qp, Conn& c) {
   c.place.sge = w->sge;
   c.place.num_sge = w->num_sge;
   c.place.offset = w->resp_bytes;
-  w->resp_bytes += s.payload_len;
+  w->resp_bytes += len;
+  expect_ref(c);
   return RxAction::place;
 }
 
@@ -531,6 +549,15 @@ void rx_fail(Qp* qp, const Terminate& t, RxBlame blame, ibv_wc_status recv_statu
 RxAction rx_on_header(Qp* qp) {
   Conn& c = qp->conn;
   if (qp->state.load() == IBV_QPS_ERR) return RxAction::dead;
+  c.ref_pending = false;
+  if (c.seg.sv_ref && !(qp->rx_ring.load(std::memory_order_relaxed) && c.shm && c.shm->we_pull))
+      [[unlikely]] {
+    // A reference we never agreed to take (over TCP, or from a peer whose memory we cannot
+    // read): no such opcode here.
+    SV_WARN("qp %u: a segment by reference, not agreed", qp->qpn());
+    rx_fail(qp, rdmap_op_term(wire::RdmapEcode::unexpected_opcode), RxBlame::peer);
+    return RxAction::dead;
+  }
   if (uc_dropping(c)) {
     c.place.kind = Placement::Kind::discard;
     return RxAction::place;

@@ -9,9 +9,12 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -191,6 +194,26 @@ std::unique_ptr<ShmLink> open_segment(const ShmCtrl& o, const char** why) {
   return l;
 }
 
+uint32_t pull_min() {
+  static const auto v =
+      static_cast<uint32_t>(settings::uint_value(SV_SETTING("SOFTVERBS_SHM_PULL_MIN")));
+  return v;
+}
+
+// Can we read the peer's memory? process_vm_readv needs the kernel's ptrace access check to
+// pass (same user and no Yama restriction, or CAP_SYS_PTRACE; a seccomp profile may forbid
+// the call): tried on the 8 bytes where the peer says its mapping holds the nonce, which
+// also proves `pid` is the process that maps our segment, not a stranger with its number.
+bool can_pull(uint32_t pid, uint64_t addr, uint64_t nonce) {
+  if (pull_min() == 0 || pid == 0 || addr == 0) return false;
+  uint64_t v = 0;
+  iovec local{&v, sizeof v};
+  iovec remote{reinterpret_cast<void*>(addr), sizeof v};
+  return process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0) ==
+             static_cast<ssize_t>(sizeof v) &&
+         v == nonce;
+}
+
 void ring_bell(Qp* qp) {
   const char b = 0;
   // A full socket already holds bells the consumer has not taken: this one is not needed.
@@ -280,10 +303,14 @@ void shm_encode_ctrl(Qp* qp, uint8_t type, std::byte* out) {
   const Conn& c = qp->conn;
   ShmCtrl m;
   m.type = static_cast<ShmCtrl::Type>(type);
+  if (c.shm && m.type != ShmCtrl::Type::decline) {
+    m.pid = static_cast<uint32_t>(getpid());
+    m.nonce_addr = reinterpret_cast<uintptr_t>(&static_cast<const ShmHeader*>(c.shm->base)->nonce);
+    if (c.shm->we_pull) m.flags = ShmCtrl::kPeerPull;
+  }
   if (m.type == ShmCtrl::Type::offer && c.shm) {
     m.ring_bytes = c.shm->ring_bytes;
     m.nonce = c.shm->nonce;
-    m.pid = static_cast<uint32_t>(getpid());
     m.fd = static_cast<uint32_t>(c.shm->memfd);
     m.boot_id = boot_id();
     m.netns = netns_id();
@@ -330,6 +357,8 @@ bool shm_on_ctrl(Qp* qp, const char** err) {
         SV_INFO("qp %u: declines the peer's shared memory: %s", qp->qpn(), why);
         c.shm_tx_due = static_cast<uint8_t>(ShmCtrl::Type::decline);
       } else {
+        l->peer_pid = m.pid;
+        l->we_pull = can_pull(m.pid, m.nonce_addr, m.nonce);
         c.shm = std::move(l);
         c.shm_tx_due = static_cast<uint8_t>(ShmCtrl::Type::accept);
         c.shm_wait_switch = true;
@@ -350,6 +379,9 @@ bool shm_on_ctrl(Qp* qp, const char** err) {
         c.shm.reset();
         return true;
       }
+      c.shm->peer_pid = m.pid;
+      c.shm->peer_pulls = m.flags & ShmCtrl::kPeerPull;
+      c.shm->we_pull = can_pull(m.pid, m.nonce_addr, c.shm->nonce);
       // Everything the peer sends after this message is in its ring.
       c.rx_switch_after_seg = true;
       c.shm_tx_due = static_cast<uint8_t>(ShmCtrl::Type::switch_over);
@@ -361,6 +393,7 @@ bool shm_on_ctrl(Qp* qp, const char** err) {
         return false;
       }
       c.shm_wait_switch = false;
+      c.shm->peer_pulls = m.flags & ShmCtrl::kPeerPull;
       c.rx_switch_after_seg = true;
       return true;
   }
@@ -465,6 +498,45 @@ ssize_t shm_tx_write(Qp* qp, const iovec* iov, size_t n) {
   // Full for good: the consumer is gone (its socket ended), as sendmsg says EPIPE.
   errno = qp->shm_gone.load() ? EPIPE : EAGAIN;
   return -1;
+}
+
+bool shm_sends_refs(const Qp* qp, uint32_t len) {
+  const uint32_t min = pull_min();
+  return min && len >= min && qp->tx_ring.load(std::memory_order_relaxed) && qp->conn.shm &&
+         qp->conn.shm->peer_pulls;
+}
+
+int shm_pull(Qp* qp, const iovec* dst, size_t n, uint64_t src, uint32_t len) {
+  const ShmLink& l = *qp->conn.shm;
+  // The kernel moves at most MAX_RW_COUNT (2 GiB less a page) per call, and may stop early
+  // at a fault: go on from where it stopped until all is read or nothing more can be.
+  iovec local[kMaxSge];
+  size_t k = std::min(n, std::size(local));
+  std::copy(dst, dst + k, local);
+  size_t first = 0;
+  uint64_t done = 0;
+  while (done < len) {
+    iovec remote{reinterpret_cast<void*>(src + done), len - done};
+    const ssize_t got =
+        process_vm_readv(static_cast<pid_t>(l.peer_pid), &local[first], k - first, &remote, 1, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      const int err = got < 0 ? errno : EFAULT;
+      SV_WARN("qp %u: reading %u bytes at %#" PRIx64 " of the peer failed: %s", qp->qpn(), len, src,
+              std::strerror(err));
+      return err;
+    }
+    done += static_cast<uint64_t>(got);
+    for (size_t left = static_cast<size_t>(got); left && first < k;) {
+      const size_t take = std::min(left, local[first].iov_len);
+      local[first].iov_base = static_cast<std::byte*>(local[first].iov_base) + take;
+      local[first].iov_len -= take;
+      left -= take;
+      if (local[first].iov_len == 0) ++first;
+    }
+  }
+  stats::add(qp->stats, stats::Ctr::shm_pulls);
+  return 0;
 }
 
 }  // namespace sv::engine

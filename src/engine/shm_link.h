@@ -28,6 +28,13 @@ struct ShmLink {
   uint64_t nonce = 0;
   uint32_t ring_bytes = 0;
   bool initiator = false;
+  // One copy for large Writes and Read Responses (kDdpSvRef): the receiver reads the data
+  // from the sender's memory (process_vm_readv) instead of both copying it through a ring.
+  // Set during the set-up, before either side moves to the rings; fixed after it.
+  uint32_t peer_pid = 0;         // the peer process, as its offer or accept names it
+  uint64_t peer_nonce_addr = 0;  // where its mapping holds the nonce (ShmCtrl::nonce_addr)
+  bool we_pull = false;          // we read the peer's nonce that way: we take its references
+  bool peer_pulls = false;       // the peer read ours: we send it references
   transport::ShmProducer tx;
   transport::ShmConsumer rx;
 

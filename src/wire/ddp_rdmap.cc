@@ -44,14 +44,25 @@ const char* to_string(DdpError e) noexcept {
       return "payload on a header-only message";
     case DdpError::bad_qn:
       return "invalid queue number";
+    case DdpError::bad_ref:
+      return "bad segment by reference";
   }
   return "?";
 }
 
+namespace {
+// kDdpSvRef counts only on the two tagged opcodes that carry data.
+bool by_ref(uint8_t ddp, unsigned op) {
+  return (ddp & kDdpSvRef) && (ddp & kDdpTagged) &&
+         (op == static_cast<unsigned>(RdmapOpcode::rdma_write) ||
+          op == static_cast<unsigned>(RdmapOpcode::read_response));
+}
+}  // namespace
+
 size_t ddp_header_len(std::span<const std::byte, 2> ctrl) noexcept {
   const unsigned op = static_cast<uint8_t>(ctrl[1]) & kRdmapOpMask;
   if (op >= kRdmapOpcodeCount) return 0;
-  return kOpcodeTable[op].hdr_len;
+  return kOpcodeTable[op].hdr_len + (by_ref(static_cast<uint8_t>(ctrl[0]), op) ? kSvRefLen : 0);
 }
 
 DdpError ddp_decode(std::span<const std::byte> hdr, uint16_t ulpdu_len, DdpSegment& out) noexcept {
@@ -65,18 +76,25 @@ DdpError ddp_decode(std::span<const std::byte> hdr, uint16_t ulpdu_len, DdpSegme
   const OpcodeInfo& info = kOpcodeTable[op];
   const bool tagged = d & kDdpTagged;
   if (tagged != info.tagged) return DdpError::bad_opcode;
-  if (ulpdu_len < info.hdr_len || hdr.size() < info.hdr_len) return DdpError::short_ulpdu;
+  const size_t hdr_len = info.hdr_len + (by_ref(d, op) ? kSvRefLen : 0);
+  if (ulpdu_len < hdr_len || hdr.size() < hdr_len) return DdpError::short_ulpdu;
   out = DdpSegment{};
   out.opcode = static_cast<RdmapOpcode>(op);
   out.tagged = tagged;
   out.last = d & kDdpLast;
   out.sv_ack_req = d & kDdpSvAckReq;
   out.sv_shm_cap = d & kDdpSvShmCap;
-  out.hdr_len = info.hdr_len;
-  out.payload_len = static_cast<uint16_t>(ulpdu_len - info.hdr_len);
+  out.hdr_len = static_cast<uint16_t>(hdr_len);
+  out.payload_len = static_cast<uint16_t>(ulpdu_len - hdr_len);
   if (tagged) {
     out.stag = load_be32(hdr.data() + 2);
     out.to = load_be64(hdr.data() + 6);
+    if (by_ref(d, op)) {
+      out.sv_ref = true;
+      out.ref_addr = load_be64(hdr.data() + kDdpTaggedHdrLen);
+      out.ref_len = load_be32(hdr.data() + kDdpTaggedHdrLen + 8);
+      if (out.payload_len != 0 || out.ref_len == 0) return DdpError::bad_ref;
+    }
     return DdpError::ok;
   }
   out.rsvd_ulp = load_be32(hdr.data() + 2);
@@ -106,6 +124,16 @@ size_t encode_untagged(std::byte* out, RdmapOpcode op, bool last, uint32_t rsvd_
   store_be32(out + 10, msn);
   store_be32(out + 14, mo);
   return kDdpUntaggedHdrLen;
+}
+
+size_t encode_tagged_ref(std::byte* out, RdmapOpcode op, bool last, uint32_t stag, uint64_t to,
+                         uint64_t addr, uint32_t len) noexcept {
+  encode_tagged(out, op, last, stag, to);
+  out[0] |= std::byte{kDdpSvRef};
+  store_be64(out + kDdpTaggedHdrLen, addr);
+  store_be32(out + kDdpTaggedHdrLen + 8, len);
+  store_be32(out + kDdpTaggedHdrLen + 12, 0);
+  return kDdpTaggedHdrLen + kSvRefLen;
 }
 
 void encode_read_request(std::byte* out, const ReadRequest& r) noexcept {
@@ -187,6 +215,8 @@ void encode_shm_ctrl(std::byte* out, const ShmCtrl& c) noexcept {
   store_be32(out + 20, c.fd);
   std::memcpy(out + 24, c.boot_id.data(), c.boot_id.size());
   store_be64(out + 40, c.netns);
+  out[1] = std::byte{c.flags};
+  store_be64(out + 48, c.nonce_addr);
 }
 
 bool decode_shm_ctrl(const std::byte* in, ShmCtrl& out) noexcept {
@@ -199,6 +229,8 @@ bool decode_shm_ctrl(const std::byte* in, ShmCtrl& out) noexcept {
   out.fd = load_be32(in + 20);
   std::memcpy(out.boot_id.data(), in + 24, out.boot_id.size());
   out.netns = load_be64(in + 40);
+  out.flags = static_cast<uint8_t>(in[1]);
+  out.nonce_addr = load_be64(in + 48);
   return true;
 }
 

@@ -107,6 +107,11 @@ struct DdpSegment {
   uint16_t payload_len = 0;  // ULPDU_Length - hdr_len
   bool sv_ack_req = false;   // kDdpSvAckReq
   bool sv_shm_cap = false;   // kDdpSvShmCap
+  // kDdpSvRef (a tagged RDMA Write or Read Response): the data is not in this segment but
+  // at ref_addr in the sender's memory, ref_len bytes (SvRef).
+  bool sv_ref = false;
+  uint64_t ref_addr = 0;
+  uint32_t ref_len = 0;
 };
 
 // A reserved DDP control bit (RFC 5041 §5.1: zero on transmit, ignored on receive) that
@@ -119,6 +124,14 @@ inline constexpr uint8_t kDdpSvAckReq = 0x20;
 // An initiator offers only once it has seen it: a softverbs build without shared memory ignores
 // the bit (RFC 5041 §5.1), and never receives an opcode it would refuse.
 inline constexpr uint8_t kDdpSvShmCap = 0x10;
+// A third reserved DDP control bit, on a tagged RDMA Write or Read Response segment only, sent
+// only through a shared-memory ring to a peer that proved at set-up that it can read our memory
+// (process_vm_readv, ShmCtrl::kPeerPull): the segment carries no data but an SvRef after its
+// tagged header, naming the data in the sender's address space. The receiver checks the
+// STag, TO and length as for the data itself and copies it straight into the target: one copy
+// instead of two through the ring. On any other opcode the bit is ignored (RFC 5041 §5.1).
+inline constexpr uint8_t kDdpSvRef = 0x08;
+inline constexpr size_t kSvRefLen = 16;  // address(8) length(4) reserved(4)
 
 // Why a segment header was refused; errors.cc maps each to a Terminate triple.
 enum class DdpError : uint8_t {
@@ -129,6 +142,7 @@ enum class DdpError : uint8_t {
   short_ulpdu,         // ULPDU_Length smaller than the opcode's header
   unexpected_payload,  // Read Request / Atomic / Immediate carrying extra bytes
   bad_qn,              // untagged queue number not the one the opcode uses
+  bad_ref,             // a segment by reference (kDdpSvRef) with data, or of no length
 };
 const char* to_string(DdpError e) noexcept;
 
@@ -146,6 +160,9 @@ size_t encode_tagged(std::byte* out, RdmapOpcode op, bool last, uint32_t stag,
                      uint64_t to) noexcept;
 size_t encode_untagged(std::byte* out, RdmapOpcode op, bool last, uint32_t rsvd_ulp, uint32_t qn,
                        uint32_t msn, uint32_t mo) noexcept;
+// A tagged segment by reference (kDdpSvRef): the tagged header, then the SvRef.
+size_t encode_tagged_ref(std::byte* out, RdmapOpcode op, bool last, uint32_t stag, uint64_t to,
+                         uint64_t addr, uint32_t len) noexcept;
 
 // RFC 5040 §4.4 RDMA Read Request header.
 struct ReadRequest {
@@ -197,6 +214,14 @@ struct ShmCtrl {
   uint32_t fd = 0;
   std::array<std::byte, 16> boot_id{};
   uint64_t netns = 0;  // the offering process' network namespace (its inode number)
+  // Offer and accept: where the sender's own mapping of the segment holds the nonce, so that
+  // the peer can prove it may read the sender's memory (process_vm_readv of those 8 bytes
+  // gives the nonce) before it agrees to take kDdpSvRef segments from it.
+  uint64_t nonce_addr = 0;
+  // Accept and switch: kPeerPull if the sender read the peer's nonce that way, so the peer may
+  // send it kDdpSvRef segments.
+  static constexpr uint8_t kPeerPull = 1;
+  uint8_t flags = 0;
 };
 void encode_shm_ctrl(std::byte* out, const ShmCtrl& c) noexcept;  // kShmCtrlLen bytes
 // False if the type is unknown.

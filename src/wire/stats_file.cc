@@ -122,6 +122,8 @@ const char* ctr_name(Ctr c) {
       return "idle_trims";
     case Ctr::shm_bells:
       return "shm_bells";
+    case Ctr::shm_pulls:
+      return "shm_pulls";
     case Ctr::fault_reset:
       return "fault_reset";
     case Ctr::fault_stall:

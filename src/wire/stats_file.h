@@ -51,6 +51,8 @@ enum class Ctr : uint8_t {
   idle_trims,  // stream buffers given back while the connection was idle (engine/qp_trim.cc)
   shm_bells,   // doorbells rung on a shared-memory connection (engine/qp_shm.cc): one system
                // call each; a spinning peer needs none
+  shm_pulls,   // Writes and Read Responses this QP read straight from the peer's memory (one
+               // copy, engine/qp_shm.cc shm_pull)
   count
 };
 inline constexpr size_t kCtrCount = static_cast<size_t>(Ctr::count);
