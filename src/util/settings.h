@@ -57,7 +57,7 @@ inline constexpr Setting kAll[] = {
     {"SOFTVERBS_IB_COMPLETION", Kind::flag, 1, 0, 1, 0},
     {"SOFTVERBS_SHM", Kind::flag, 0, 0, 1, 0},
     {"SOFTVERBS_SHM_RING", Kind::uint, 256 * 1024, 4096, 16u << 20, 0},
-    {"SOFTVERBS_SHM_PULL_MIN", Kind::uint, 32 * 1024, 0, 1u << 31, 0},  // 0: never pull
+    {"SOFTVERBS_SHM_PULL_MIN", Kind::uint, 4096, 0, 1u << 31, 0},  // 0: never pull
     {"SOFTVERBS_PROT_ERR_BURST", Kind::real, 0, 0, 0, 32},
     {"SOFTVERBS_PROT_ERR_PER_SEC", Kind::real, 0, 0, 0, 4},
     // The data path (engine/qp.cc, engine/busy_poll.cc). SNDBUF 0: the kernel's autotuning.

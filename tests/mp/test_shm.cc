@@ -2,6 +2,7 @@
 // move their FPDUs through rings in a sealed memfd, the TCP connection kept for liveness.
 // Each test checks where the bytes went (the QP's published transport) and that they
 // arrived intact; the fallbacks (a peer that declines) stay on TCP and work all the same.
+#include <arpa/inet.h>
 #include <poll.h>
 #include <signal.h>
 #include <unistd.h>
@@ -20,19 +21,34 @@ namespace {
 
 constexpr uint64_t kMiB = 1 << 20;
 
-// The QP's transport as this process publishes it (softverbs-stat qp).
-uint32_t transport_of(uint32_t qpn) {
+// The QP as process `pid` publishes it (softverbs-stat qp); false if it is not there.
+bool published_qp(pid_t pid, uint32_t qpn, sv::wire::QpStatsView& out) {
   const std::string path =
-      "/dev/shm/softverbs-stats-" + std::to_string(geteuid()) + "/" + std::to_string(getpid());
+      "/dev/shm/softverbs-stats-" + std::to_string(geteuid()) + "/" + std::to_string(pid);
   std::ifstream in(path, std::ios::binary);
   std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   sv::wire::StatsView v;
   if (sv::wire::decode_stats({reinterpret_cast<const std::byte*>(s.data()), s.size()}, v) !=
       sv::wire::StatsError::ok)
-    return ~0u;
+    return false;
   for (const auto& q : v.qps)
-    if (q.qpn == qpn) return q.transport;
-  return ~0u;
+    if (q.qpn == qpn) {
+      out = q;
+      return true;
+    }
+  return false;
+}
+
+// The QP's transport as this process publishes it.
+uint32_t transport_of(uint32_t qpn) {
+  sv::wire::QpStatsView q;
+  return published_qp(getpid(), qpn, q) ? q.transport : ~0u;
+}
+
+// How many segments a QP read straight from its peer's memory (one copy, kDdpSvRef).
+uint64_t pulls_of(pid_t pid, uint32_t qpn) {
+  sv::wire::QpStatsView q;
+  return published_qp(pid, qpn, q) ? q.ctr[static_cast<size_t>(sv::wire::Ctr::shm_pulls)] : ~0ull;
 }
 
 // Waits for the set-up messages to have gone both ways (they follow the first FPDUs).
@@ -143,6 +159,113 @@ TEST_F(Shm, AStreamLargerThanTheRingArrivesInOrder) {
   EXPECT_EQ(remote->check(0, 0, 2 * kMiB, 91), -1);
   EXPECT_EQ(remote->check(0, 3 * kMiB, 64, 91), -1);
   EXPECT_EQ(transport_of(local->qp->qp_num), sv::wire::kTransportShm);
+}
+
+// Writes and Reads from SOFTVERBS_SHM_PULL_MIN (4 KiB) up move with one copy: the side whose
+// memory they land in reads them from the other's (process_vm_readv). Gather and scatter lists
+// of several pieces, a Write with immediate (its byte_len is the whole Write), and one byte
+// less than the threshold (through the ring): all land intact, and the counters say which way.
+TEST_F(Shm, LargeWritesAndReadsAreReadFromThePeersMemoryIntact) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  ASSERT_NO_FATAL_FAILURE(Exchange());
+  ASSERT_EQ(wait_transport(local->qp->qp_num, sv::wire::kTransportShm), sv::wire::kTransportShm);
+  const uint32_t rqpn = ri.qpn;
+  const uint64_t pulls0 = pulls_of(remote->pid(), rqpn);
+  ASSERT_NE(pulls0, ~0ull);
+
+  // A Write gathered from three pieces (the middle one under the threshold on its own).
+  local->fill(0, 0, 300000, 41);
+  ASSERT_EQ(local->post_send(make_rdma(IBV_WR_RDMA_WRITE, 1,
+                                       {sge(0, 70000), sge(70000, 1000), sge(71000, 229000)},
+                                       ri.addr + 5, ri.rkey)),
+            0);
+  auto s = local->poll(CqSel::send, 1);
+  ASSERT_EQ(s.size(), 1u);
+  ASSERT_TRUE(wc_is(s[0], 1, IBV_WC_SUCCESS));
+  EXPECT_EQ(remote->check(0, 5, 300000, 41), -1);
+  EXPECT_EQ(pulls_of(remote->pid(), rqpn), pulls0 + 3) << "one read per gather piece";
+
+  // A Write with immediate: the receive's byte_len is the Write's length.
+  local->fill(0, 0, 65536, 42);
+  ASSERT_EQ(remote->post_recv(2, {sge(3 * kMiB, 8)}), 0);
+  SendSpec wi = make_rdma(IBV_WR_RDMA_WRITE_WITH_IMM, 2, {sge(0, 65536)}, ri.addr, ri.rkey);
+  wi.imm_or_inv = htonl(0x1234);
+  ASSERT_EQ(local->post_send(wi), 0);
+  auto r = remote->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  ASSERT_TRUE(wc_is(r[0], 2, IBV_WC_SUCCESS));
+  EXPECT_EQ(r[0].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+  EXPECT_EQ(r[0].byte_len, 65536u);
+  EXPECT_EQ(ntohl(r[0].imm_data), 0x1234u);
+  ASSERT_EQ(local->poll(CqSel::send, 1).size(), 1u);
+  EXPECT_EQ(remote->check(0, 0, 65536, 42), -1);
+  EXPECT_EQ(pulls_of(remote->pid(), rqpn), pulls0 + 4);
+
+  // A Read scattered into three pieces: the reader reads the responder's region.
+  const uint64_t lpulls0 = pulls_of(getpid(), local->qp->qp_num);
+  remote->fill(0, kMiB, 200000, 43);
+  ASSERT_EQ(
+      local->post_send(make_rdma(IBV_WR_RDMA_READ, 3,
+                                 {sge(kMiB, 100), sge(kMiB + 4096, 150000), sge(2 * kMiB, 49900)},
+                                 ri.addr + kMiB, ri.rkey)),
+      0);
+  s = local->poll(CqSel::send, 1);
+  ASSERT_EQ(s.size(), 1u);
+  ASSERT_TRUE(wc_is(s[0], 3, IBV_WC_SUCCESS));
+  EXPECT_EQ(s[0].byte_len, 200000u);
+  EXPECT_EQ(local->check(0, kMiB, 100, 43), -1);
+  EXPECT_EQ(local->check(0, kMiB + 4096, 150000, 43, 100), -1);
+  EXPECT_EQ(local->check(0, 2 * kMiB, 49900, 43, 150100), -1);
+  EXPECT_EQ(pulls_of(getpid(), local->qp->qp_num), lpulls0 + 1);
+
+  // Under the threshold: through the ring, no read of the peer.
+  local->fill(0, 0, 4095, 44);
+  ASSERT_EQ(local->post_send(make_rdma(IBV_WR_RDMA_WRITE, 4, {sge(0, 4095)}, ri.addr, ri.rkey)), 0);
+  ASSERT_EQ(local->poll(CqSel::send, 1).size(), 1u);
+  EXPECT_EQ(remote->check(0, 0, 4095, 44), -1);
+  EXPECT_EQ(pulls_of(remote->pid(), rqpn), pulls0 + 4);
+}
+
+// The checks are those of data on the wire: a Write by reference to a bad rkey, or past the
+// end of the region, fails with a remote access error and reads nothing.
+TEST_F(Shm, AWriteByReferenceIsCheckedAsAnyWrite) {
+  for (int past_end : {0, 1}) {
+    SCOPED_TRACE(past_end ? "past the region's end" : "a bad rkey");
+    ASSERT_NO_FATAL_FAILURE(Connect());
+    ASSERT_NO_FATAL_FAILURE(Exchange());
+    ASSERT_EQ(wait_transport(local->qp->qp_num, sv::wire::kTransportShm), sv::wire::kTransportShm);
+    const uint64_t addr = past_end ? ri.addr + ri.len - 8192 : ri.addr;
+    const uint32_t rkey = past_end ? ri.rkey : ri.rkey ^ 0x100;
+    ASSERT_EQ(local->post_send(make_rdma(IBV_WR_RDMA_WRITE, 9, {sge(0, 65536)}, addr, rkey)), 0);
+    auto s = local->poll(CqSel::send, 1);
+    ASSERT_EQ(s.size(), 1u);
+    EXPECT_TRUE(wc_is(s[0], 9, IBV_WC_REM_ACCESS_ERR)) << wc_str(s[0]);
+    EXPECT_EQ(pulls_of(remote->pid(), ri.qpn), 0u);
+    TearDown();
+    SetUp();
+  }
+}
+
+// A peer with one copy off (SOFTVERBS_SHM_PULL_MIN=0) neither takes references nor sends
+// them: large Writes and Reads both ways go through the rings, intact.
+TEST_F(Shm, APeerThatDoesNotPullGetsTheDataThroughTheRing) {
+  g_child_env = {"SOFTVERBS_SHM=1", "SOFTVERBS_SHM_PULL_MIN=0"};
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  ASSERT_NO_FATAL_FAILURE(Exchange());
+  ASSERT_EQ(wait_transport(local->qp->qp_num, sv::wire::kTransportShm), sv::wire::kTransportShm);
+  local->fill(0, 0, kMiB, 51);
+  ASSERT_EQ(local->post_send(make_rdma(IBV_WR_RDMA_WRITE, 1, {sge(0, kMiB)}, ri.addr, ri.rkey)), 0);
+  ASSERT_EQ(local->poll(CqSel::send, 1).size(), 1u);
+  EXPECT_EQ(remote->check(0, 0, kMiB, 51), -1);
+  EXPECT_EQ(pulls_of(remote->pid(), ri.qpn), 0u);
+  // Nor does it send its Read Responses by reference.
+  remote->fill(0, kMiB, kMiB, 52);
+  ASSERT_EQ(
+      local->post_send(make_rdma(IBV_WR_RDMA_READ, 2, {sge(kMiB, kMiB)}, ri.addr + kMiB, ri.rkey)),
+      0);
+  ASSERT_EQ(local->poll(CqSel::send, 1).size(), 1u);
+  EXPECT_EQ(local->check(0, kMiB, kMiB, 52), -1);
+  EXPECT_EQ(pulls_of(getpid(), local->qp->qp_num), 0u);
 }
 
 // A peer with SOFTVERBS_SHM=0 neither offers nor accepts: the connection stays on TCP.
