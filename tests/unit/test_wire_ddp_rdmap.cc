@@ -354,12 +354,13 @@ TEST(DdpRdmap, Rfc5040Sec5_1WrongQueueNumber) {
 
 TEST(DdpRdmap, ErrorNamesAreDistinct) {
   std::set<std::string> names;
-  for (auto e : {DdpError::ok, DdpError::ddp_version, DdpError::rdmap_version, DdpError::bad_opcode,
-                 DdpError::short_ulpdu, DdpError::unexpected_payload, DdpError::bad_qn}) {
+  for (auto e :
+       {DdpError::ok, DdpError::ddp_version, DdpError::rdmap_version, DdpError::bad_opcode,
+        DdpError::short_ulpdu, DdpError::unexpected_payload, DdpError::bad_qn, DdpError::bad_ref}) {
     EXPECT_STRNE(to_string(e), "?");
     names.insert(to_string(e));
   }
-  EXPECT_EQ(names.size(), 7u);
+  EXPECT_EQ(names.size(), 8u);
 }
 
 // ---------------------------------------------------------------- RFC 7306 and Terminate
@@ -592,6 +593,8 @@ TEST(DdpRdmap, ShmCtrlRoundTripsAndRefusesUnknownTypes) {
   c.fd = 17;
   for (size_t i = 0; i < c.boot_id.size(); ++i) c.boot_id[i] = std::byte{static_cast<uint8_t>(i)};
   c.netns = 4026531840ull;
+  c.nonce_addr = 0x7ffd12345678ull;
+  c.flags = ShmCtrl::kPeerPull;
   Bytes b(kShmCtrlLen, std::byte{0xEE});
   encode_shm_ctrl(b.data(), c);
   EXPECT_EQ(b[0], std::byte{1});
@@ -605,10 +608,54 @@ TEST(DdpRdmap, ShmCtrlRoundTripsAndRefusesUnknownTypes) {
   EXPECT_EQ(d.fd, c.fd);
   EXPECT_EQ(d.boot_id, c.boot_id);
   EXPECT_EQ(d.netns, c.netns);
+  EXPECT_EQ(d.nonce_addr, c.nonce_addr);
+  EXPECT_EQ(d.flags, ShmCtrl::kPeerPull);
   for (uint8_t t : {0, 5, 255}) {
     b[0] = std::byte{t};
     EXPECT_FALSE(decode_shm_ctrl(b.data(), d)) << int(t);
   }
+}
+
+// A Write or Read Response by reference (kDdpSvRef): the tagged header, then address and
+// length; the header length follows the bit, so the parser collects the reference as header.
+TEST(DdpRdmap, SegmentsByReferenceRoundTrip) {
+  for (RdmapOpcode op : {RdmapOpcode::rdma_write, RdmapOpcode::read_response}) {
+    SCOPED_TRACE(to_string(op));
+    Bytes b(kDdpTaggedHdrLen + kSvRefLen);
+    ASSERT_EQ(encode_tagged_ref(b.data(), op, true, 0x1234, 0x10000, 0x7f0011223344ull, 70000),
+              b.size());
+    EXPECT_EQ(static_cast<uint8_t>(b[0]) & kDdpSvRef, kDdpSvRef);
+    EXPECT_EQ(ddp_header_len(std::span<const std::byte, 2>(b.data(), 2)), b.size());
+    DdpSegment s;
+    ASSERT_EQ(ddp_decode(b, static_cast<uint16_t>(b.size()), s), DdpError::ok);
+    EXPECT_TRUE(s.sv_ref);
+    EXPECT_TRUE(s.last);
+    EXPECT_EQ(s.stag, 0x1234u);
+    EXPECT_EQ(s.to, 0x10000u);
+    EXPECT_EQ(s.ref_addr, 0x7f0011223344ull);
+    EXPECT_EQ(s.ref_len, 70000u);
+    EXPECT_EQ(s.hdr_len, b.size());
+    EXPECT_EQ(s.payload_len, 0u);
+    // Data after a reference, or a reference to nothing, is a broken peer.
+    Bytes more = b;
+    more.push_back(std::byte{0});
+    EXPECT_EQ(ddp_decode(more, static_cast<uint16_t>(more.size()), s), DdpError::bad_ref);
+    Bytes none = b;
+    store_be32(none.data() + kDdpTaggedHdrLen + 8, 0);
+    EXPECT_EQ(ddp_decode(none, static_cast<uint16_t>(none.size()), s), DdpError::bad_ref);
+    // Cut short: the reference is part of the header.
+    EXPECT_EQ(ddp_decode(std::span(b).first(b.size() - 1), static_cast<uint16_t>(b.size() - 1), s),
+              DdpError::short_ulpdu);
+  }
+  // On any other opcode the bit is reserved: ignored (RFC 5041 §5.1), the header as always.
+  Bytes u(kDdpUntaggedHdrLen + 4);
+  encode_untagged(u.data(), RdmapOpcode::send, true, 0, kQnSend, 1, 0);
+  u[0] |= std::byte{kDdpSvRef};
+  EXPECT_EQ(ddp_header_len(std::span<const std::byte, 2>(u.data(), 2)), kDdpUntaggedHdrLen);
+  DdpSegment s;
+  ASSERT_EQ(ddp_decode(u, static_cast<uint16_t>(u.size()), s), DdpError::ok);
+  EXPECT_FALSE(s.sv_ref);
+  EXPECT_EQ(s.payload_len, 4u);
 }
 
 }  // namespace

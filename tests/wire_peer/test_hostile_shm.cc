@@ -7,6 +7,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cstdio>
@@ -110,17 +111,48 @@ bool read_fpdu(FakePeer& p, DdpSegment& seg, std::vector<std::byte>& ulpdu) {
   return ddp_decode(ulpdu, ul, seg) == DdpError::ok;
 }
 
-// The QP's answer to an offer.
-ShmCtrl::Type answer(FakePeer& p) {
+// The QP's answer to an offer (type 0 if none came).
+ShmCtrl answer_ctrl(FakePeer& p) {
   DdpSegment seg;
   std::vector<std::byte> u;
   for (int i = 0; i < 8; ++i) {
     if (!read_fpdu(p, seg, u)) break;
     ShmCtrl c;
     if (seg.opcode == RdmapOpcode::sv_shm && decode_shm_ctrl(u.data() + kDdpUntaggedHdrLen, c))
-      return c.type;
+      return c;
   }
-  return ShmCtrl::Type{};
+  ShmCtrl none;
+  none.type = ShmCtrl::Type{};
+  return none;
+}
+ShmCtrl::Type answer(FakePeer& p) {
+  return answer_ctrl(p).type;
+}
+
+// The first Terminate the QP wrote into its ring (ring 1), waiting up to a second for it.
+bool ring_terminate(Segment& seg, Terminate& t) {
+  ShmConsumer rx(seg.ctrl(1), seg.data(1), kRing);
+  std::vector<std::byte> got;
+  size_t at = 0;
+  for (int i = 0; i < 100; ++i) {
+    std::byte b[4096];
+    iovec v{b, sizeof b};
+    const long n = rx.readv(&v, 1);
+    if (n < 0) return false;
+    got.insert(got.end(), b, b + n);
+    while (at + 2 <= got.size() && at + fpdu_len(load_be16(got.data() + at)) <= got.size()) {
+      const uint16_t ul = load_be16(got.data() + at);
+      DdpSegment d;
+      if (ddp_decode({got.data() + at + 2, ul}, ul, d) != DdpError::ok) return false;
+      if (d.opcode == RdmapOpcode::terminate) {
+        t = decode_terminate(got.data() + at + 2 + kDdpUntaggedHdrLen);
+        return true;
+      }
+      at += fpdu_len(ul);
+    }
+    if (n == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
 }
 
 void open_stream(FakePeer& p) {
@@ -202,25 +234,9 @@ TEST(ShmSetup, ASecondOfferTerminates) {
   p.send_fpdu(ctrl_ulpdu(seg.offer()));  // still on TCP: no switch was sent
   EXPECT_TRUE(l.wait_state(IBV_QPS_ERR));
   // The QP sends through its ring since its accept: the Terminate is there.
-  ShmConsumer rx(seg.ctrl(1), seg.data(1), kRing);
-  std::vector<std::byte> got(kRing);
-  iovec v{got.data(), got.size()};
-  const long n = rx.readv(&v, 1);
-  ASSERT_GT(n, 0);
-  bool term = false;
-  for (size_t at = 0; at + 2 + kDdpUntaggedHdrLen <= static_cast<size_t>(n);) {
-    const uint16_t ul = load_be16(got.data() + at);
-    DdpSegment d;
-    if (ddp_decode({got.data() + at + 2, ul}, ul, d) != DdpError::ok) break;
-    if (d.opcode == RdmapOpcode::terminate) {
-      const Terminate t = decode_terminate(got.data() + at + 2 + kDdpUntaggedHdrLen);
-      EXPECT_EQ(t.ecode, uint8_t(RdmapEcode::unexpected_opcode));
-      term = true;
-      break;
-    }
-    at += fpdu_len(ul);
-  }
-  EXPECT_TRUE(term) << "no Terminate in the QP's ring";
+  Terminate t;
+  ASSERT_TRUE(ring_terminate(seg, t)) << "no Terminate in the QP's ring";
+  EXPECT_EQ(t.ecode, uint8_t(RdmapEcode::unexpected_opcode));
 }
 
 // Offers that do not hold up are declined, and the connection goes on over TCP.
@@ -360,6 +376,120 @@ TEST(ShmRing, ACorruptRingFailsTheQpNotTheProcess) {
     ASSERT_EQ(write(p.fd, "b", 1), 1);
     EXPECT_TRUE(l.wait_state(IBV_QPS_ERR));
   }
+}
+
+// ---- one copy: segments by reference (kDdpSvRef) -----------------------------------------
+// The peer here is this very process, so the QP can read its memory when the offer says where.
+
+// Offers `seg`, naming where this process holds the nonce when `pullable` (the QP may then
+// read our memory), and switches to the rings. Returns the QP's accept.
+ShmCtrl switch_to_rings(FakePeer& p, Segment& seg, bool pullable) {
+  ShmCtrl o = seg.offer();
+  if (pullable)
+    o.nonce_addr = reinterpret_cast<uintptr_t>(&reinterpret_cast<ShmHeader*>(seg.base)->nonce);
+  p.send_fpdu(ctrl_ulpdu(o));
+  const ShmCtrl a = answer_ctrl(p);
+  ShmCtrl sw;
+  sw.type = ShmCtrl::Type::switch_over;
+  p.send_fpdu(ctrl_ulpdu(sw));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the QP reads the switch
+  return a;
+}
+
+// An RDMA Write by reference to (stag, to) of `len` bytes at `addr` in this process, written
+// into ring 0 with a doorbell.
+void ring_write_ref(FakePeer& p, Segment& seg, uint32_t stag, uint64_t to, const void* addr,
+                    uint32_t len) {
+  std::vector<std::byte> f(fpdu_len(kDdpTaggedHdrLen + kSvRefLen), std::byte{0});
+  store_be16(f.data(), kDdpTaggedHdrLen + kSvRefLen);
+  encode_tagged_ref(f.data() + 2, RdmapOpcode::rdma_write, true, stag, to,
+                    reinterpret_cast<uintptr_t>(addr), len);
+  ShmProducer tx(seg.ctrl(0), seg.data(0), kRing);
+  iovec v{f.data(), f.size()};
+  ASSERT_EQ(tx.writev(&v, 1), static_cast<long>(f.size()));
+  ASSERT_EQ(write(p.fd, "b", 1), 1);
+}
+
+// Only a peer whose memory the QP proved it can read may send it references: the accept says
+// so, and a reference from any other peer, or over TCP, is an unknown opcode (Terminate).
+TEST(ShmRef, AReferenceFromAPeerTheQpCannotReadTerminates) {
+  std::vector<char> src(8192, 0x5a);
+  {
+    SCOPED_TRACE("the offer names no nonce address");
+    Local l;
+    FakePeer p(l.qp->qp_num);
+    open_stream(p);
+    Segment seg;
+    const ShmCtrl a = switch_to_rings(p, seg, false);
+    ASSERT_EQ(a.type, ShmCtrl::Type::accept);
+    EXPECT_EQ(a.flags & ShmCtrl::kPeerPull, 0);
+    ring_write_ref(p, seg, l.mr->rkey, reinterpret_cast<uintptr_t>(l.buf.data()), src.data(),
+                   static_cast<uint32_t>(src.size()));
+    EXPECT_TRUE(l.wait_state(IBV_QPS_ERR));
+    Terminate t;
+    ASSERT_TRUE(ring_terminate(seg, t));
+    EXPECT_EQ(t.ecode, uint8_t(RdmapEcode::unexpected_opcode));
+    EXPECT_NE(l.buf[0], 0x5a);
+  }
+  {
+    SCOPED_TRACE("over TCP");
+    Local l;
+    FakePeer p(l.qp->qp_num);
+    open_stream(p);
+    std::vector<std::byte> u(kDdpTaggedHdrLen + kSvRefLen);
+    encode_tagged_ref(u.data(), RdmapOpcode::rdma_write, true, l.mr->rkey,
+                      reinterpret_cast<uintptr_t>(l.buf.data()),
+                      reinterpret_cast<uintptr_t>(src.data()), 8192);
+    p.send_fpdu(u);
+    expect_terminate(l, p);
+    EXPECT_NE(l.buf[0], 0x5a);
+  }
+}
+
+// A reference from a peer the QP can read: checked exactly as data (STag, bounds), read only
+// once it passes; one naming memory the peer does not have fails the QP, not the process.
+TEST(ShmRef, AReferenceIsCheckedThenReadAndABadOneFailsOnlyTheQp) {
+  std::vector<char> src(10000, 0x5a);
+  void* hole = mmap(nullptr, 65536, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(hole, MAP_FAILED);
+  struct Case {
+    const char* name;
+    bool bad_stag, past_end, unreadable;
+  };
+  for (const Case k : {Case{"good", false, false, false}, Case{"bad STag", true, false, false},
+                       Case{"past the region's end", false, true, false},
+                       Case{"memory the peer does not have", false, false, true}}) {
+    SCOPED_TRACE(k.name);
+    Local l;
+    FakePeer p(l.qp->qp_num);
+    open_stream(p);
+    Segment seg;
+    const ShmCtrl a = switch_to_rings(p, seg, true);
+    ASSERT_EQ(a.type, ShmCtrl::Type::accept);
+    ASSERT_EQ(a.flags & ShmCtrl::kPeerPull, ShmCtrl::kPeerPull) << "the QP could not read us";
+    const uint64_t to = reinterpret_cast<uintptr_t>(l.buf.data()) +
+                        (k.past_end ? l.buf.size() - src.size() + 1 : 100);
+    ring_write_ref(p, seg, k.bad_stag ? l.mr->rkey ^ 0x100 : l.mr->rkey, to,
+                   k.unreadable ? hole : src.data(), static_cast<uint32_t>(src.size()));
+    if (!k.bad_stag && !k.past_end && !k.unreadable) {
+      for (int i = 0; i < 200 && l.buf[100 + src.size() - 1] != 0x5a; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      EXPECT_EQ(std::memcmp(l.buf.data() + 100, src.data(), src.size()), 0);
+      EXPECT_EQ(l.buf[99], 0);
+      EXPECT_EQ(l.buf[100 + src.size()], 0);
+      EXPECT_EQ(l.state(), IBV_QPS_RTS);
+      continue;
+    }
+    EXPECT_TRUE(l.wait_state(IBV_QPS_ERR));
+    Terminate t;
+    ASSERT_TRUE(ring_terminate(seg, t)) << "no Terminate in the QP's ring";
+    if (k.unreadable)
+      EXPECT_EQ(t.layer, TermLayer::llp);
+    else
+      EXPECT_NE(t.layer, TermLayer::llp);
+    EXPECT_EQ(std::count(l.buf.begin(), l.buf.end(), 0x5a), 0) << "placed anyway";
+  }
+  munmap(hole, 65536);
 }
 
 }  // namespace
