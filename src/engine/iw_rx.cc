@@ -130,8 +130,9 @@ bool pull_ref(Qp* qp) {
     advance_place(c, c.ref_len);
     return true;
   }
-  if (err == ESRCH) {
-    // The peer is exiting (its memory is gone before its socket closes): as its EOF.
+  if (err == ESRCH || err == ECONNRESET) {
+    // The peer is exiting (its memory goes before its socket closes), or its QP failed and
+    // gave what this names back to its application (it revoked its references): as its EOF.
     conn_eof(qp);
     return false;
   }
@@ -418,6 +419,9 @@ bool rx_run_locked(Qp* qp) {
     // placed several messages sends it once the pass is over.
     const bool no_one_answer = c.units_rx - c.units_published > 1;
     c.units_published = c.units_rx;
+    // The same count in the shared segment, for a peer whose RX waits on a receive buffer
+    // and cannot read our ack (qp_completer.cc placed_in_shm).
+    if (c.shm) c.shm->rx.publish_placed(c.units_rx);
     std::lock_guard lk(qp->tx_mu);
     c.ack_to_send = c.units_rx;
     tx_ack_locked(qp, c.ack_requested, no_one_answer);

@@ -76,14 +76,14 @@ struct SendWqe {
   bool signaled = false;
   // progress
   WqeState state = WqeState::queued;
-  uint32_t sent = 0;        // payload bytes already framed
-  bool imm_sent = false;    // trailing Immediate Data framed
-  uint64_t stream_end = 0;  // TX stream offset just past this WQE's last byte
-  uint32_t msn = 0;         // Read/Atomic request MSN (also the atomic request id)
-  uint32_t resp_bytes = 0;  // Read Response bytes placed
-  uint32_t ack_seq = 0;     // softverbs peer: complete once peer_acked reaches it
-  bool by_ref = false;      // a segment named its data (kDdpSvRef): the peer reads it from
-                            // our memory until it acks, whatever acks_unseen says
+  uint32_t sent = 0;         // payload bytes already framed
+  bool data_framed = false;  // the message's data is framed (its Immediate Data may not be)
+  uint64_t stream_end = 0;   // TX stream offset just past this WQE's last byte
+  uint32_t msn = 0;          // Read/Atomic request MSN (also the atomic request id)
+  uint32_t resp_bytes = 0;   // Read Response bytes placed
+  uint32_t ack_seq = 0;      // softverbs peer: complete once peer_acked reaches it
+  bool by_ref = false;       // a segment named its data (kDdpSvRef): the peer reads it from
+                             // our memory until it acks, whatever acks_unseen says
   // UD (qp_ud.cc): the destination, copied from the AH at post so it may be destroyed.
   ibv_gid dgid{};
   uint8_t sgid_index = 0;  // the interface a multicast datagram leaves on
@@ -239,9 +239,11 @@ struct Conn {
   bool shm_tx_switch = false;        // tx_mu: once this batch is sent, TX goes to the ring
   bool rx_switch_after_seg = false;  // rx_mu: the peer's bytes after this segment are in its ring
   uint64_t bell_check_ns = 0;        // rx_mu: when RX last looked at the socket for bells
-  bool ref_pending = false;          // rx_mu: this segment's data is read from the peer at its
-  uint64_t ref_addr = 0;             // end (kDdpSvRef): from ref_addr, ref_len bytes, into
-  uint32_t ref_len = 0;              // `place`
+  bool shm_placed = false;   // tx_mu: the peer publishes its placed count in the segment (our
+                             // TX is on the ring, so it maps it): Conn::acks_unseen reads it
+  bool ref_pending = false;  // rx_mu: this segment's data is read from the peer at its
+  uint64_t ref_addr = 0;     // end (kDdpSvRef): from ref_addr, ref_len bytes, into
+  uint32_t ref_len = 0;      // `place`
 
   bool fault_reset = false;  // tx_mu: a reset fault cut the batch; abort once it is sent
   bool registered = false;   // in the progress thread's epoll set
@@ -390,7 +392,8 @@ struct Qp {
   std::atomic<bool> rx_ring{false};
   // The socket said EOF or reset while on shared memory: a full ring will never drain.
   std::atomic<bool> shm_gone{false};
-  std::atomic<bool> shm_tx_timer{false};  // a retry of a full ring is scheduled
+  std::atomic<bool> shm_tx_timer{false};      // a retry of a full ring is scheduled
+  std::atomic<bool> shm_placed_timer{false};  // shm_watch_placed_locked's look is scheduled
 
   // Lifetime, as rxe's kref on its QP (rxe_get/rxe_put): ibv_create_qp's reference, and one
   // per piece of deferred work (QpRef). qp_destroy tears the QP down, sets `destroyed` on the
@@ -606,6 +609,10 @@ bool shm_take_bells_locked(Qp* qp);
 // `app`: the iovecs include application memory (a payload placed straight from the ring).
 ssize_t shm_rx_read(Qp* qp, iovec* iov, size_t n, bool app = false);
 ssize_t shm_tx_write(Qp* qp, const iovec* iov, size_t n);
+// tx_mu held, an RNR stall hides the peer's acks: while the oldest WR waits for the peer to
+// read its data from our memory (SendWqe::by_ref), a timer looks at the peer's count of placed
+// messages in the shared segment every millisecond.
+void shm_watch_placed_locked(Qp* qp);
 // tx_mu held: `len` bytes of a Write or Read Response go by reference (kDdpSvRef) now: TX is
 // on the ring, the peer can read our memory, and len reaches SOFTVERBS_SHM_PULL_MIN.
 bool shm_sends_refs(const Qp* qp, uint32_t len);

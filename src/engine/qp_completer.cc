@@ -54,6 +54,14 @@ void complete_send(Qp* qp, const SendWqe& w, ibv_wc_status st) {
   push_cq(qp, qp->scq, wc, false);
 }
 
+// During an RNR stall (Conn::acks_unseen) on shared memory, a WR completes once the peer's
+// count of placed messages in the segment covers it: IB's ACK does not queue behind the
+// responder's own requests, nor does this; and a Write the peer reads from our memory
+// (SendWqe::by_ref) could not complete on transmit.
+bool placed_in_shm(const Conn& c, const SendWqe& w) {
+  return static_cast<int32_t>(c.shm->tx.peer_placed() - w.ack_seq) >= 0;
+}
+
 }  // namespace
 
 void complete_sq_locked(Qp* qp) {
@@ -63,13 +71,13 @@ void complete_sq_locked(Qp* qp) {
     SendWqe& w = qp->sq[qp->sq_head & mask];
     // A Send or Write is complete when TCP has it (RFC 5040: iWARP has no ACKs) or, when we
     // asked a softverbs peer for Placement Acks, once its ack says it placed it (IB's rule),
-    // unless our RX cannot read acks for now (Conn::acks_unseen) and the peer does not still
-    // read the data from our memory (SendWqe::by_ref).
+    // unless our RX cannot read acks for now (Conn::acks_unseen): then on shared memory once
+    // the peer's count there says it placed it, else on transmit.
     const Conn& c = qp->conn;
-    const bool done =
-        w.state == WqeState::done || (w.state == WqeState::sent && w.stream_end <= c.tx_sent &&
-                                      (!c.wait_acks || (c.acks_unseen && !w.by_ref) ||
-                                       static_cast<int32_t>(c.peer_acked - w.ack_seq) >= 0));
+    const bool done = w.state == WqeState::done ||
+                      (w.state == WqeState::sent && w.stream_end <= c.tx_sent &&
+                       (!c.wait_acks || static_cast<int32_t>(c.peer_acked - w.ack_seq) >= 0 ||
+                        (c.acks_unseen && (c.shm_placed ? placed_in_shm(c, w) : !w.by_ref))));
     if (!done) break;
     if (w.status != IBV_WC_SUCCESS) break;  // errors are completed by the flush
     if (w.signaled) complete_send(qp, w, IBV_WC_SUCCESS);
@@ -77,10 +85,18 @@ void complete_sq_locked(Qp* qp) {
     --qp->sq_count;
     if (static_cast<int32_t>(qp->sq_tx - qp->sq_head) < 0) qp->sq_tx = qp->sq_head;
   }
+  // On shared memory, WRs sent during an RNR stall complete on the peer's count in the
+  // segment: nothing tells us when it moves, so a timer looks again until it covers them.
+  if (qp->conn.acks_unseen) [[unlikely]]
+    shm_watch_placed_locked(qp);
 }
 
 void flush_qp_locked(Qp* qp, ibv_wc_status first_status) {
   complete_sq_locked(qp);
+  // The WRs below go back to the application, which may reuse their buffers, and the Read
+  // Responses we framed are dropped: what our segments by reference name must no longer be
+  // read (the peer checks after each read).
+  if (qp->conn.shm && qp->tx_ring.load(std::memory_order_relaxed)) qp->conn.shm->tx.revoke();
   const uint32_t mask = qp->cap.max_send_wr - 1;
   // The cause goes to the WQE it belongs to: a remote access error can only come from
   // an RDMA Read/Write or atomic (a Send cannot provoke one), so it skips Sends; any

@@ -359,102 +359,107 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
                      ? stats::Ctr::sent_writes
                      : stats::Ctr::sent_sends);
     }
-    if (!f.room(w.num_sge)) return false;
-    f.start();
-    switch (w.opcode) {
-      case IBV_WR_SEND:
-      case IBV_WR_SEND_WITH_IMM:
-      case IBV_WR_SEND_WITH_INV: {
-        if (w.sent == 0 && !w.imm_sent) w.msn = ++c.send_msn;
-        const bool se = w.flags & IBV_SEND_SOLICITED;
-        const bool inv = w.opcode == IBV_WR_SEND_WITH_INV;
-        const RdmapOpcode op = inv ? (se ? RdmapOpcode::send_se_inv : RdmapOpcode::send_inv)
-                                   : (se ? RdmapOpcode::send_se : RdmapOpcode::send);
-        const uint32_t rsvd =
-            inv ? w.imm_or_inv : (w.opcode == IBV_WR_SEND_WITH_IMM ? kSvImmFollows : 0);
-        const uint32_t chunk =
-            std::min<uint32_t>(w.length - w.sent, c.max_ulpdu - wire::kDdpUntaggedHdrLen);
-        const bool last = w.sent + chunk == w.length;
-        std::byte* h = f.begin(wire::kDdpUntaggedHdrLen);
-        wire::encode_untagged(h, op, last, rsvd, wire::kQnSend, w.msn, w.sent);
-        if (last && w.opcode != IBV_WR_SEND_WITH_IMM) mark_ack_request(qp, c, w, h);
-        gather(f, w, w.sent, chunk);
-        if (!f.end()) return false;
-        w.sent += chunk;
-        if (!last) continue;
-        ++c.units_tx;
-        break;
-      }
-      case IBV_WR_RDMA_WRITE:
-      case IBV_WR_RDMA_WRITE_WITH_IMM: {
-        // One copy (kDdpSvRef): the responder reads each gather piece from our memory. Only
-        // when its Placement Ack completes the WR (IB's rule): that ack is what says the
-        // buffer is ours again. Not while acks are unseen (an RNR stall): those WRs complete
-        // on transmit, and this one could not.
-        if (c.wait_acks && !c.acks_unseen && shm_sends_refs(qp, w.length)) {
-          const auto [src, piece] = sge_piece(w, w.sent);
-          const bool last = w.sent + piece == w.length;
-          std::byte* h = f.begin(wire::kDdpTaggedHdrLen + wire::kSvRefLen);
-          wire::encode_tagged_ref(h, RdmapOpcode::rdma_write, last, w.rkey, w.remote_addr + w.sent,
-                                  reinterpret_cast<uintptr_t>(src), piece);
-          if (last && w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM) mark_ack_request(qp, c, w, h);
+    // A message whose data went out in an earlier batch (only its Immediate Data was cut
+    // off by a full batch) is not framed again: it goes on to the Immediate Data.
+    if (!w.data_framed) {
+      if (!f.room(w.num_sge)) return false;
+      f.start();
+      switch (w.opcode) {
+        case IBV_WR_SEND:
+        case IBV_WR_SEND_WITH_IMM:
+        case IBV_WR_SEND_WITH_INV: {
+          if (w.sent == 0) w.msn = ++c.send_msn;
+          const bool se = w.flags & IBV_SEND_SOLICITED;
+          const bool inv = w.opcode == IBV_WR_SEND_WITH_INV;
+          const RdmapOpcode op = inv ? (se ? RdmapOpcode::send_se_inv : RdmapOpcode::send_inv)
+                                     : (se ? RdmapOpcode::send_se : RdmapOpcode::send);
+          const uint32_t rsvd =
+              inv ? w.imm_or_inv : (w.opcode == IBV_WR_SEND_WITH_IMM ? kSvImmFollows : 0);
+          const uint32_t chunk =
+              std::min<uint32_t>(w.length - w.sent, c.max_ulpdu - wire::kDdpUntaggedHdrLen);
+          const bool last = w.sent + chunk == w.length;
+          std::byte* h = f.begin(wire::kDdpUntaggedHdrLen);
+          wire::encode_untagged(h, op, last, rsvd, wire::kQnSend, w.msn, w.sent);
+          if (last && w.opcode != IBV_WR_SEND_WITH_IMM) mark_ack_request(qp, c, w, h);
+          gather(f, w, w.sent, chunk);
           if (!f.end()) return false;
-          w.by_ref = true;
-          w.sent += piece;
+          w.sent += chunk;
           if (!last) continue;
           ++c.units_tx;
           break;
         }
-        const uint32_t chunk =
-            std::min<uint32_t>(w.length - w.sent, c.max_ulpdu - wire::kDdpTaggedHdrLen);
-        const bool last = w.sent + chunk == w.length;
-        std::byte* h = f.begin(wire::kDdpTaggedHdrLen);
-        wire::encode_tagged(h, RdmapOpcode::rdma_write, last, w.rkey, w.remote_addr + w.sent);
-        if (last && w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM) mark_ack_request(qp, c, w, h);
-        gather(f, w, w.sent, chunk);
-        if (!f.end()) return false;
-        w.sent += chunk;
-        if (!last) continue;
-        ++c.units_tx;
-        break;
+        case IBV_WR_RDMA_WRITE:
+        case IBV_WR_RDMA_WRITE_WITH_IMM: {
+          // One copy (kDdpSvRef): the responder reads each gather piece from our memory. Only
+          // when its Placement Ack completes the WR (IB's rule): that ack is what says the
+          // buffer is ours again (or, during an RNR stall, its count in the segment).
+          if (c.wait_acks && shm_sends_refs(qp, w.length)) {
+            const auto [src, piece] = sge_piece(w, w.sent);
+            const bool last = w.sent + piece == w.length;
+            std::byte* h = f.begin(wire::kDdpTaggedHdrLen + wire::kSvRefLen);
+            wire::encode_tagged_ref(h, RdmapOpcode::rdma_write, last, w.rkey,
+                                    w.remote_addr + w.sent, reinterpret_cast<uintptr_t>(src),
+                                    piece);
+            if (last && w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM) mark_ack_request(qp, c, w, h);
+            if (!f.end()) return false;
+            w.by_ref = true;
+            w.sent += piece;
+            if (!last) continue;
+            ++c.units_tx;
+            break;
+          }
+          const uint32_t chunk =
+              std::min<uint32_t>(w.length - w.sent, c.max_ulpdu - wire::kDdpTaggedHdrLen);
+          const bool last = w.sent + chunk == w.length;
+          std::byte* h = f.begin(wire::kDdpTaggedHdrLen);
+          wire::encode_tagged(h, RdmapOpcode::rdma_write, last, w.rkey, w.remote_addr + w.sent);
+          if (last && w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM) mark_ack_request(qp, c, w, h);
+          gather(f, w, w.sent, chunk);
+          if (!f.end()) return false;
+          w.sent += chunk;
+          if (!last) continue;
+          ++c.units_tx;
+          break;
+        }
+        case IBV_WR_RDMA_READ: {
+          w.msn = ++c.rreq_msn_tx;
+          std::byte* h = f.begin(wire::kDdpUntaggedHdrLen + wire::kReadRequestLen);
+          wire::encode_untagged(h, RdmapOpcode::read_request, true, 0, wire::kQnReadRequest, w.msn,
+                                0);
+          wire::ReadRequest rr;
+          rr.sink_stag = w.num_sge ? w.sge[0].lkey : 0;
+          rr.sink_to = w.num_sge ? w.sge[0].addr : 0;
+          rr.read_size = w.length;
+          rr.source_stag = w.rkey;
+          rr.source_to = w.remote_addr;
+          wire::encode_read_request(h + wire::kDdpUntaggedHdrLen, rr);
+          if (!f.end()) return false;
+          break;
+        }
+        case IBV_WR_ATOMIC_CMP_AND_SWP:
+        case IBV_WR_ATOMIC_FETCH_AND_ADD: {
+          w.msn = ++c.rreq_msn_tx;  // Atomic Requests share QN 1 with Read Requests
+          std::byte* h = f.begin(wire::kDdpUntaggedHdrLen + wire::kAtomicRequestLen);
+          wire::encode_untagged(h, RdmapOpcode::atomic_request, true, 0, wire::kQnReadRequest,
+                                w.msn, 0);
+          wire::AtomicRequest ar;
+          const bool cas = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
+          ar.op = cas ? wire::AtomicOp::compare_swap : wire::AtomicOp::fetch_add;
+          ar.req_id = w.msn;
+          ar.stag = w.rkey;
+          ar.to = w.remote_addr;
+          ar.add_swap = cas ? w.swap : w.compare_add;
+          ar.add_swap_mask = ~0ull;
+          ar.compare = cas ? w.compare_add : 0;
+          ar.compare_mask = ~0ull;
+          wire::encode_atomic_request(h + wire::kDdpUntaggedHdrLen, ar);
+          if (!f.end()) return false;
+          break;
+        }
+        default:
+          break;
       }
-      case IBV_WR_RDMA_READ: {
-        w.msn = ++c.rreq_msn_tx;
-        std::byte* h = f.begin(wire::kDdpUntaggedHdrLen + wire::kReadRequestLen);
-        wire::encode_untagged(h, RdmapOpcode::read_request, true, 0, wire::kQnReadRequest, w.msn,
-                              0);
-        wire::ReadRequest rr;
-        rr.sink_stag = w.num_sge ? w.sge[0].lkey : 0;
-        rr.sink_to = w.num_sge ? w.sge[0].addr : 0;
-        rr.read_size = w.length;
-        rr.source_stag = w.rkey;
-        rr.source_to = w.remote_addr;
-        wire::encode_read_request(h + wire::kDdpUntaggedHdrLen, rr);
-        if (!f.end()) return false;
-        break;
-      }
-      case IBV_WR_ATOMIC_CMP_AND_SWP:
-      case IBV_WR_ATOMIC_FETCH_AND_ADD: {
-        w.msn = ++c.rreq_msn_tx;  // Atomic Requests share QN 1 with Read Requests
-        std::byte* h = f.begin(wire::kDdpUntaggedHdrLen + wire::kAtomicRequestLen);
-        wire::encode_untagged(h, RdmapOpcode::atomic_request, true, 0, wire::kQnReadRequest, w.msn,
-                              0);
-        wire::AtomicRequest ar;
-        const bool cas = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
-        ar.op = cas ? wire::AtomicOp::compare_swap : wire::AtomicOp::fetch_add;
-        ar.req_id = w.msn;
-        ar.stag = w.rkey;
-        ar.to = w.remote_addr;
-        ar.add_swap = cas ? w.swap : w.compare_add;
-        ar.add_swap_mask = ~0ull;
-        ar.compare = cas ? w.compare_add : 0;
-        ar.compare_mask = ~0ull;
-        wire::encode_atomic_request(h + wire::kDdpUntaggedHdrLen, ar);
-        if (!f.end()) return false;
-        break;
-      }
-      default:
-        break;
+      w.data_framed = true;
     }
     if (is_read || is_atomic) {
       w.state = WqeState::awaiting_response;

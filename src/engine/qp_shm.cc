@@ -4,17 +4,21 @@
 // from the socket.
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cinttypes>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -202,16 +206,40 @@ uint32_t pull_min() {
 
 // Can we read the peer's memory? process_vm_readv needs the kernel's ptrace access check to
 // pass (same user and no Yama restriction, or CAP_SYS_PTRACE; a seccomp profile may forbid
-// the call): tried on the 8 bytes where the peer says its mapping holds the nonce, which
-// also proves `pid` is the process that maps our segment, not a stranger with its number.
-bool can_pull(uint32_t pid, uint64_t addr, uint64_t nonce) {
-  if (pull_min() == 0 || pid == 0 || addr == 0) return false;
+// the call). Tried on a random challenge we write into the segment's header and read back
+// through the peer's mapping at `base`: that proves `pid` maps this very segment, so it is
+// the peer (the only other process that opened it), not a stranger the peer named to have us
+// copy the stranger's memory. Never ourselves: a peer naming our own pid would have us copy
+// our own memory into a region it can read back.
+bool can_pull(ShmLink& l, uint32_t pid, uint64_t base) {
+  if (pull_min() == 0 || pid == 0 || base == 0 || pid == static_cast<uint32_t>(getpid()))
+    return false;
+  uint64_t challenge = 0;
+  if (getrandom(&challenge, sizeof challenge, 0) != sizeof challenge || challenge == 0)
+    return false;
+  auto* h = static_cast<ShmHeader*>(l.base);
+  const int mine = l.initiator ? 0 : 1;
+  std::atomic_ref<uint64_t>(h->challenge[mine]).store(challenge, std::memory_order_seq_cst);
   uint64_t v = 0;
   iovec local{&v, sizeof v};
-  iovec remote{reinterpret_cast<void*>(addr), sizeof v};
-  return process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0) ==
-             static_cast<ssize_t>(sizeof v) &&
-         v == nonce;
+  iovec remote{reinterpret_cast<void*>(base + offsetof(ShmHeader, challenge) + mine * sizeof v),
+               sizeof v};
+  if (process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0) !=
+          static_cast<ssize_t>(sizeof v) ||
+      v != challenge)
+    return false;
+  // A descriptor of that process: after each read we ask it whether the process still
+  // exists, so a pid the kernel gave to another process meanwhile is never read from.
+  l.peer_pidfd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
+  if (l.peer_pidfd < 0) return false;
+  l.peer_pid = pid;
+  return true;
+}
+
+// Whether the process behind the pidfd has exited (its pidfd reads as readable then).
+bool peer_exited(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) != 0;
 }
 
 void ring_bell(Qp* qp) {
@@ -224,7 +252,12 @@ void ring_bell(Qp* qp) {
 }  // namespace
 
 ShmLink::~ShmLink() {
-  if (base) munmap(base, len);
+  if (base) {
+    // Whatever our segments by reference named in the ring may be reused once we are gone.
+    tx.revoke();
+    munmap(base, len);
+  }
+  if (peer_pidfd >= 0) ::close(peer_pidfd);
   close_memfd();
 }
 
@@ -305,7 +338,7 @@ void shm_encode_ctrl(Qp* qp, uint8_t type, std::byte* out) {
   m.type = static_cast<ShmCtrl::Type>(type);
   if (c.shm && m.type != ShmCtrl::Type::decline) {
     m.pid = static_cast<uint32_t>(getpid());
-    m.nonce_addr = reinterpret_cast<uintptr_t>(&static_cast<const ShmHeader*>(c.shm->base)->nonce);
+    m.base_addr = reinterpret_cast<uintptr_t>(c.shm->base);
     if (c.shm->we_pull) m.flags = ShmCtrl::kPeerPull;
   }
   if (m.type == ShmCtrl::Type::offer && c.shm) {
@@ -321,6 +354,7 @@ void shm_encode_ctrl(Qp* qp, uint8_t type, std::byte* out) {
 void shm_tx_switched_locked(Qp* qp) {
   Conn& c = qp->conn;
   qp->tx_ring.store(true);
+  c.shm_placed = c.wait_acks;
   stats::set_transport(qp->stats, wire::kTransportShm);
   SV_INFO("qp %u: sends through shared memory", qp->qpn());
   // A consumer that took bytes while our socket still carried FPDUs could not ring for room.
@@ -357,8 +391,8 @@ bool shm_on_ctrl(Qp* qp, const char** err) {
         SV_INFO("qp %u: declines the peer's shared memory: %s", qp->qpn(), why);
         c.shm_tx_due = static_cast<uint8_t>(ShmCtrl::Type::decline);
       } else {
-        l->peer_pid = m.pid;
-        l->we_pull = can_pull(m.pid, m.nonce_addr, m.nonce);
+        l->we_pull = can_pull(*l, m.pid, m.base_addr);
+        l->rx.publish_placed(c.units_rx);  // then at each receive pass's end (iw_rx.cc)
         c.shm = std::move(l);
         c.shm_tx_due = static_cast<uint8_t>(ShmCtrl::Type::accept);
         c.shm_wait_switch = true;
@@ -379,9 +413,9 @@ bool shm_on_ctrl(Qp* qp, const char** err) {
         c.shm.reset();
         return true;
       }
-      c.shm->peer_pid = m.pid;
       c.shm->peer_pulls = m.flags & ShmCtrl::kPeerPull;
-      c.shm->we_pull = can_pull(m.pid, m.nonce_addr, c.shm->nonce);
+      c.shm->we_pull = can_pull(*c.shm, m.pid, m.base_addr);
+      c.shm->rx.publish_placed(c.units_rx);  // then at each receive pass's end (iw_rx.cc)
       // Everything the peer sends after this message is in its ring.
       c.rx_switch_after_seg = true;
       c.shm_tx_due = static_cast<uint8_t>(ShmCtrl::Type::switch_over);
@@ -500,6 +534,28 @@ ssize_t shm_tx_write(Qp* qp, const iovec* iov, size_t n) {
   return -1;
 }
 
+namespace {
+// The oldest WR is sent and waits for the peer to place it.
+bool head_waits_for_peer(const Qp* qp) {
+  if (!qp->sq_count) return false;
+  const SendWqe& w = qp->sq[qp->sq_head & (qp->cap.max_send_wr - 1)];
+  return w.state == WqeState::sent && w.status == IBV_WC_SUCCESS;
+}
+}  // namespace
+
+void shm_watch_placed_locked(Qp* qp) {
+  if (!qp->conn.acks_unseen || !qp->conn.shm_placed || !head_waits_for_peer(qp)) return;
+  if (qp->shm_placed_timer.exchange(true)) return;
+  Progress::get().post_after(std::chrono::milliseconds(1), [ref = QpRef(qp)] {
+    Qp* q = ref.get();
+    q->shm_placed_timer.store(false);
+    if (!ref.live()) return;
+    std::lock_guard lk(q->tx_mu);
+    complete_sq_locked(q);
+    shm_watch_placed_locked(q);
+  });
+}
+
 bool shm_sends_refs(const Qp* qp, uint32_t len) {
   const uint32_t min = pull_min();
   return min && len >= min && qp->tx_ring.load(std::memory_order_relaxed) && qp->conn.shm &&
@@ -535,6 +591,11 @@ int shm_pull(Qp* qp, const iovec* dst, size_t n, uint64_t src, uint32_t len) {
       if (local[first].iov_len == 0) ++first;
     }
   }
+  // The bytes came from the peer, not from a process that took its pid after it exited; and
+  // its QP had not given them back to its application yet (ShmConsumer::revoked): they are
+  // what the WR that named them holds.
+  if (peer_exited(l.peer_pidfd)) return ESRCH;
+  if (l.rx.revoked()) return ECONNRESET;
   stats::add(qp->stats, stats::Ctr::shm_pulls);
   return 0;
 }

@@ -299,6 +299,7 @@ void qp_take_endpoint(Qp* qp, Endpoint* ep) {
   qp->rx_stalled = false;
   // A new stream starts on TCP; shared memory is offered again (qp_shm.cc).
   c.shm.reset();
+  c.shm_placed = false;
   c.shm_tx_due = 0;
   c.shm_wait_answer = c.shm_wait_switch = c.shm_tx_switch = false;
   c.rx_switch_after_seg = false;

@@ -31,10 +31,10 @@ struct ShmLink {
   // One copy for large Writes and Read Responses (kDdpSvRef): the receiver reads the data
   // from the sender's memory (process_vm_readv) instead of both copying it through a ring.
   // Set during the set-up, before either side moves to the rings; fixed after it.
-  uint32_t peer_pid = 0;         // the peer process, as its offer or accept names it
-  uint64_t peer_nonce_addr = 0;  // where its mapping holds the nonce (ShmCtrl::nonce_addr)
-  bool we_pull = false;          // we read the peer's nonce that way: we take its references
-  bool peer_pulls = false;       // the peer read ours: we send it references
+  uint32_t peer_pid = 0;    // the peer process, as its offer or accept names it
+  int peer_pidfd = -1;      // and a descriptor of it: a reused pid is never read from
+  bool we_pull = false;     // we read our challenge through its mapping: we take its references
+  bool peer_pulls = false;  // the peer read its own through ours: we send it references
   transport::ShmProducer tx;
   transport::ShmConsumer rx;
 

@@ -88,6 +88,15 @@ bool ShmProducer::has_room() const {
   return tail_ - head < cap_;
 }
 
+uint32_t ShmProducer::peer_placed() const {
+  return ref(c_->placed).load(std::memory_order_acquire);
+}
+
+void ShmProducer::revoke() {
+  if (!c_) return;  // never attached to a ring
+  ref(c_->revoked).store(1, std::memory_order_seq_cst);
+}
+
 ShmConsumer::ShmConsumer(ShmRingCtrl* ctrl, std::byte* data, size_t cap)
     : c_(ctrl), data_(data), cap_(cap), head_(ref(ctrl->head).load(std::memory_order_relaxed)) {}
 
@@ -139,6 +148,14 @@ bool ShmConsumer::bell_pending() const {
 bool ShmConsumer::space_bell_due() {
   if (ref(c_->want_space).load(std::memory_order_seq_cst) == 0) return false;
   return ref(c_->want_space).exchange(0, std::memory_order_seq_cst) != 0;
+}
+
+void ShmConsumer::publish_placed(uint32_t n) {
+  ref(c_->placed).store(n, std::memory_order_release);
+}
+
+bool ShmConsumer::revoked() const {
+  return ref(c_->revoked).load(std::memory_order_seq_cst) != 0;
 }
 
 }  // namespace sv::transport

@@ -29,9 +29,12 @@ namespace sv::transport {
 struct alignas(64) ShmRingCtrl {
   alignas(64) uint64_t tail;        // producer: bytes written, ever
   alignas(64) uint64_t head;        // consumer: bytes taken, ever
+  uint32_t placed;                  // consumer: the peer's messages it placed (its ack count)
   alignas(64) uint32_t want_bell;   // consumer: 1 = ring me when bytes arrive
   uint32_t bell_pending;            // producer sets, consumer clears: a bell is on its way
   alignas(64) uint32_t want_space;  // producer: 1 = ring me when room is made
+  uint32_t revoked;                 // producer: 1 = what its segments by reference name may
+                                    // have been reused (its QP failed or went away)
 };
 static_assert(sizeof(ShmRingCtrl) == 256);
 
@@ -53,6 +56,10 @@ struct ShmHeader {
   uint64_t magic;
   uint64_t nonce;       // a random value also sent in the offer: proves the segment is the one
   uint64_t ring_bytes;  // data bytes per ring
+  // A random value each side writes (0: the initiator, 1: the other) and then reads through
+  // the peer's mapping with process_vm_readv: proves the peer's pid maps this very segment and
+  // that the kernel lets us read its memory (engine/qp_shm.cc).
+  uint64_t challenge[2];
 };
 
 class ShmProducer {
@@ -73,6 +80,12 @@ class ShmProducer {
   bool has_room() const;
   size_t capacity() const { return cap_; }
   uint64_t tail() const { return tail_; }
+  // The consumer's count of our messages it has placed (ShmConsumer::publish_placed), which
+  // it may write at any time: a hint for our completer, never an index.
+  uint32_t peer_placed() const;
+  // What our segments by reference name may be reused from now on (seq_cst, before the WRs
+  // that own it complete): the consumer checks after each read (ShmConsumer::revoked).
+  void revoke();
 
  private:
   ShmRingCtrl* c_ = nullptr;
@@ -99,6 +112,10 @@ class ShmConsumer {
   // After bytes were taken: true if the producer asked to be rung for room (this call took it).
   bool space_bell_due();
   uint64_t head() const { return head_; }
+  void publish_placed(uint32_t n);
+  // Whether the producer revoked its references (seq_cst: after a read of what one names, a
+  // false here means the read came before the producer's revoke, so before any reuse).
+  bool revoked() const;
 
  private:
   ShmRingCtrl* c_ = nullptr;

@@ -216,7 +216,7 @@ void encode_shm_ctrl(std::byte* out, const ShmCtrl& c) noexcept {
   std::memcpy(out + 24, c.boot_id.data(), c.boot_id.size());
   store_be64(out + 40, c.netns);
   out[1] = std::byte{c.flags};
-  store_be64(out + 48, c.nonce_addr);
+  store_be64(out + 48, c.base_addr);
 }
 
 bool decode_shm_ctrl(const std::byte* in, ShmCtrl& out) noexcept {
@@ -230,7 +230,7 @@ bool decode_shm_ctrl(const std::byte* in, ShmCtrl& out) noexcept {
   std::memcpy(out.boot_id.data(), in + 24, out.boot_id.size());
   out.netns = load_be64(in + 40);
   out.flags = static_cast<uint8_t>(in[1]);
-  out.nonce_addr = load_be64(in + 48);
+  out.base_addr = load_be64(in + 48);
   return true;
 }
 

@@ -214,12 +214,12 @@ struct ShmCtrl {
   uint32_t fd = 0;
   std::array<std::byte, 16> boot_id{};
   uint64_t netns = 0;  // the offering process' network namespace (its inode number)
-  // Offer and accept: where the sender's own mapping of the segment holds the nonce, so that
-  // the peer can prove it may read the sender's memory (process_vm_readv of those 8 bytes
-  // gives the nonce) before it agrees to take kDdpSvRef segments from it.
-  uint64_t nonce_addr = 0;
-  // Accept and switch: kPeerPull if the sender read the peer's nonce that way, so the peer may
-  // send it kDdpSvRef segments.
+  // Offer and accept: where the sender's own mapping of the segment starts, so that the peer
+  // can prove it may read the sender's memory (process_vm_readv of a challenge it writes into
+  // the segment's header, read back through this address) before it takes kDdpSvRef segments.
+  uint64_t base_addr = 0;
+  // Accept and switch: kPeerPull if the sender read its challenge back that way, so the peer
+  // may send it kDdpSvRef segments.
   static constexpr uint8_t kPeerPull = 1;
   uint8_t flags = 0;
 };

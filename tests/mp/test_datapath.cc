@@ -619,6 +619,42 @@ TEST_F(InProc, SendWriteReadBetweenQpsOfOneProcess) {
   EXPECT_EQ(a->check(0, kMiB, len, 2), -1);
 }
 
+// A chain long enough to fill a batch's iovec list, of Writes and Sends with immediate, each
+// gathered from two pieces: somewhere a batch ends between a message's data and its Immediate
+// Data. The next batch sends only the Immediate Data (the data is not framed a second time):
+// every receive completes once, with its message's length and immediate.
+TEST_F(XProc, WithImmediateMessagesCutByAFullBatchArriveWhole) {
+  PeerConfig lc;
+  lc.max_send_wr = 256;
+  ASSERT_NO_FATAL_FAILURE(Connect(lc));
+  constexpr uint64_t kN = 240;
+  local->fill(0, 0, 400, 3);
+  std::vector<SendSpec> chain;
+  for (uint64_t i = 0; i < kN; ++i) {
+    ASSERT_EQ(remote->post_recv(i, {sge(kMiB + i * 512, 512)}), 0);
+    const bool send = i % 3 == 2;
+    SendSpec w = send ? make_send(i, {sge(0, 100), sge(100, 100)})
+                      : make_rdma(IBV_WR_RDMA_WRITE_WITH_IMM, i, {sge(0, 100), sge(100, 100)},
+                                  ri.addr + i * 512, ri.rkey);
+    if (send) w.opcode = IBV_WR_SEND_WITH_IMM;
+    w.imm_or_inv = htonl(static_cast<uint32_t>(1000 + i));
+    chain.push_back(w);
+  }
+  ASSERT_EQ(local->post_send_chain(chain), 0);
+  auto s = local->poll(CqSel::send, kN);
+  ASSERT_EQ(s.size(), kN);
+  for (const auto& wc : s) ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  auto r = remote->poll(CqSel::recv, kN);
+  ASSERT_EQ(r.size(), kN);
+  for (uint64_t i = 0; i < kN; ++i) {
+    ASSERT_TRUE(wc_is(r[i], i, IBV_WC_SUCCESS)) << wc_str(r[i]);
+    EXPECT_EQ(r[i].byte_len, 200u) << i;
+    EXPECT_EQ(ntohl(r[i].imm_data), 1000 + i) << i;
+  }
+  EXPECT_TRUE(remote->poll(CqSel::recv, 1, Ms(100)).empty()) << "a receive completed twice";
+  EXPECT_EQ(wait_state(*remote, IBV_QPS_RTS), IBV_QPS_RTS);
+}
+
 // Doorbell batching (qp_post_send): a post right after a transmit waits for the next flush
 // point. With a 2 s window the batch timer never fires during the test, so what arrives
 // shows which call flushed. (The variable is read once, at the first post.)

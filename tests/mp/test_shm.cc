@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -67,6 +68,10 @@ class Shm : public XProc {
   void SetUp() override {
     setenv("SOFTVERBS_SHM", "1", 1);
     g_child_env = {"SOFTVERBS_SHM=1"};
+    // Under Yama's ptrace_scope 1 a child may read its parent's memory (one copy) only if
+    // the parent allows it, as a program would that wants one copy both ways; without Yama
+    // this fails with EINVAL and changes nothing.
+    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   }
   void TearDown() override {
     g_child_env.clear();
@@ -234,13 +239,18 @@ TEST_F(Shm, AWriteByReferenceIsCheckedAsAnyWrite) {
     ASSERT_NO_FATAL_FAILURE(Connect());
     ASSERT_NO_FATAL_FAILURE(Exchange());
     ASSERT_EQ(wait_transport(local->qp->qp_num, sv::wire::kTransportShm), sv::wire::kTransportShm);
+    // A good one first: references are in use on this connection.
+    ASSERT_EQ(local->post_send(make_rdma(IBV_WR_RDMA_WRITE, 8, {sge(0, 65536)}, ri.addr, ri.rkey)),
+              0);
+    ASSERT_EQ(local->poll(CqSel::send, 1).size(), 1u);
+    ASSERT_EQ(pulls_of(remote->pid(), ri.qpn), 1u);
     const uint64_t addr = past_end ? ri.addr + ri.len - 8192 : ri.addr;
     const uint32_t rkey = past_end ? ri.rkey : ri.rkey ^ 0x100;
     ASSERT_EQ(local->post_send(make_rdma(IBV_WR_RDMA_WRITE, 9, {sge(0, 65536)}, addr, rkey)), 0);
     auto s = local->poll(CqSel::send, 1);
     ASSERT_EQ(s.size(), 1u);
     EXPECT_TRUE(wc_is(s[0], 9, IBV_WC_REM_ACCESS_ERR)) << wc_str(s[0]);
-    EXPECT_EQ(pulls_of(remote->pid(), ri.qpn), 0u);
+    EXPECT_EQ(pulls_of(remote->pid(), ri.qpn), 1u);
     TearDown();
     SetUp();
   }
@@ -266,6 +276,64 @@ TEST_F(Shm, APeerThatDoesNotPullGetsTheDataThroughTheRing) {
   ASSERT_EQ(local->poll(CqSel::send, 1).size(), 1u);
   EXPECT_EQ(local->check(0, kMiB, kMiB, 52), -1);
   EXPECT_EQ(pulls_of(getpid(), local->qp->qp_num), 0u);
+}
+
+// An RNR stall hides the peer's acks behind the Send our RX waits on (Conn::acks_unseen). A
+// Write the peer reads from our memory still completes, on the peer's count of placed
+// messages in the shared segment, before the application posts that receive (IB's ACKs do
+// not queue behind the responder's own requests).
+TEST_F(Shm, AWriteByReferenceCompletesWhileAnRnrStallHidesTheAcks) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  ASSERT_NO_FATAL_FAILURE(Exchange());
+  ASSERT_EQ(wait_transport(local->qp->qp_num, sv::wire::kTransportShm), sv::wire::kTransportShm);
+  ASSERT_EQ(remote->post_send(make_send(7, {sge(0, 16)})), 0);  // we have no receive posted
+  std::this_thread::sleep_for(Ms(100));
+  local->fill(0, 0, 65536, 61);
+  ASSERT_EQ(local->post_send(make_rdma(IBV_WR_RDMA_WRITE, 8, {sge(0, 65536)}, ri.addr, ri.rkey)),
+            0);
+  auto s = local->poll(CqSel::send, 1);
+  ASSERT_EQ(s.size(), 1u) << "the Write waited for our receive";
+  EXPECT_TRUE(wc_is(s[0], 8, IBV_WC_SUCCESS));
+  EXPECT_EQ(remote->check(0, 0, 65536, 61), -1);
+  EXPECT_EQ(pulls_of(remote->pid(), ri.qpn), 1u);
+  ASSERT_EQ(local->post_recv(1, {sge(kMiB, 64)}), 0);
+  ASSERT_EQ(local->poll(CqSel::recv, 1).size(), 1u);
+  ASSERT_EQ(remote->poll(CqSel::send, 1).size(), 1u);
+}
+
+// Our QP fails with a Write with immediate the peer has not read yet (its RX waits on our Send
+// for a receive). The WR comes back flushed, and what it named is revoked before that: the
+// peer, reading it later, drops the connection rather than complete the Write with whatever
+// the buffer holds by then. (It has read it: the target's bytes are undefined after a failed
+// Write, as on IB.)
+TEST_F(Shm, AFlushedWriteByReferenceIsNeverCompletedByThePeer) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  ASSERT_NO_FATAL_FAILURE(Exchange());
+  ASSERT_EQ(wait_transport(local->qp->qp_num, sv::wire::kTransportShm), sv::wire::kTransportShm);
+  remote->fill(0, kMiB, 65536, 70);
+  ASSERT_EQ(local->post_send(make_send(1, {sge(0, 16)})), 0);  // the peer has no receive
+  std::this_thread::sleep_for(Ms(100));
+  local->fill(0, 0, 65536, 71);
+  SendSpec wi = make_rdma(IBV_WR_RDMA_WRITE_WITH_IMM, 2, {sge(0, 65536)}, ri.addr + kMiB, ri.rkey);
+  wi.imm_or_inv = htonl(5);
+  ASSERT_EQ(local->post_send(wi), 0);
+  std::this_thread::sleep_for(Ms(50));
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(ibv_modify_qp(local->qp, &a, IBV_QP_STATE), 0);
+  auto s = local->poll(CqSel::send, 2);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_TRUE(wc_is(s[1], 2, IBV_WC_WR_FLUSH_ERR)) << wc_str(s[1]);
+  local->fill(0, 0, 65536, 72);  // the application reuses the buffer
+  ASSERT_EQ(remote->post_recv(10, {sge(0, 64)}), 0);
+  ASSERT_EQ(remote->post_recv(11, {sge(64, 64)}), 0);
+  auto r = remote->poll(CqSel::recv, 2, Ms(1000));
+  ASSERT_GE(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 10, IBV_WC_SUCCESS)) << "the ring was not read: " << wc_str(r[0]);
+  for (const auto& wc : r)
+    EXPECT_FALSE(wc.wr_id == 11 && wc.status == IBV_WC_SUCCESS)
+        << "the peer completed a flushed Write: " << wc_str(wc);
+  EXPECT_NE(remote->check(0, kMiB, 65536, 70), -1) << "the reference was never read";
 }
 
 // A peer with SOFTVERBS_SHM=0 neither offers nor accepts: the connection stays on TCP.

@@ -593,7 +593,7 @@ TEST(DdpRdmap, ShmCtrlRoundTripsAndRefusesUnknownTypes) {
   c.fd = 17;
   for (size_t i = 0; i < c.boot_id.size(); ++i) c.boot_id[i] = std::byte{static_cast<uint8_t>(i)};
   c.netns = 4026531840ull;
-  c.nonce_addr = 0x7ffd12345678ull;
+  c.base_addr = 0x7ffd12345678ull;
   c.flags = ShmCtrl::kPeerPull;
   Bytes b(kShmCtrlLen, std::byte{0xEE});
   encode_shm_ctrl(b.data(), c);
@@ -608,7 +608,7 @@ TEST(DdpRdmap, ShmCtrlRoundTripsAndRefusesUnknownTypes) {
   EXPECT_EQ(d.fd, c.fd);
   EXPECT_EQ(d.boot_id, c.boot_id);
   EXPECT_EQ(d.netns, c.netns);
-  EXPECT_EQ(d.nonce_addr, c.nonce_addr);
+  EXPECT_EQ(d.base_addr, c.base_addr);
   EXPECT_EQ(d.flags, ShmCtrl::kPeerPull);
   for (uint8_t t : {0, 5, 255}) {
     b[0] = std::byte{t};

@@ -3,9 +3,12 @@
 // claim (missing, unsealed, another nonce), rings whose control words lie, and, for the
 // record, FPDUs the peer writes into a ring by hand placed as from TCP.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -379,14 +382,27 @@ TEST(ShmRing, ACorruptRingFailsTheQpNotTheProcess) {
 }
 
 // ---- one copy: segments by reference (kDdpSvRef) -----------------------------------------
-// The peer here is this very process, so the QP can read its memory when the offer says where.
+// The QP never reads from its own process, so the peer that offers here is a twin: a child
+// forked after the segment and the data were made, which shares the segment's mapping (and its
+// descriptor, which the QP opens through /proc/<twin>/fd) and holds a copy of the rest.
+struct Twin {
+  pid_t pid = fork();
+  Twin() {
+    if (pid == 0)
+      for (;;) pause();  // async-signal-safe only: this process has other threads
+  }
+  ~Twin() {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+};
 
-// Offers `seg`, naming where this process holds the nonce when `pullable` (the QP may then
-// read our memory), and switches to the rings. Returns the QP's accept.
-ShmCtrl switch_to_rings(FakePeer& p, Segment& seg, bool pullable) {
+// Offers `seg` as process `pid` whose mapping of it starts at `base` (0: none named), and
+// switches to the rings. Returns the QP's accept.
+ShmCtrl switch_to_rings(FakePeer& p, Segment& seg, pid_t pid, const void* base) {
   ShmCtrl o = seg.offer();
-  if (pullable)
-    o.nonce_addr = reinterpret_cast<uintptr_t>(&reinterpret_cast<ShmHeader*>(seg.base)->nonce);
+  o.pid = static_cast<uint32_t>(pid);
+  o.base_addr = reinterpret_cast<uintptr_t>(base);
   p.send_fpdu(ctrl_ulpdu(o));
   const ShmCtrl a = answer_ctrl(p);
   ShmCtrl sw;
@@ -396,8 +412,8 @@ ShmCtrl switch_to_rings(FakePeer& p, Segment& seg, bool pullable) {
   return a;
 }
 
-// An RDMA Write by reference to (stag, to) of `len` bytes at `addr` in this process, written
-// into ring 0 with a doorbell.
+// An RDMA Write by reference to (stag, to) of `len` bytes at `addr` in the peer, written into
+// ring 0 with a doorbell.
 void ring_write_ref(FakePeer& p, Segment& seg, uint32_t stag, uint64_t to, const void* addr,
                     uint32_t len) {
   std::vector<std::byte> f(fpdu_len(kDdpTaggedHdrLen + kSvRefLen), std::byte{0});
@@ -410,17 +426,24 @@ void ring_write_ref(FakePeer& p, Segment& seg, uint32_t stag, uint64_t to, const
   ASSERT_EQ(write(p.fd, "b", 1), 1);
 }
 
-// Only a peer whose memory the QP proved it can read may send it references: the accept says
-// so, and a reference from any other peer, or over TCP, is an unknown opcode (Terminate).
-TEST(ShmRef, AReferenceFromAPeerTheQpCannotReadTerminates) {
+// Only a peer the QP proved it can read may send it references: the accept says so, and a
+// reference from any other peer, or over TCP, is an unknown opcode (Terminate). Proved means
+// the QP's challenge came back through the named process's mapping: a peer that names the
+// QP's own process (which would have it copy its own memory into a region the peer can read
+// back), or no mapping, gets no kPeerPull.
+TEST(ShmRef, AReferenceFromAPeerTheQpCouldNotReadTerminates) {
   std::vector<char> src(8192, 0x5a);
-  {
-    SCOPED_TRACE("the offer names no nonce address");
+  struct Case {
+    const char* name;
+    bool self;
+  };
+  for (const Case k : {Case{"no mapping named", false}, Case{"the QP's own process", true}}) {
+    SCOPED_TRACE(k.name);
     Local l;
     FakePeer p(l.qp->qp_num);
     open_stream(p);
     Segment seg;
-    const ShmCtrl a = switch_to_rings(p, seg, false);
+    const ShmCtrl a = switch_to_rings(p, seg, getpid(), k.self ? seg.base : nullptr);
     ASSERT_EQ(a.type, ShmCtrl::Type::accept);
     EXPECT_EQ(a.flags & ShmCtrl::kPeerPull, 0);
     ring_write_ref(p, seg, l.mr->rkey, reinterpret_cast<uintptr_t>(l.buf.data()), src.data(),
@@ -446,32 +469,38 @@ TEST(ShmRef, AReferenceFromAPeerTheQpCannotReadTerminates) {
   }
 }
 
-// A reference from a peer the QP can read: checked exactly as data (STag, bounds), read only
-// once it passes; one naming memory the peer does not have fails the QP, not the process.
+// A reference from a peer the QP proved it can read: checked exactly as data (STag, bounds),
+// read only once it passes; one naming memory the peer does not have, or whose QP revoked its
+// references (its WRs went back to its application), fails the QP, not the process.
 TEST(ShmRef, AReferenceIsCheckedThenReadAndABadOneFailsOnlyTheQp) {
   std::vector<char> src(10000, 0x5a);
   void* hole = mmap(nullptr, 65536, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(hole, MAP_FAILED);
   struct Case {
     const char* name;
-    bool bad_stag, past_end, unreadable;
+    bool bad_stag, past_end, unreadable, revoked;
   };
-  for (const Case k : {Case{"good", false, false, false}, Case{"bad STag", true, false, false},
-                       Case{"past the region's end", false, true, false},
-                       Case{"memory the peer does not have", false, false, true}}) {
+  for (const Case k :
+       {Case{"good", false, false, false, false}, Case{"bad STag", true, false, false, false},
+        Case{"past the region's end", false, true, false, false},
+        Case{"memory the peer does not have", false, false, true, false},
+        Case{"revoked", false, false, false, true}}) {
     SCOPED_TRACE(k.name);
     Local l;
     FakePeer p(l.qp->qp_num);
     open_stream(p);
     Segment seg;
-    const ShmCtrl a = switch_to_rings(p, seg, true);
+    Twin twin;
+    ASSERT_GT(twin.pid, 0);
+    const ShmCtrl a = switch_to_rings(p, seg, twin.pid, seg.base);
     ASSERT_EQ(a.type, ShmCtrl::Type::accept);
-    ASSERT_EQ(a.flags & ShmCtrl::kPeerPull, ShmCtrl::kPeerPull) << "the QP could not read us";
+    ASSERT_EQ(a.flags & ShmCtrl::kPeerPull, ShmCtrl::kPeerPull) << "the QP could not read the twin";
+    if (k.revoked) std::atomic_ref<uint32_t>(seg.ctrl(0)->revoked).store(1);
     const uint64_t to = reinterpret_cast<uintptr_t>(l.buf.data()) +
                         (k.past_end ? l.buf.size() - src.size() + 1 : 100);
     ring_write_ref(p, seg, k.bad_stag ? l.mr->rkey ^ 0x100 : l.mr->rkey, to,
                    k.unreadable ? hole : src.data(), static_cast<uint32_t>(src.size()));
-    if (!k.bad_stag && !k.past_end && !k.unreadable) {
+    if (!k.bad_stag && !k.past_end && !k.unreadable && !k.revoked) {
       for (int i = 0; i < 200 && l.buf[100 + src.size() - 1] != 0x5a; ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       EXPECT_EQ(std::memcmp(l.buf.data() + 100, src.data(), src.size()), 0);
@@ -480,14 +509,31 @@ TEST(ShmRef, AReferenceIsCheckedThenReadAndABadOneFailsOnlyTheQp) {
       EXPECT_EQ(l.state(), IBV_QPS_RTS);
       continue;
     }
+    if (k.revoked) {
+      // As a peer that went away (IB notices on its next send): the connection is gone.
+      ibv_sge sg{reinterpret_cast<uint64_t>(l.buf.data()), 8, l.mr->lkey};
+      ibv_send_wr w{};
+      w.wr_id = 3;
+      w.sg_list = &sg;
+      w.num_sge = 1;
+      w.opcode = IBV_WR_SEND;
+      w.send_flags = IBV_SEND_SIGNALED;
+      ibv_send_wr* bad;
+      ASSERT_EQ(ibv_post_send(l.qp, &w, &bad), 0);
+      auto wc = l.poll(1);
+      ASSERT_EQ(wc.size(), 1u);
+      EXPECT_NE(wc[0].status, IBV_WC_SUCCESS);
+    }
     EXPECT_TRUE(l.wait_state(IBV_QPS_ERR));
-    Terminate t;
-    ASSERT_TRUE(ring_terminate(seg, t)) << "no Terminate in the QP's ring";
-    if (k.unreadable)
-      EXPECT_EQ(t.layer, TermLayer::llp);
-    else
-      EXPECT_NE(t.layer, TermLayer::llp);
-    EXPECT_EQ(std::count(l.buf.begin(), l.buf.end(), 0x5a), 0) << "placed anyway";
+    if (!k.revoked) {
+      Terminate t;
+      ASSERT_TRUE(ring_terminate(seg, t)) << "no Terminate in the QP's ring";
+      if (k.unreadable)
+        EXPECT_EQ(t.layer, TermLayer::llp);
+      else
+        EXPECT_NE(t.layer, TermLayer::llp);
+      EXPECT_EQ(std::count(l.buf.begin(), l.buf.end(), 0x5a), 0) << "placed anyway";
+    }
   }
   munmap(hole, 65536);
 }
