@@ -155,10 +155,13 @@ void fuzz_ddp(Bytes ulpdu, uint16_t ulpdu_len) {
   const OpcodeInfo& info = opcode_info(seg.opcode);
   FUZZ_CHECK(info.hdr_len + (seg.sv_ref ? kSvRefLen : 0) == seg.hdr_len &&
              info.tagged == seg.tagged);
-  // A segment by reference: a tagged Write or Read Response, no payload, a length.
-  FUZZ_CHECK(!seg.sv_ref ||
-             ((seg.opcode == RdmapOpcode::rdma_write || seg.opcode == RdmapOpcode::read_response) &&
-              seg.payload_len == 0 && seg.ref_len != 0));
+  // A segment by reference exactly when the bit is set on a tagged Write or Read Response;
+  // then it has no payload, and a length.
+  const bool ref_bit = (ulpdu[0] & std::byte{kDdpSvRef}) != std::byte{0};
+  const bool ref_op =
+      seg.opcode == RdmapOpcode::rdma_write || seg.opcode == RdmapOpcode::read_response;
+  FUZZ_CHECK(seg.sv_ref == (ref_bit && ref_op));
+  FUZZ_CHECK(!seg.sv_ref || (seg.payload_len == 0 && seg.ref_len != 0));
   FUZZ_CHECK(info.has_payload || seg.payload_len == 0);
   FUZZ_CHECK(seg.tagged || seg.qn == info.qn);
 
@@ -182,6 +185,8 @@ void fuzz_ddp(Bytes ulpdu, uint16_t ulpdu_len) {
     std::byte ref[kDdpTaggedHdrLen + kSvRefLen];
     FUZZ_CHECK(encode_tagged_ref(ref, seg.opcode, seg.last, seg.stag, seg.to, seg.ref_addr,
                                  seg.ref_len) == sizeof ref);
+    FUZZ_CHECK(ref[0] == (ulpdu[0] & std::byte{0xC3 | kDdpSvRef}));
+    FUZZ_CHECK(ref[1] == (ulpdu[1] & std::byte{0xCF}));
     FUZZ_CHECK(std::memcmp(ref + 2, ulpdu.data() + 2, sizeof ref - 2 - 4) == 0);
     return;
   }
