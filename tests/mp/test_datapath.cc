@@ -660,6 +660,10 @@ TEST_F(XProc, WithImmediateMessagesCutByAFullBatchArriveWhole) {
 // shows which call flushed. (The variable is read once, at the first post.)
 TEST_F(XProc, BatchedPostsLeaveAtThePollOrArmAndArmedCqsAreNotBatched) {
   setenv("SOFTVERBS_TX_BATCH_US", "2000000", 1);
+  // On TCP: a shared-memory set-up's messages, answered from the receive path, are flush
+  // points of their own, and would move what this test watches (settings are read once).
+  setenv("SOFTVERBS_SHM", "0", 1);
+  g_child_env = {"SOFTVERBS_SHM=0"};
   ASSERT_NO_FATAL_FAILURE(Connect());
   for (uint64_t i = 0; i < 9; ++i) ASSERT_EQ(remote->post_recv(i, {sge(i * 64, 64)}), 0);
   ASSERT_EQ(local->post_send(make_send(0, {sge(0, 16)})), 0);
@@ -692,6 +696,7 @@ TEST_F(XProc, BatchedPostsLeaveAtThePollOrArmAndArmedCqsAreNotBatched) {
   ASSERT_EQ(lone.size(), 1u) << "a post to an armed CQ's QP waited for the batch";
   EXPECT_TRUE(wc_is(lone[0], 8, IBV_WC_SUCCESS, IBV_WC_RECV));
   unsetenv("SOFTVERBS_TX_BATCH_US");
+  g_child_env.clear();
 }
 
 // A post that answers a message the peer sent since the last post is a ping-pong's turn:
@@ -700,6 +705,10 @@ TEST_F(XProc, BatchedPostsLeaveAtThePollOrArmAndArmedCqsAreNotBatched) {
 // 2 s window the answer can only arrive in time if it was sent at the post.
 TEST_F(XProc, AnAnswerToThePeerIsNotHeldBackByBatching) {
   setenv("SOFTVERBS_TX_BATCH_US", "2000000", 1);
+  // On TCP: a shared-memory set-up's messages, answered from the receive path, are flush
+  // points of their own, and would move what this test watches (settings are read once).
+  setenv("SOFTVERBS_SHM", "0", 1);
+  g_child_env = {"SOFTVERBS_SHM=0"};
   ASSERT_NO_FATAL_FAILURE(Connect());
   for (uint64_t i = 0; i < 4; ++i) ASSERT_EQ(remote->post_recv(i, {sge(i * 64, 64)}), 0);
   ASSERT_EQ(local->post_recv(100, {sge(4096, 64)}), 0);
@@ -722,6 +731,7 @@ TEST_F(XProc, AnAnswerToThePeerIsNotHeldBackByBatching) {
   EXPECT_TRUE(wc_is(answer[0], 2, IBV_WC_SUCCESS, IBV_WC_RECV));
   EXPECT_EQ(local->poll(CqSel::send, 1).size(), 1u);
   unsetenv("SOFTVERBS_TX_BATCH_US");
+  g_child_env.clear();
 }
 
 // With the default window a batch leaves on the progress thread's timer when the sender

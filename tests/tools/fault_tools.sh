@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # fault_tools.sh: unmodified rdma-core and perftest programs under SOFTVERBS_FAULT
 # (docs/fault-injection.md), on loopback, the fault on the client's side:
-#   rping -V, corrupt:every=200,count=1: both sides end within 15 s, the client with a failed
-#     completion and the server having caught the CRC error, and neither reports mismatched
+#   rping -V, corrupt:every=200,count=1, over TCP and through shared memory: both sides end
+#     within 15 s, the server having caught the CRC error, and neither reports mismatched
 #     data (-V checks every buffer read back);
 #   ib_write_bw -R, reset:after=2000,count=1: both sides end within 15 s (a reset is an
 #     error, never a hang);
@@ -60,11 +60,19 @@ case_run() {
   fi
 }
 
-# The client's Write or Read fails (a completion error); the server caught the CRC and
-# Terminated (its posted receive is flushed, which rping does not print).
+# The server catches the CRC and Terminates, over TCP and through shared memory (the same
+# FPDUs, the same CRC). Which WR fails with it depends on what the 200th frame is: a Send of
+# the client's fails the client's WR, but a Placement Ack or a Read Response (one frame by
+# reference on shared memory) fails the server's Read or nothing the client waits on, and the
+# acks' timing moves that from run to run. So only the catch, and both ends, are required.
 case_run rping_corrupt 7174 'corrupt:every=200,count=1' ends \
-  "rping -s -a 127.0.0.1 -p 7174 -V -C 1000" "rping -c -a 127.0.0.1 -p 7174 -V -C 1000" \
-  "completion failed status" "MPA CRC error"
+  "env SOFTVERBS_SHM=0 rping -s -a 127.0.0.1 -p 7174 -V -C 1000" \
+  "env SOFTVERBS_SHM=0 rping -c -a 127.0.0.1 -p 7174 -V -C 1000" \
+  "" "MPA CRC error"
+case_run rping_corrupt_shm 7175 'corrupt:every=200,count=1' ends \
+  "env SOFTVERBS_SHM=1 rping -s -a 127.0.0.1 -p 7175 -V -C 1000" \
+  "env SOFTVERBS_SHM=1 rping -c -a 127.0.0.1 -p 7175 -V -C 1000" \
+  "" "MPA CRC error"
 case_run write_bw_reset 18515 'reset:after=2000,count=1' ends \
   "ib_write_bw -R -D 5 -p 18515" "ib_write_bw -R -D 5 -p 18515 127.0.0.1"
 case_run rc_pingpong_stall 18516 'stall:ms=300,every=150,count=2' ok \
