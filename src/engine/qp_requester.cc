@@ -26,6 +26,9 @@ using wire::RdmapOpcode;
 
 constexpr size_t kMaxFpduHdr = 2 + 82;  // length + largest header (softverbs shared memory)
 constexpr size_t kCopyBelow = 64;       // small payloads are copied next to their header
+// A segment by reference names at most this much: one process_vm_readv moves less than 2 GiB
+// (MAX_RW_COUNT), and a message may be 2 GiB.
+constexpr uint32_t kMaxRef = 1u << 30;
 
 // Builder for one FPDU inside the current batch. Headers, small payloads and trailers go
 // into the arena; adjacent arena bytes share one iovec, large payloads are referenced.
@@ -240,12 +243,15 @@ bool frame_irq(Qp* qp, Framer& f) {
     const uint32_t left = e.length - e.sent;
     if (!e.atomic && left && shm_sends_refs(qp, left)) {
       // One copy (kDdpSvRef): the requester reads the rest straight from the region.
-      if (!read_source_still_valid(qp, e, left)) return false;
+      const uint32_t chunk = std::min(left, kMaxRef);
+      const bool last = chunk == left;
+      if (!read_source_still_valid(qp, e, chunk)) return false;
       std::byte* h = f.begin(wire::kDdpTaggedHdrLen + wire::kSvRefLen);
-      wire::encode_tagged_ref(h, RdmapOpcode::read_response, true, e.sink_stag, e.sink_to + e.sent,
-                              reinterpret_cast<uintptr_t>(e.src + e.sent), left);
+      wire::encode_tagged_ref(h, RdmapOpcode::read_response, last, e.sink_stag, e.sink_to + e.sent,
+                              reinterpret_cast<uintptr_t>(e.src + e.sent), chunk);
       if (!f.end()) return false;
-      e.sent = e.length;
+      e.sent += chunk;
+      if (!last) continue;
     } else if (e.atomic) {
       std::byte* h = f.begin(wire::kDdpUntaggedHdrLen + wire::kAtomicResponseLen);
       wire::encode_untagged(h, RdmapOpcode::atomic_response, true, 0, wire::kQnAtomicResponse,
@@ -394,7 +400,8 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
           // when its Placement Ack completes the WR (IB's rule): that ack is what says the
           // buffer is ours again (or, during an RNR stall, its count in the segment).
           if (c.wait_acks && shm_sends_refs(qp, w.length)) {
-            const auto [src, piece] = sge_piece(w, w.sent);
+            const auto [src, whole] = sge_piece(w, w.sent);
+            const uint32_t piece = std::min(whole, kMaxRef);
             const bool last = w.sent + piece == w.length;
             std::byte* h = f.begin(wire::kDdpTaggedHdrLen + wire::kSvRefLen);
             wire::encode_tagged_ref(h, RdmapOpcode::rdma_write, last, w.rkey,

@@ -4,13 +4,11 @@
 // from the socket.
 #include <fcntl.h>
 #include <linux/magic.h>
-#include <poll.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -228,18 +226,12 @@ bool can_pull(ShmLink& l, uint32_t pid, uint64_t base) {
           static_cast<ssize_t>(sizeof v) ||
       v != challenge)
     return false;
-  // A descriptor of that process: after each read we ask it whether the process still
-  // exists, so a pid the kernel gave to another process meanwhile is never read from.
-  l.peer_pidfd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
-  if (l.peer_pidfd < 0) return false;
+  // Each read of the peer's data reads the challenge back too (shm_pull): a pid the kernel
+  // gave to another process meanwhile is never taken for the peer.
   l.peer_pid = pid;
+  l.peer_base = base;
+  l.challenge = challenge;
   return true;
-}
-
-// Whether the process behind the pidfd has exited (its pidfd reads as readable then).
-bool peer_exited(int pidfd) {
-  pollfd p{pidfd, POLLIN, 0};
-  return ::poll(&p, 1, 0) != 0;
 }
 
 void ring_bell(Qp* qp) {
@@ -257,7 +249,6 @@ ShmLink::~ShmLink() {
     tx.revoke();
     munmap(base, len);
   }
-  if (peer_pidfd >= 0) ::close(peer_pidfd);
   close_memfd();
 }
 
@@ -564,17 +555,27 @@ bool shm_sends_refs(const Qp* qp, uint32_t len) {
 
 int shm_pull(Qp* qp, const iovec* dst, size_t n, uint64_t src, uint32_t len) {
   const ShmLink& l = *qp->conn.shm;
-  // The kernel moves at most MAX_RW_COUNT (2 GiB less a page) per call, and may stop early
-  // at a fault: go on from where it stopped until all is read or nothing more can be.
-  iovec local[kMaxSge];
-  size_t k = std::min(n, std::size(local));
+  // The data, then our challenge through the peer's mapping, in one call: the bytes came from
+  // the process that maps this segment, not from one that took its pid after it exited.
+  // The kernel moves at most MAX_RW_COUNT (2 GiB less a page) per call and may stop early at
+  // a fault: then go on from where it stopped, and ask for the challenge on its own after.
+  uint64_t seen = 0;
+  iovec local[kMaxSge + 1];
+  const size_t k = std::min(n, size_t{kMaxSge});
   std::copy(dst, dst + k, local);
+  local[k] = iovec{&seen, sizeof seen};
   size_t first = 0;
   uint64_t done = 0;
-  while (done < len) {
-    iovec remote{reinterpret_cast<void*>(src + done), len - done};
+  bool proved = false;
+  while (done < len || !proved) {
+    iovec remote[2] = {{reinterpret_cast<void*>(src + done), static_cast<size_t>(len - done)},
+                       {reinterpret_cast<void*>(l.peer_base + offsetof(ShmHeader, challenge) +
+                                                (l.initiator ? 0 : 1) * sizeof seen),
+                        sizeof seen}};
+    const bool data_left = done < len;
     const ssize_t got =
-        process_vm_readv(static_cast<pid_t>(l.peer_pid), &local[first], k - first, &remote, 1, 0);
+        process_vm_readv(static_cast<pid_t>(l.peer_pid), &local[first], k + 1 - first,
+                         data_left ? remote : &remote[1], data_left ? 2 : 1, 0);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
       const int err = got < 0 ? errno : EFAULT;
@@ -582,19 +583,21 @@ int shm_pull(Qp* qp, const iovec* dst, size_t n, uint64_t src, uint32_t len) {
               std::strerror(err));
       return err;
     }
-    done += static_cast<uint64_t>(got);
-    for (size_t left = static_cast<size_t>(got); left && first < k;) {
+    const uint64_t data = std::min<uint64_t>(static_cast<uint64_t>(got), len - done);
+    done += data;
+    proved = static_cast<uint64_t>(got) > data;  // the challenge came too (all of it, or none)
+    for (size_t left = static_cast<size_t>(data); left && first < k;) {
       const size_t take = std::min(left, local[first].iov_len);
       local[first].iov_base = static_cast<std::byte*>(local[first].iov_base) + take;
       local[first].iov_len -= take;
       left -= take;
       if (local[first].iov_len == 0) ++first;
     }
+    if (done == len) first = k;  // only the challenge is left to read
   }
-  // The bytes came from the peer, not from a process that took its pid after it exited; and
-  // its QP had not given them back to its application yet (ShmConsumer::revoked): they are
-  // what the WR that named them holds.
-  if (peer_exited(l.peer_pidfd)) return ESRCH;
+  if (seen != l.challenge) return ESRCH;  // another process has the peer's pid now
+  // The peer's QP had not given the bytes back to its application when we read them
+  // (ShmConsumer::revoked): they are what the WR that named them holds.
   if (l.rx.revoked()) return ECONNRESET;
   stats::add(qp->stats, stats::Ctr::shm_pulls);
   return 0;

@@ -32,7 +32,8 @@ struct ShmLink {
   // from the sender's memory (process_vm_readv) instead of both copying it through a ring.
   // Set during the set-up, before either side moves to the rings; fixed after it.
   uint32_t peer_pid = 0;    // the peer process, as its offer or accept names it
-  int peer_pidfd = -1;      // and a descriptor of it: a reused pid is never read from
+  uint64_t peer_base = 0;   // where its mapping of the segment starts
+  uint64_t challenge = 0;   // what we wrote into the header, read back through it with data
   bool we_pull = false;     // we read our challenge through its mapping: we take its references
   bool peer_pulls = false;  // the peer read its own through ours: we send it references
   transport::ShmProducer tx;

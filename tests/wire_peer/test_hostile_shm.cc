@@ -470,21 +470,24 @@ TEST(ShmRef, AReferenceFromAPeerTheQpCouldNotReadTerminates) {
 }
 
 // A reference from a peer the QP proved it can read: checked exactly as data (STag, bounds),
-// read only once it passes; one naming memory the peer does not have, or whose QP revoked its
-// references (its WRs went back to its application), fails the QP, not the process.
+// read only once it passes; one naming memory the peer does not have, whose QP revoked its
+// references (its WRs went back to its application), or read from a process that no longer
+// maps the segment (a reused pid), fails the QP, not the process.
 TEST(ShmRef, AReferenceIsCheckedThenReadAndABadOneFailsOnlyTheQp) {
   std::vector<char> src(10000, 0x5a);
   void* hole = mmap(nullptr, 65536, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(hole, MAP_FAILED);
   struct Case {
     const char* name;
-    bool bad_stag, past_end, unreadable, revoked;
+    bool bad_stag, past_end, unreadable, revoked, stranger = false;
   };
   for (const Case k :
        {Case{"good", false, false, false, false}, Case{"bad STag", true, false, false, false},
         Case{"past the region's end", false, true, false, false},
         Case{"memory the peer does not have", false, false, true, false},
-        Case{"revoked", false, false, false, true}}) {
+        Case{"revoked", false, false, false, true},
+        // The challenge is no longer where the pid maps the segment: as a reused pid.
+        Case{"a stranger with the peer's pid", false, false, false, true, true}}) {
     SCOPED_TRACE(k.name);
     Local l;
     FakePeer p(l.qp->qp_num);
@@ -495,7 +498,10 @@ TEST(ShmRef, AReferenceIsCheckedThenReadAndABadOneFailsOnlyTheQp) {
     const ShmCtrl a = switch_to_rings(p, seg, twin.pid, seg.base);
     ASSERT_EQ(a.type, ShmCtrl::Type::accept);
     ASSERT_EQ(a.flags & ShmCtrl::kPeerPull, ShmCtrl::kPeerPull) << "the QP could not read the twin";
-    if (k.revoked) std::atomic_ref<uint32_t>(seg.ctrl(0)->revoked).store(1);
+    if (k.stranger)
+      std::atomic_ref<uint64_t>(reinterpret_cast<ShmHeader*>(seg.base)->challenge[1]).store(0);
+    else if (k.revoked)
+      std::atomic_ref<uint32_t>(seg.ctrl(0)->revoked).store(1);
     const uint64_t to = reinterpret_cast<uintptr_t>(l.buf.data()) +
                         (k.past_end ? l.buf.size() - src.size() + 1 : 100);
     ring_write_ref(p, seg, k.bad_stag ? l.mr->rkey ^ 0x100 : l.mr->rkey, to,
