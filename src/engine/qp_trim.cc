@@ -8,7 +8,8 @@
 // the registry is not destroyed or reset while it looks. It only try-locks: a QP whose RX or
 // TX is running is busy, not idle. Between two sweeps the data path records that it used a
 // buffer (one store per read or batch); a buffer unused for a whole period and empty is given
-// back with MADV_DONTNEED, and refaults as zero pages when traffic resumes.
+// back with MADV_DONTNEED, and refaults as zero pages when traffic resumes. A shared-memory
+// connection's own ring goes with its arena (MADV_REMOVE: the pages are the memfd's).
 #include "engine/qp_trim.h"
 
 #include <sys/mman.h>
@@ -83,6 +84,11 @@ void trim_qp(Qp* qp) {
         !c.arena.empty()) {
       give_back(c.arena.data(), c.arena.size());
       stats::add(qp->stats, stats::Ctr::idle_trims);
+      // Our shared-memory ring too, once the peer has read all of it: only we write its data
+      // area, and the peer reads only what we wrote since its head, so nothing in it is
+      // wanted. MADV_REMOVE frees the memfd's pages (for both mappings), not just ours.
+      if (qp->tx_ring.load(std::memory_order_relaxed) && c.shm->tx.drained())
+        madvise(c.shm->tx.data(), c.shm->tx.capacity(), MADV_REMOVE);
     }
     qp->tx_mu.unlock();
   }

@@ -88,6 +88,10 @@ bool ShmProducer::has_room() const {
   return tail_ - head < cap_;
 }
 
+bool ShmProducer::drained() const {
+  return ref(c_->head).load(std::memory_order_acquire) == tail_;
+}
+
 uint32_t ShmProducer::peer_placed() const {
   return ref(c_->placed).load(std::memory_order_acquire);
 }

@@ -80,6 +80,10 @@ class ShmProducer {
   bool has_room() const;
   size_t capacity() const { return cap_; }
   uint64_t tail() const { return tail_; }
+  std::byte* data() const { return data_; }
+  // The consumer has taken everything we wrote: no byte of the data area is wanted (the
+  // owner may give its pages back; the next writes refault them).
+  bool drained() const;
   // The consumer's count of our messages it has placed (ShmConsumer::publish_placed), which
   // it may write at any time: a hint for our completer, never an index.
   uint32_t peer_placed() const;

@@ -8,6 +8,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -334,6 +335,56 @@ TEST_F(Shm, AFlushedWriteByReferenceIsNeverCompletedByThePeer) {
     EXPECT_FALSE(wc.wr_id == 11 && wc.status == IBV_WC_SUCCESS)
         << "the peer completed a flushed Write: " << wc_str(wc);
   EXPECT_NE(remote->check(0, kMiB, 65536, 70), -1) << "the reference was never read";
+}
+
+// Resident KiB of this process's mappings of shared-memory segments (both rings of each).
+uint64_t shm_rss_kib() {
+  std::ifstream in("/proc/self/smaps");
+  std::string line;
+  bool ours = false;
+  uint64_t kib = 0;
+  while (std::getline(in, line)) {
+    if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) &&
+        line.find('-') != std::string::npos && line.find(' ') != std::string::npos) {
+      ours = line.find("softverbs-shm") != std::string::npos;  // memfd:softverbs-shm (deleted)
+      continue;
+    }
+    if (ours && line.rfind("Rss:", 0) == 0) kib += std::stoull(line.substr(4));
+  }
+  return kib;
+}
+
+// A connection idle for a trim period gives back its ring's pages (MADV_REMOVE, once the peer
+// has read everything), as it does its stream buffers: an idle QP costs what it did before
+// its traffic. Sends go through the ring at any size, so 1 MiB of them touches all of it.
+TEST_F(Shm, AnIdleConnectionGivesItsRingsPagesBack) {
+  setenv("SOFTVERBS_IDLE_TRIM_MS", "50", 1);
+  g_child_env.push_back("SOFTVERBS_IDLE_TRIM_MS=50");
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  ASSERT_NO_FATAL_FAILURE(Exchange());
+  ASSERT_EQ(wait_transport(local->qp->qp_num, sv::wire::kTransportShm), sv::wire::kTransportShm);
+  constexpr uint32_t kLen = 128 * 1024;
+  for (uint64_t i = 0; i < 8; ++i) {
+    ASSERT_EQ(remote->post_recv(i, {sge(i * kLen, kLen)}), 0);
+    ASSERT_EQ(local->post_send(make_send(i, {sge(0, kLen)})), 0);
+  }
+  ASSERT_EQ(remote->poll(CqSel::recv, 8).size(), 8u);
+  ASSERT_EQ(local->poll(CqSel::send, 8).size(), 8u);
+  const uint64_t busy = shm_rss_kib();
+  EXPECT_GE(busy, 256u) << "the ring's pages were never resident";
+  uint64_t idle = busy;
+  for (int i = 0; i < 100 && idle > busy / 4; ++i) {
+    std::this_thread::sleep_for(Ms(20));
+    idle = shm_rss_kib();
+  }
+  EXPECT_LE(idle, busy / 4) << "an idle connection kept its ring's pages";
+  // Traffic after the trim refaults fresh pages and arrives intact.
+  local->fill(0, 0, kLen, 81);
+  ASSERT_EQ(remote->post_recv(20, {sge(0, kLen)}), 0);
+  ASSERT_EQ(local->post_send(make_send(20, {sge(0, kLen)})), 0);
+  ASSERT_EQ(remote->poll(CqSel::recv, 1).size(), 1u);
+  EXPECT_EQ(remote->check(0, 0, kLen, 81), -1);
+  unsetenv("SOFTVERBS_IDLE_TRIM_MS");
 }
 
 // A peer with SOFTVERBS_SHM=0 neither offers nor accepts: the connection stays on TCP.
