@@ -23,6 +23,9 @@ LIB=${1:-$ROOT/build/lib}
 ROUNDS=${2:-2}
 RACE=${3:-20}
 export LD_LIBRARY_PATH=$LIB SOFTVERBS_NETDEV=lo
+# The TCP path, as between hosts: same-host peers would otherwise use shared memory
+# (bench/shm_compare.sh measures that). SOFTVERBS_SHM=1 in the caller's environment wins.
+export SOFTVERBS_SHM=${SOFTVERBS_SHM:-0}
 A=127.0.0.1
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT

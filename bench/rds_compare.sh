@@ -19,6 +19,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 B=$(cd "${1:-$ROOT/build}" && pwd)  # absolute: the block server runs from a scratch dir
 BIN=$B/bin
 export LD_LIBRARY_PATH=$B/lib SOFTVERBS_NETDEV=lo
+# The TCP path, as between hosts (shared memory otherwise, on one host); the caller's wins.
+export SOFTVERBS_SHM=${SOFTVERBS_SHM:-0}
 export SOFTVERBS_RDS_DIR=/dev/shm/softverbs-rds-bench-$$
 A=127.0.0.1
 pids=()

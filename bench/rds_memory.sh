@@ -16,6 +16,8 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 B=$(cd "${1:-$ROOT/build}" && pwd)
 export LD_LIBRARY_PATH=$B/lib SOFTVERBS_NETDEV=lo
+# The TCP path, as between hosts (shared memory otherwise, on one host); the caller's wins.
+export SOFTVERBS_SHM=${SOFTVERBS_SHM:-0}
 export SOFTVERBS_RDS_DIR=/dev/shm/softverbs-rds-bench-$$
 trap 'rm -rf "$SOFTVERBS_RDS_DIR"' EXIT
 

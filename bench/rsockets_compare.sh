@@ -20,7 +20,7 @@ for b in iperf3 rstream sockperf; do
     exit 1
   }
 done
-SV=(env LD_LIBRARY_PATH="$B/lib" SOFTVERBS_NETDEV=lo)
+SV=(env LD_LIBRARY_PATH="$B/lib" SOFTVERBS_NETDEV=lo SOFTVERBS_SHM="${SOFTVERBS_SHM:-0}")
 pids=()
 trap 'for p in "${pids[@]}"; do kill $p 2>/dev/null; done' EXIT
 
@@ -56,7 +56,7 @@ sockperf_lat() {  # average one-way latency (us) of a 64 B TCP ping-pong
 
 for r in $(seq "$RUNS"); do
   tcp=$(iperf)
-  rs=$(iperf env LD_PRELOAD=$PRE LD_LIBRARY_PATH="$B/lib" SOFTVERBS_NETDEV=lo)
+  rs=$(iperf env LD_PRELOAD=$PRE LD_LIBRARY_PATH="$B/lib" SOFTVERBS_NETDEV=lo SOFTVERBS_SHM="${SOFTVERBS_SHM:-0}")
   lat_rs=$(rstream_field 8 -S 64 -C 1 -I 20000 -T b)
   lat_tcp=$(sockperf_lat)
   bw_rs=$(rstream_field 7 -S 1048576 -C 200)

@@ -42,6 +42,9 @@ kill ${pids[-1]} 2>/dev/null
 
 # --- softverbs through unmodified perftest -----------------------------------------------
 export LD_LIBRARY_PATH=$LIB SOFTVERBS_NETDEV=lo
+# The TCP path, as between hosts: same-host peers would otherwise use shared memory
+# (bench/shm_compare.sh measures that). SOFTVERBS_SHM=1 in the caller's environment wins.
+export SOFTVERBS_SHM=${SOFTVERBS_SHM:-0}
 pt() {  # pt <tool> <args...>: perftest's result lines
   "$@" >/dev/null 2>&1 & local s=$!; pids+=($s); sleep 0.8
   "$@" $A 2>/dev/null | grep -E "^ *[0-9]+ +[0-9]+"

@@ -55,7 +55,7 @@ inline constexpr Setting kAll[] = {
     {"SOFTVERBS_MPA_TIMEOUT_MS", Kind::uint, 10000, 1, 3600000, 0},
     {"SOFTVERBS_RFC7306", Kind::flag, 1, 0, 1, 0},
     {"SOFTVERBS_IB_COMPLETION", Kind::flag, 1, 0, 1, 0},
-    {"SOFTVERBS_SHM", Kind::flag, 0, 0, 1, 0},
+    {"SOFTVERBS_SHM", Kind::flag, 1, 0, 1, 0},
     {"SOFTVERBS_SHM_RING", Kind::uint, 256 * 1024, 4096, 16u << 20, 0},
     {"SOFTVERBS_SHM_PULL_MIN", Kind::uint, 4096, 0, 1u << 31, 0},  // 0: never pull
     {"SOFTVERBS_PROT_ERR_BURST", Kind::real, 0, 0, 0, 32},
