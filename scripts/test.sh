@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run). Installs dependencies, builds, and runs:
 #   1. the whole suite (unit, multi-process verbs, ABI exports, unmodified rdma-core and
-#      perftest binaries on loopback and across two network namespaces), then short
+#      perftest binaries on loopback and across two network namespaces), the two-process
+#      verbs, rdma_cm and RDS suites once more on TCP (SOFTVERBS_SHM=0), then short
 #      libFuzzer runs of the parser targets;
 #   2. unit + multi-process tests again under ASan+UBSan, and the threaded ones under TSan.
 # Exits non-zero if any test fails. Options: --quick (skip the sanitizer builds).
@@ -40,6 +41,10 @@ run_ctest() {  # run_ctest <build-dir> <label> [ctest args...]
 
 bash scripts/build.sh build || exit 1
 run_ctest build "default build"
+# Same-host softverbs peers use shared memory by default (SOFTVERBS_SHM); between hosts they
+# take TCP. The two-process verbs, rdma_cm and RDS suites run once more on TCP (~80 s).
+SOFTVERBS_SHM=0 run_ctest build "default build, same-host peers on TCP (SOFTVERBS_SHM=0)" \
+  -L '^(mp|cm|rds)$'
 
 # Short libFuzzer runs of every parser target (clang; ~30 s in all). Long campaigns:
 # docs/testing.md, "Fuzzing".

@@ -300,6 +300,24 @@ void mark_ack_request(const Qp* qp, Conn& c, const SendWqe& w, std::byte* hdr) {
   hdr[0] |= std::byte{wire::kDdpSvAckReq};
 }
 
+// The rest of a Send's or Write's data segment once its header is framed: the ack request on
+// the message's last segment (unless Immediate Data follows, which asks instead), the payload
+// (`with_payload`; a segment by reference has none), the FPDU's end. -1: a reset fault cut it;
+// 0: more segments of the message follow; 1: its data is all framed (its unit counted).
+int end_data_segment(Qp* qp, Framer& f, SendWqe& w, std::byte* h, bool last, uint32_t len,
+                     bool with_payload) {
+  Conn& c = qp->conn;
+  const bool imm_follows =
+      w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+  if (last && !imm_follows) mark_ack_request(qp, c, w, h);
+  if (with_payload) gather(f, w, w.sent, len);
+  if (!f.end()) return -1;
+  w.sent += len;
+  if (!last) return 0;
+  ++c.units_tx;
+  return 1;
+}
+
 // Memory window operations run on the requester, in SQ order, and put nothing on the wire:
 // a Bind takes effect before any later WR leaves (so a Send behind it may carry the new
 // rkey), and a refused one stops the SQ (rxe: IBV_WC_MW_BIND_ERR, LOC_QP_OP_ERR for an
@@ -386,12 +404,9 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
           const bool last = w.sent + chunk == w.length;
           std::byte* h = f.begin(wire::kDdpUntaggedHdrLen);
           wire::encode_untagged(h, op, last, rsvd, wire::kQnSend, w.msn, w.sent);
-          if (last && w.opcode != IBV_WR_SEND_WITH_IMM) mark_ack_request(qp, c, w, h);
-          gather(f, w, w.sent, chunk);
-          if (!f.end()) return false;
-          w.sent += chunk;
-          if (!last) continue;
-          ++c.units_tx;
+          const int r = end_data_segment(qp, f, w, h, last, chunk, true);
+          if (r < 0) return false;
+          if (r == 0) continue;
           break;
         }
         case IBV_WR_RDMA_WRITE:
@@ -407,12 +422,10 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
             wire::encode_tagged_ref(h, RdmapOpcode::rdma_write, last, w.rkey,
                                     w.remote_addr + w.sent, reinterpret_cast<uintptr_t>(src),
                                     piece);
-            if (last && w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM) mark_ack_request(qp, c, w, h);
-            if (!f.end()) return false;
+            const int r = end_data_segment(qp, f, w, h, last, piece, false);
+            if (r < 0) return false;
             w.by_ref = true;
-            w.sent += piece;
-            if (!last) continue;
-            ++c.units_tx;
+            if (r == 0) continue;
             break;
           }
           const uint32_t chunk =
@@ -420,12 +433,9 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
           const bool last = w.sent + chunk == w.length;
           std::byte* h = f.begin(wire::kDdpTaggedHdrLen);
           wire::encode_tagged(h, RdmapOpcode::rdma_write, last, w.rkey, w.remote_addr + w.sent);
-          if (last && w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM) mark_ack_request(qp, c, w, h);
-          gather(f, w, w.sent, chunk);
-          if (!f.end()) return false;
-          w.sent += chunk;
-          if (!last) continue;
-          ++c.units_tx;
+          const int r = end_data_segment(qp, f, w, h, last, chunk, true);
+          if (r < 0) return false;
+          if (r == 0) continue;
           break;
         }
         case IBV_WR_RDMA_READ: {

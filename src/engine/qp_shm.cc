@@ -226,6 +226,17 @@ bool can_pull(ShmLink& l, uint32_t pid, uint64_t base) {
           static_cast<ssize_t>(sizeof v) ||
       v != challenge)
     return false;
+  // Nor a thread of ours (process_vm_readv takes a thread id too, and a thread of our own
+  // group always passes the check), nor a process sharing our memory (CLONE_VM): a random
+  // value of this stack frame, private to our address space, must not read back through pid.
+  uint64_t canary = 0;
+  if (getrandom(&canary, sizeof canary, 0) != sizeof canary) return false;
+  v = ~canary;
+  remote = iovec{&canary, sizeof canary};
+  if (process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0) ==
+          static_cast<ssize_t>(sizeof v) &&
+      v == canary)
+    return false;
   // Each read of the peer's data reads the challenge back too (shm_pull): a pid the kernel
   // gave to another process meanwhile is never taken for the peer.
   l.peer_pid = pid;
@@ -330,7 +341,8 @@ void shm_encode_ctrl(Qp* qp, uint8_t type, std::byte* out) {
   if (c.shm && m.type != ShmCtrl::Type::decline) {
     m.pid = static_cast<uint32_t>(getpid());
     m.base_addr = reinterpret_cast<uintptr_t>(c.shm->base);
-    if (c.shm->we_pull) m.flags = ShmCtrl::kPeerPull;
+    m.flags = ShmCtrl::kPublishesPlaced;
+    if (c.shm->we_pull) m.flags |= ShmCtrl::kPeerPull;
   }
   if (m.type == ShmCtrl::Type::offer && c.shm) {
     m.ring_bytes = c.shm->ring_bytes;
@@ -345,7 +357,7 @@ void shm_encode_ctrl(Qp* qp, uint8_t type, std::byte* out) {
 void shm_tx_switched_locked(Qp* qp) {
   Conn& c = qp->conn;
   qp->tx_ring.store(true);
-  c.shm_placed = c.wait_acks;
+  c.shm_placed = c.wait_acks && c.shm->peer_publishes_placed;
   stats::set_transport(qp->stats, wire::kTransportShm);
   SV_INFO("qp %u: sends through shared memory", qp->qpn());
   // A consumer that took bytes while our socket still carried FPDUs could not ring for room.
@@ -383,6 +395,7 @@ bool shm_on_ctrl(Qp* qp, const char** err) {
         c.shm_tx_due = static_cast<uint8_t>(ShmCtrl::Type::decline);
       } else {
         l->we_pull = can_pull(*l, m.pid, m.base_addr);
+        l->peer_publishes_placed = m.flags & ShmCtrl::kPublishesPlaced;
         l->rx.publish_placed(c.units_rx);  // then at each receive pass's end (iw_rx.cc)
         c.shm = std::move(l);
         c.shm_tx_due = static_cast<uint8_t>(ShmCtrl::Type::accept);
@@ -405,6 +418,7 @@ bool shm_on_ctrl(Qp* qp, const char** err) {
         return true;
       }
       c.shm->peer_pulls = m.flags & ShmCtrl::kPeerPull;
+      c.shm->peer_publishes_placed = m.flags & ShmCtrl::kPublishesPlaced;
       c.shm->we_pull = can_pull(*c.shm, m.pid, m.base_addr);
       c.shm->rx.publish_placed(c.units_rx);  // then at each receive pass's end (iw_rx.cc)
       // Everything the peer sends after this message is in its ring.
@@ -578,6 +592,8 @@ int shm_pull(Qp* qp, const iovec* dst, size_t n, uint64_t src, uint32_t len) {
                          data_left ? remote : &remote[1], data_left ? 2 : 1, 0);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
+      // Revoked first: a peer that gave its buffers back may have unmapped them already.
+      if (l.rx.revoked()) return ECONNRESET;
       const int err = got < 0 ? errno : EFAULT;
       SV_WARN("qp %u: reading %u bytes at %#" PRIx64 " of the peer failed: %s", qp->qpn(), len, src,
               std::strerror(err));

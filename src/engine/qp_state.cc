@@ -156,6 +156,9 @@ bool conn_transition_locked(Qp* qp, ConnEvent ev) {
         c.imm_pending = c.have_recv = false;
       }
       send_last_ack_locked(qp, from);  // the peer's last messages completed before our FIN
+      // Our WRs are the application's again, with no completion (IB spec 10.3.1): what our
+      // segments by reference name must no longer be read (qp_shm.cc).
+      if (c.shm) c.shm->tx.revoke();
       qp->conn_state.store(*to, std::memory_order_release);
       if (c.fd >= 0) {
         unregister_locked(qp);
@@ -297,6 +300,7 @@ void qp_take_endpoint(Qp* qp, Endpoint* ep) {
   c.trailer_have = 0;
   c.rx_begin = c.rx_end = 0;
   qp->rx_stalled = false;
+  c.acks_unseen = false;  // the stall that hid the old stream's acks is over with it
   // A new stream starts on TCP; shared memory is offered again (qp_shm.cc).
   c.shm.reset();
   c.shm_placed = false;

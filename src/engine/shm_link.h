@@ -36,6 +36,9 @@ struct ShmLink {
   uint64_t challenge = 0;   // what we wrote into the header, read back through it with data
   bool we_pull = false;     // we read our challenge through its mapping: we take its references
   bool peer_pulls = false;  // the peer read its own through ours: we send it references
+  // The peer keeps its count of our messages it placed in the segment (ShmRingCtrl::placed):
+  // during an RNR stall our WRs complete on it (a softverbs build before it did not).
+  bool peer_publishes_placed = false;
   transport::ShmProducer tx;
   transport::ShmConsumer rx;
 

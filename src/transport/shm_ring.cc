@@ -159,7 +159,10 @@ void ShmConsumer::publish_placed(uint32_t n) {
 }
 
 bool ShmConsumer::revoked() const {
-  return ref(c_->revoked).load(std::memory_order_seq_cst) != 0;
+  // A read-modify-write, not a load: the bytes it guards were read by the kernel before it
+  // (process_vm_readv), and an acquire load orders nothing before itself on a weakly ordered
+  // CPU. A seq_cst RMW is a full barrier there (and TSan, unlike with a fence, follows it).
+  return ref(c_->revoked).fetch_or(0, std::memory_order_seq_cst) != 0;
 }
 
 }  // namespace sv::transport

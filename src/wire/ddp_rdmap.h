@@ -221,6 +221,9 @@ struct ShmCtrl {
   // Accept and switch: kPeerPull if the sender read its challenge back that way, so the peer
   // may send it kDdpSvRef segments.
   static constexpr uint8_t kPeerPull = 1;
+  // Offer and accept: the sender keeps its count of the peer's messages it placed in the
+  // segment (transport::ShmRingCtrl::placed).
+  static constexpr uint8_t kPublishesPlaced = 2;
   uint8_t flags = 0;
 };
 void encode_shm_ctrl(std::byte* out, const ShmCtrl& c) noexcept;  // kShmCtrlLen bytes

@@ -94,6 +94,19 @@ struct Local {
     }
     return false;
   }
+  // A Send of the first `len` bytes of buf; signaled unless told otherwise. ibv_post_send's
+  // return value.
+  int post_send(uint64_t wr_id, uint32_t len, bool signaled = true) {
+    ibv_sge s{reinterpret_cast<uint64_t>(buf.data()), len, mr->lkey};
+    ibv_send_wr w{};
+    w.wr_id = wr_id;
+    w.sg_list = &s;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_SEND;
+    w.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
+    ibv_send_wr* bad;
+    return ibv_post_send(qp, &w, &bad);
+  }
   std::vector<ibv_wc> poll(size_t n) {
     std::vector<ibv_wc> out;
     for (int i = 0; i < 500 && out.size() < n; ++i) {

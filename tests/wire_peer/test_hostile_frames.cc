@@ -168,15 +168,7 @@ TEST(PlacementAck, ReadWhileTxMuIsHeldIsTakenOnceItIsFree) {
     FakePeer p(l.qp->qp_num);
     unsetenv("SOFTVERBS_IB_COMPLETION");
     open_stream(p);
-    ibv_sge s{reinterpret_cast<uint64_t>(l.buf.data()), 16, l.mr->lkey};
-    ibv_send_wr wr{};
-    wr.wr_id = 9;
-    wr.sg_list = &s;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_SEND;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    ibv_send_wr* bad;
-    ASSERT_EQ(ibv_post_send(l.qp, &wr, &bad), 0);
+    ASSERT_EQ(l.post_send(9, 16), 0);
     std::byte len[2];
     ASSERT_TRUE(p.read_exact(len, 2)) << "our Send never left";
     std::vector<std::byte> body(load_be16(len) + fpdu_pad(load_be16(len)) + 4);

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cctype>
 #include <cstdio>
+#include <thread>
 
 #include "engine/shm_link.h"
 #include "fake_peer.h"
@@ -197,13 +198,7 @@ TEST(ShmSetup, TheQpsFpdusCarryTheCapabilityBit) {
   Local l;
   FakePeer p(l.qp->qp_num);
   open_stream(p);
-  ibv_sge s{reinterpret_cast<uint64_t>(l.buf.data()), 8, l.mr->lkey};
-  ibv_send_wr w{};
-  w.sg_list = &s;
-  w.num_sge = 1;
-  w.opcode = IBV_WR_SEND;
-  ibv_send_wr* bad;
-  ASSERT_EQ(ibv_post_send(l.qp, &w, &bad), 0);
+  ASSERT_EQ(l.post_send(0, 8, false), 0);
   DdpSegment seg;
   std::vector<std::byte> u;
   ASSERT_TRUE(read_fpdu(p, seg, u));
@@ -314,14 +309,7 @@ TEST(ShmRing, FpdusWrittenByHandIntoTheRingArePlacedAndAnswered) {
 
   // The QP's Send comes out of ring 1, framed as on TCP.
   std::memset(l.buf.data(), 0x77, 40);
-  ibv_send_wr w{};
-  w.wr_id = 7;
-  w.sg_list = &s;
-  s.length = 40;
-  w.num_sge = 1;
-  w.opcode = IBV_WR_SEND;
-  ibv_send_wr* bw;
-  ASSERT_EQ(ibv_post_send(l.qp, &w, &bw), 0);
+  ASSERT_EQ(l.post_send(7, 40, false), 0);
   ShmConsumer rx(seg.ctrl(1), seg.data(1), kRing);
   std::vector<std::byte> got;
   for (int i = 0; i < 500 && got.size() < 2; ++i) {
@@ -430,20 +418,31 @@ void ring_write_ref(FakePeer& p, Segment& seg, uint32_t stag, uint64_t to, const
 // reference from any other peer, or over TCP, is an unknown opcode (Terminate). Proved means
 // the QP's challenge came back through the named process's mapping: a peer that names the
 // QP's own process (which would have it copy its own memory into a region the peer can read
-// back), or no mapping, gets no kPeerPull.
+// back), or one of its threads, or no mapping, gets no kPeerPull.
 TEST(ShmRef, AReferenceFromAPeerTheQpCouldNotReadTerminates) {
   std::vector<char> src(8192, 0x5a);
+  // Another thread of this process: process_vm_readv takes its id as it takes a pid.
+  std::atomic<pid_t> tid{0};
+  std::atomic<bool> done{false};
+  std::thread other([&] {
+    tid = gettid();
+    while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  });
+  while (tid == 0) std::this_thread::yield();
   struct Case {
     const char* name;
-    bool self;
+    pid_t pid;
+    bool base;
   };
-  for (const Case k : {Case{"no mapping named", false}, Case{"the QP's own process", true}}) {
+  for (const Case k :
+       {Case{"no mapping named", getpid(), false}, Case{"the QP's own process", getpid(), true},
+        Case{"a thread of the QP's process", tid.load(), true}}) {
     SCOPED_TRACE(k.name);
     Local l;
     FakePeer p(l.qp->qp_num);
     open_stream(p);
     Segment seg;
-    const ShmCtrl a = switch_to_rings(p, seg, getpid(), k.self ? seg.base : nullptr);
+    const ShmCtrl a = switch_to_rings(p, seg, k.pid, k.base ? seg.base : nullptr);
     ASSERT_EQ(a.type, ShmCtrl::Type::accept);
     EXPECT_EQ(a.flags & ShmCtrl::kPeerPull, 0);
     ring_write_ref(p, seg, l.mr->rkey, reinterpret_cast<uintptr_t>(l.buf.data()), src.data(),
@@ -454,6 +453,8 @@ TEST(ShmRef, AReferenceFromAPeerTheQpCouldNotReadTerminates) {
     EXPECT_EQ(t.ecode, uint8_t(RdmapEcode::unexpected_opcode));
     EXPECT_NE(l.buf[0], 0x5a);
   }
+  done = true;
+  other.join();
   {
     SCOPED_TRACE("over TCP");
     Local l;
@@ -517,15 +518,7 @@ TEST(ShmRef, AReferenceIsCheckedThenReadAndABadOneFailsOnlyTheQp) {
     }
     if (k.revoked) {
       // As a peer that went away (IB notices on its next send): the connection is gone.
-      ibv_sge sg{reinterpret_cast<uint64_t>(l.buf.data()), 8, l.mr->lkey};
-      ibv_send_wr w{};
-      w.wr_id = 3;
-      w.sg_list = &sg;
-      w.num_sge = 1;
-      w.opcode = IBV_WR_SEND;
-      w.send_flags = IBV_SEND_SIGNALED;
-      ibv_send_wr* bad;
-      ASSERT_EQ(ibv_post_send(l.qp, &w, &bad), 0);
+      ASSERT_EQ(l.post_send(3, 8), 0);
       auto wc = l.poll(1);
       ASSERT_EQ(wc.size(), 1u);
       EXPECT_NE(wc[0].status, IBV_WC_SUCCESS);
