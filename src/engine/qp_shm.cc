@@ -587,9 +587,12 @@ int shm_pull(Qp* qp, const iovec* dst, size_t n, uint64_t src, uint32_t len) {
                                                 (l.initiator ? 0 : 1) * sizeof seen),
                         sizeof seen}};
     const bool data_left = done < len;
-    const ssize_t got =
-        process_vm_readv(static_cast<pid_t>(l.peer_pid), &local[first], k + 1 - first,
-                         data_left ? remote : &remote[1], data_left ? 2 : 1, 0);
+    ssize_t got;
+    {
+      DmaScope dma;  // the kernel writes the application's memory, as a NIC's DMA would
+      got = process_vm_readv(static_cast<pid_t>(l.peer_pid), &local[first], k + 1 - first,
+                             data_left ? remote : &remote[1], data_left ? 2 : 1, 0);
+    }
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
       // Revoked first: a peer that gave its buffers back may have unmapped them already.

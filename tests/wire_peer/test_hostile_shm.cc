@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -376,8 +377,11 @@ TEST(ShmRing, ACorruptRingFailsTheQpNotTheProcess) {
 struct Twin {
   pid_t pid = fork();
   Twin() {
-    if (pid == 0)
-      for (;;) pause();  // async-signal-safe only: this process has other threads
+    if (pid != 0) return;
+    // Async-signal-safe calls only (this process has other threads); gone with its parent,
+    // even one that dies without running ~Twin (a sanitizer's halt_on_error).
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    for (;;) pause();
   }
   ~Twin() {
     kill(pid, SIGKILL);
