@@ -84,13 +84,13 @@ int Cq::poll(int n, ibv_wc* out) {
   return k;
 }
 
-void Cq::clean(uint32_t qpn) {
+void Cq::clean(uint32_t qpn, bool keep_recv) {
   std::lock_guard lk(mu);
   const auto cap = static_cast<uint32_t>(ring.size());
   uint32_t kept = 0;
   for (uint32_t i = 0; i < count; ++i) {
     const uint32_t from = (head + i) % cap;
-    if (ring[from].qp_num == qpn) continue;
+    if (ring[from].qp_num == qpn && !(keep_recv && (ring[from].opcode & IBV_WC_RECV))) continue;
     const uint32_t to = (head + kept) % cap;
     if (to != from) {
       ring[to] = ring[from];

@@ -113,7 +113,11 @@ struct Cq {
   int arm(bool solicited);
   // Drops the completions of QP qpn still in the ring, keeping the others in order (a QP
   // moved to RESET: mlx4/mlx5 clean its CQEs so a reused QP does not poll stale flushes).
-  void clean(uint32_t qpn);
+  // keep_recv keeps its receive completions: those of a QP on an SRQ, whose buffers belong
+  // to the SRQ, not to the QP being reset. mlx5 (__mlx5_cq_clean) hands such a WQE back to
+  // the SRQ; a CQE does not carry the SGL we would need to requeue it, so we keep the
+  // completion instead, as rxe does (it never cleans a CQ): either way the buffer comes back.
+  void clean(uint32_t qpn, bool keep_recv = false);
   void attach(Qp* qp);
   void detach(Qp* qp);
 

@@ -368,8 +368,8 @@ int qp_modify(Qp* qp, ibv_qp_attr* a, int mask) {
     conn_transition_sync(qp, ConnEvent::reset);
     std::lock_guard rx(qp->rx_mu);
     std::lock_guard tx(qp->tx_mu);
-    qp->scq->clean(qp->qpn());
-    if (qp->rcq != qp->scq) qp->rcq->clean(qp->qpn());
+    qp->scq->clean(qp->qpn(), qp->srq != nullptr);
+    if (qp->rcq != qp->scq) qp->rcq->clean(qp->qpn(), qp->srq != nullptr);
     if (qp->ud) ud_update_interest(qp);
     return 0;
   }

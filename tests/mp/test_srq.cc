@@ -76,6 +76,31 @@ TEST_F(XProcSrq, ASendHalfInWhenTheQpFailsGivesItsSrqReceiveBackFlushed) {
   EXPECT_TRUE(local->poll(CqSel::recv, 1, Ms(200)).empty()) << "the SRQ's own receives completed";
 }
 
+// Reset before the application polled, the receive the QP had taken is not lost: either its
+// flush completion stays in the CQ (the buffer belongs to the SRQ, not to the QP being
+// reset; rxe never cleans a CQ) or, if RESET came before the flush, it went back to the SRQ
+// (mlx5 hands a cleaned SRQ WQE back). RESET used to drop the flush with the QP's other
+// completions: no completion, and the SRQ one short.
+TEST_F(XProcSrq, ResetAfterTheFlushLosesNoSrqReceive) {
+  ASSERT_NO_FATAL_FAILURE(HalfInOnAnSrq());
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(ibv_modify_qp(local->qp, &a, IBV_QP_STATE), 0);
+  // The flush is made on the progress thread: give it the time to land, the case RESET broke.
+  std::this_thread::sleep_for(Ms(200));
+  a.qp_state = IBV_QPS_RESET;
+  ASSERT_EQ(ibv_modify_qp(local->qp, &a, IBV_QP_STATE), 0);
+  auto r = local->poll(CqSel::recv, 1, Ms(200));
+  if (r.size() == 1) {
+    EXPECT_TRUE(wc_is(r[0], 7, IBV_WC_WR_FLUSH_ERR)) << wc_str(r[0]);
+    EXPECT_EQ(local->post_recv(11, {sge(1u << 20, 64)}), 0) << "the SRQ is full with 3 of 4";
+  } else {
+    EXPECT_EQ(local->post_recv(11, {sge(1u << 20, 64)}), ENOMEM)
+        << "RESET dropped the SRQ receive: no completion, and it is not back in the SRQ";
+  }
+  EXPECT_TRUE(local->poll(CqSel::recv, 1, Ms(200)).empty()) << "the SRQ's own receives completed";
+}
+
 // Destroyed, the QP completes nothing (IB spec 10.3.1): the receive it took goes back to the
 // SRQ, as mlx5 returns it. The SRQ is full again (4 of 4): one more post is ENOMEM. It was
 // lost, and the post went in.

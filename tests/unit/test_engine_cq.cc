@@ -38,3 +38,23 @@ TEST(CqRing, CleanDropsOneQpsCompletionsAndKeepsTheRestInOrder) {
   cq.clean(9);  // empty: nothing to do
   EXPECT_EQ(cq.poll(8, out), 0);
 }
+
+// A QP on an SRQ keeps its receive completions through RESET: their buffers belong to the
+// SRQ, and dropping the completion would lose the buffer (mlx5 hands it back to the SRQ,
+// rxe keeps it). Its send completions go as for any QP.
+TEST(CqRing, CleanKeepsReceivesWhenAskedAndDropsTheSends) {
+  Cq cq;
+  cq.ring.allocate(8);
+  ibv_wc send = wc(7, 1), recv = wc(7, 2), flushed = wc(7, 3), other = wc(9, 4);
+  recv.opcode = IBV_WC_RECV;
+  flushed.opcode = IBV_WC_RECV;
+  flushed.status = IBV_WC_WR_FLUSH_ERR;
+  for (const auto& w : {send, recv, other, flushed}) ASSERT_TRUE(cq.push(w, false));
+  cq.clean(7, true);
+  ibv_wc out[8];
+  ASSERT_EQ(cq.poll(8, out), 3);
+  EXPECT_EQ(out[0].wr_id, 2u);
+  EXPECT_EQ(out[1].wr_id, 4u);
+  EXPECT_EQ(out[2].wr_id, 3u);
+  EXPECT_EQ(out[2].status, IBV_WC_WR_FLUSH_ERR);
+}
