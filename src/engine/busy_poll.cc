@@ -114,7 +114,8 @@ void recheck(Qp* qp) {
     return;
   }
   qp->rx_yielded = false;
-  qp_update_interest(qp);  // EPOLLIN again: level-triggered, so nothing waiting is missed
+  qp->rx_handed.store(false);  // seq_cst, then tx_mu: against tx_defer_locked's look
+  qp_update_interest(qp);      // EPOLLIN again: level-triggered, so nothing waiting is missed
   // ... except bytes in a shared-memory ring whose producer was told not to ring: bells on,
   // and what is there is read now. Under rx_mu, waited for: a poller holding it may have
   // made its last read before the bytes came (and the consumer's index is rx_mu's).
@@ -122,6 +123,9 @@ void recheck(Qp* qp) {
     std::lock_guard lk(qp->rx_mu);
     if (shm_ring_on_locked(qp)) qp_rx_locked(qp);
   }
+  // What the poller held with no timer of its own (a post it batched, an ack it kept for
+  // its answer) leaves now that it polls no more.
+  qp_tx_flush(qp, true);
 }
 
 }  // namespace
@@ -145,18 +149,18 @@ void set_owner(Cq* cq) {
 }
 }  // namespace
 
-void cq_busy_poll_mark(Cq* cq) {
+void cq_busy_poll_mark(Cq* cq, uint64_t now) {
   const uint64_t hold = busy_poll_hold_ns();
   if (!hold) return;
   set_owner(cq);
-  cq->busy_until.store(mono_ns() + hold, std::memory_order_relaxed);
+  cq->busy_until.store(now + hold, std::memory_order_relaxed);
 }
 
-bool cq_owned_elsewhere(const Cq* cq) {
+bool cq_owned_elsewhere(const Cq* cq, uint64_t now) {
   if (cq->busy_owner.load(std::memory_order_relaxed) == thread_token()) return false;
   if (cq->blockers.load(std::memory_order_relaxed) > 0) return true;
   const uint64_t until = cq->busy_until.load(std::memory_order_relaxed);
-  return until && until > mono_ns();
+  return until && until > now;
 }
 
 void cq_busy_poll_armed(Cq* cq) {
@@ -168,9 +172,8 @@ uint64_t spin_yield_ns() {
   return ns;
 }
 
-void cq_busy_poll_empty(Cq* cq) {
+void cq_busy_poll_empty(Cq* cq, uint64_t now) {
   if (Progress::get().on_thread()) return;
-  const uint64_t now = mono_ns();
   const bool streak = now - cq->last_empty.load(std::memory_order_relaxed) <= kSpinGapNs;
   const uint32_t n = streak ? cq->empty_polls.load(std::memory_order_relaxed) + 1 : 1;
   cq->empty_polls.store(n, std::memory_order_relaxed);  // racy count, only a heuristic
@@ -179,7 +182,7 @@ void cq_busy_poll_empty(Cq* cq) {
   if (streak && !cq->armed.load(std::memory_order_relaxed) &&
       (n >= kSpinPolls || (cq->busy_until.load(std::memory_order_relaxed) &&
                            cq->busy_owner.load(std::memory_order_relaxed) == thread_token())))
-    cq_busy_poll_mark(cq);
+    cq_busy_poll_mark(cq, now);
   // A spin this long waits for something slow (perftest -R's server spins on its control
   // CQ for the whole test). On a small machine it takes the CPU that the device threads,
   // ours and the peer's, need to move the very data it waits for: a NIC needs no CPU, we
@@ -197,13 +200,13 @@ void cq_busy_poll_empty(Cq* cq) {
   if (n >= cq->yield_from.load(std::memory_order_relaxed)) sched_yield();
 }
 
-void cq_busy_poll_empty_done(Cq* cq) {
-  if (!Progress::get().on_thread()) cq->last_empty.store(mono_ns(), std::memory_order_relaxed);
+void cq_busy_poll_empty_done(Cq* cq, uint64_t now) {
+  if (!Progress::get().on_thread()) cq->last_empty.store(now, std::memory_order_relaxed);
 }
 
-bool cq_spinning(const Cq* cq) {
+bool cq_spinning(const Cq* cq, uint64_t now) {
   return cq->empty_polls.load(std::memory_order_relaxed) > 0 &&
-         mono_ns() - cq->last_empty.load(std::memory_order_relaxed) <= kSpinGapNs;
+         now - cq->last_empty.load(std::memory_order_relaxed) <= kSpinGapNs;
 }
 
 void cq_busy_poll_end(Cq* cq) {
@@ -225,22 +228,32 @@ bool qp_busy_step_back(Qp* qp) {
   const uint64_t until = owned_until(qp);
   if (until <= now && !blocked_on(qp)) return false;  // the poller ended meanwhile
   qp->rx_yielded = true;
+  qp->rx_handed.store(true);
   qp->yield_backoff = 0;
   // A spinner takes the ring's bytes itself: the peer need not ring (no send and recv per
   // message). A thread that blocks later turns bells back on (cq_block_begin, which counts
   // itself a blocker first: seq_cst, against this look at blocked_on after quieting).
   if (!blocked_on(qp) && qp->rx_ring.load()) {
     std::unique_lock lk(qp->rx_mu, std::try_to_lock);
-    if (lk.owns_lock()) {
-      shm_quiet_locked(qp);
-      if (blocked_on(qp) && shm_ring_on_locked(qp)) {
-        cq_kick(qp->scq);
-        if (qp->rcq != qp->scq) cq_kick(qp->rcq);
-      }
-    }
+    if (lk.owns_lock())
+      qp_busy_quiet_locked(qp);
+    else
+      qp->rx_quiet_due.store(true);  // the poller in its pass does it after (qp_progress)
   }
   schedule_recheck(qp, until > now ? until - now : busy_poll_hold_ns());
   return true;
+}
+
+void qp_busy_quiet_locked(Qp* qp) {
+  qp->rx_quiet_due.store(false, std::memory_order_relaxed);
+  // Still the poller's (a recheck that handed the socket back clears rx_handed before it
+  // takes rx_mu to turn the bells on, so it comes after us), and nobody sleeping on it.
+  if (!qp->rx_handed.load() || blocked_on(qp)) return;
+  shm_quiet_locked(qp);
+  if (blocked_on(qp) && shm_ring_on_locked(qp)) {
+    cq_kick(qp->scq);
+    if (qp->rcq != qp->scq) cq_kick(qp->rcq);
+  }
 }
 
 namespace {

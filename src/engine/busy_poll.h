@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "engine/cq.h"
+#include "util/clock.h"
 
 namespace sv::engine {
 
@@ -31,17 +32,22 @@ inline constexpr uint32_t kSpinPolls = 8;
 // per message (1 ms a 64 B riostream round trip under IB's completion rule, not 20 us).
 inline constexpr uint64_t kSpinGapNs = 10'000;
 // An application thread polls cq and will come back: extend its ownership.
-void cq_busy_poll_mark(Cq* cq);
+void cq_busy_poll_mark(Cq* cq, uint64_t now);
+inline void cq_busy_poll_mark(Cq* cq) {
+  cq_busy_poll_mark(cq, mono_ns());
+}
 // Another thread owns cq's receive path now: an empty poll leaves it to that thread (its
 // completions land in the CQ all the same) rather than racing it for the bytes.
-bool cq_owned_elsewhere(const Cq* cq);
+// now: mono_ns(), read once per empty poll (a clock read is a tenth of a spin's pass).
+bool cq_owned_elsewhere(const Cq* cq, uint64_t now);
 // An application thread's ibv_poll_cq found cq empty (mark once it spins) or not.
-void cq_busy_poll_empty(Cq* cq);
+void cq_busy_poll_empty(Cq* cq, uint64_t now);
 // The empty poll's receive pass is over: the gap to the next one is the application's own
 // (a sanitizer's slow receive pass is no pause of the spinner's).
-void cq_busy_poll_empty_done(Cq* cq);
+// now: the time the pass ended (the poll's own `now` if it took nothing: it was short).
+void cq_busy_poll_empty_done(Cq* cq, uint64_t now);
 // This thread's last poll of cq was empty too, moments ago: it spins, it is not answering.
-bool cq_spinning(const Cq* cq);
+bool cq_spinning(const Cq* cq, uint64_t now);
 // A poll that finds completions does not extend the hold: an application that polls only
 // for completions it knows are there (ib_write_lat, after a post) and then waits elsewhere
 // (on memory, for the peer's Write) is no spinner, and would wait for the recheck.
@@ -57,6 +63,9 @@ void cq_busy_poll_armed(Cq* cq);
 // Progress thread, EPOLLIN for qp: true if a poller owns it (the QP stepped back; the caller
 // leaves the socket to the poller and updates the QP's interest).
 bool qp_busy_step_back(Qp* qp);
+// Caller holds rx_mu: the QP is a poller's, so its ring's producer need not ring (unless a
+// thread sleeps on the CQ's wait set). Once the step-back could not (Qp::rx_quiet_due).
+void qp_busy_quiet_locked(Qp* qp);
 
 // Blocking ownership. A thread that blocks until a CQ has work for it (RDS's poll()) waits on
 // the CQ's wait set beside its own descriptors: the bytes that make the work then wake it,

@@ -28,15 +28,16 @@ bool Cq::push(const ibv_wc& wc, bool solicited) {
   bool handler = false;
   {
     std::lock_guard lk(mu);
-    if (count == ring.size()) {
+    const uint32_t n = count.load(std::memory_order_relaxed);
+    if (n == ring.size()) {
       overflowed = true;
       return false;
     }
-    const size_t slot = (head + count) % ring.size();
+    const size_t slot = (head + n) % ring.size();
     ring[slot] = wc;
     if (!ts.empty()) ts[slot] = clock_ns(CLOCK_MONOTONIC);
     if (!wall.empty()) wall[slot] = clock_ns(CLOCK_REALTIME);
-    ++count;
+    count.store(n + 1, std::memory_order_relaxed);
     // A thread that asked for quiet (softverbs_cq_quiet) polls for what it made itself.
     const bool quiet = tl_quiet == this;
     if (quiet) ++tl_quiet_made;
@@ -73,14 +74,17 @@ void Cq::run_handler() {
 }
 
 int Cq::poll(int n, ibv_wc* out) {
+  // Empty now is the answer a poll under mu just before the next push would give.
+  if (count.load(std::memory_order_relaxed) == 0) return 0;
   std::lock_guard lk(mu);
-  const int k = std::min<int>(n, static_cast<int>(count));
+  const uint32_t have = count.load(std::memory_order_relaxed);
+  const int k = std::min<int>(n, static_cast<int>(have));
   const auto cap = static_cast<uint32_t>(ring.size());
   for (int i = 0; i < k; ++i) {
     out[i] = ring[head];
     head = head + 1 == cap ? 0 : head + 1;
   }
-  count -= k;
+  count.store(have - static_cast<uint32_t>(k), std::memory_order_relaxed);
   return k;
 }
 
@@ -88,7 +92,8 @@ void Cq::clean(uint32_t qpn, bool keep_recv) {
   std::lock_guard lk(mu);
   const auto cap = static_cast<uint32_t>(ring.size());
   uint32_t kept = 0;
-  for (uint32_t i = 0; i < count; ++i) {
+  const uint32_t have = count.load(std::memory_order_relaxed);
+  for (uint32_t i = 0; i < have; ++i) {
     const uint32_t from = (head + i) % cap;
     if (ring[from].qp_num == qpn && !(keep_recv && (ring[from].opcode & IBV_WC_RECV))) continue;
     const uint32_t to = (head + kept) % cap;
@@ -99,17 +104,18 @@ void Cq::clean(uint32_t qpn, bool keep_recv) {
     }
     ++kept;
   }
-  count = kept;
+  count.store(kept, std::memory_order_relaxed);
 }
 
 bool Cq::pop_current() {
   std::lock_guard lk(mu);
-  if (count == 0) return false;
+  const uint32_t have = count.load(std::memory_order_relaxed);
+  if (have == 0) return false;
   cur = ring[head];
   cur_ts = ts.empty() ? 0 : ts[head];
   cur_wall = wall.empty() ? 0 : wall[head];
   head = head + 1 == ring.size() ? 0 : head + 1;
-  --count;
+  count.store(have - 1, std::memory_order_relaxed);
   return true;
 }
 
@@ -138,11 +144,13 @@ void Cq::detach(Qp* qp) {
   nqps.store(static_cast<int>(qps.size()), std::memory_order_release);
 }
 
-void Cq::progress_qps() {
+bool Cq::progress_qps() {
   std::lock_guard lk(qps_mu);
   tl_polling = this;
-  for (Qp* qp : qps) qp_progress(qp);
+  bool took = false;
+  for (Qp* qp : qps) took |= qp_progress(qp);
   tl_polling = nullptr;
+  return took;
 }
 
 void Cq::flush_deferred_tx(bool with_acks) {
@@ -166,21 +174,22 @@ void Cq::set_comp_handler(bool (*handler)(ibv_cq*, void*), void* arg) {
 
 uint32_t Cq::pending() {
   std::lock_guard lk(mu);
-  return count;
+  return count.load(std::memory_order_relaxed);
 }
 
 int Cq::resize(int new_cqe) {
   std::lock_guard lk(mu);
-  if (static_cast<uint32_t>(new_cqe) < count) return EINVAL;
+  const uint32_t have = count.load(std::memory_order_relaxed);
+  if (static_cast<uint32_t>(new_cqe) < have) return EINVAL;
   util::RawArray<ibv_wc> moved_ring;
   moved_ring.allocate(static_cast<size_t>(new_cqe) + 1);
-  for (uint32_t i = 0; i < count; ++i) moved_ring[i] = ring[(head + i) % ring.size()];
+  for (uint32_t i = 0; i < have; ++i) moved_ring[i] = ring[(head + i) % ring.size()];
   ring.swap(moved_ring);
   // Completion times move with their completions (extended CQs that asked for them).
   for (auto* t : {&ts, &wall}) {
     if (t->empty()) continue;
     std::vector<uint64_t> moved(ring.size());
-    for (uint32_t i = 0; i < count; ++i) moved[i] = (*t)[(head + i) % t->size()];
+    for (uint32_t i = 0; i < have; ++i) moved[i] = (*t)[(head + i) % t->size()];
     t->swap(moved);
   }
   head = 0;

@@ -39,7 +39,9 @@ struct Cq {
   std::mutex mu;  // ring, arm state
   util::RawArray<ibv_wc> ring;
   uint32_t head = 0;
-  uint32_t count = 0;
+  // Written under mu; read without it only by poll's look for an empty ring (a spinner's
+  // every pass would otherwise take and release mu twice).
+  std::atomic<uint32_t> count{0};
   std::atomic<bool> armed{false};  // written under mu; read without it when posting
   bool solicited_only = false;
   bool overflowed = false;
@@ -124,7 +126,8 @@ struct Cq {
   // For the verbs layer, which takes no engine lock itself:
   // Runs the attached QPs' receive path on this thread (an empty ibv_poll_cq), as its
   // poller (tl_polling).
-  void progress_qps();
+  // True if a QP took bytes (the pass may have been long).
+  bool progress_qps();
   // Sends what doorbell batching holds on the attached QPs (a poll came up empty, or an arm).
   // with_acks false: a Placement Ack held for the application's answer stays held (an empty
   // poll just before the answer's post, as rsockets' riowrite makes, is no sign that none

@@ -260,6 +260,7 @@ bool rx_run_locked(Qp* qp) {
           drained = static_cast<size_t>(n) < asked;
           stats::add(qp->stats, stats::Ctr::rcvd_bytes, static_cast<uint64_t>(n));
           c.rx_active = true;
+          ++c.rx_reads;
           const uint32_t direct = static_cast<uint32_t>(std::min<size_t>(n, c.data_left));
           if (c.crc) crc_targets(c, iov, k, direct);
           advance_place(c, direct);
@@ -284,6 +285,7 @@ bool rx_run_locked(Qp* qp) {
           drained = static_cast<size_t>(n) < asked;
           stats::add(qp->stats, stats::Ctr::rcvd_bytes, static_cast<uint64_t>(n));
           c.rx_active = true;
+          ++c.rx_reads;
           c.rx_end = static_cast<size_t>(n);
           continue;
         }

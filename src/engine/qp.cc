@@ -716,39 +716,42 @@ void tx_defer_locked(Qp* qp, uint64_t window) {
   qp->tx_deferred.store(true);  // seq_cst: read by the timer after it clears tx_flush_timer
   qp->scq->tx_deferred.store(true, std::memory_order_release);
   qp->rcq->tx_deferred.store(true, std::memory_order_release);
+  // A poller the progress thread stepped back for (busy_poll.h) flushes this at its next
+  // empty polls, and if it stops polling, the recheck that hands the socket back does
+  // (always pending while rx_handed is set; it clears the flag, then takes tx_mu, which we
+  // hold). No timer then: its post would wake the progress thread, and on a small machine
+  // pre-empt the very spinner it is for. If the poller stops without arming, what it held
+  // waits at most a recheck (kMaxRecheckNs), as its bytes would.
+  if (!Progress::get().on_thread() && qp->rx_handed.load()) return;
   if (qp->tx_flush_timer.exchange(true)) return;
   post_flush_timer(qp, window);
 }
 
-// Usually the answer or a poll takes what was held long before the timer is due: then the
-// progress thread drops the timer before it sleeps (no wake-up of its own, one per message
-// on a ping-pong), or leaves without tx_mu, which the poster may hold. A timer set for an
-// earlier hold that finds a newer one waits for the newer one's due time rather than send
-// its ack alone before the answer can carry it. tx_flush_timer is cleared before each
-// look, so a deferral racing it either sees the flag clear and sets a timer of its own, or
-// is seen here.
+// Usually the answer or a poll takes what was held long before the timer is due. The timer
+// is kept all the same, to its due time: while it is pending, the holds that follow post
+// none (tx_flush_timer), and a post from an application thread is what costs: it wakes the
+// progress thread to shorten its sleep, and on a small machine that wake-up pre-empts a
+// spinner. Dropping a moot timer before the sleep saved its run but left that wake-up, one
+// per message of a ping-pong; kept, a busy ping-pong pays one post and one run per hold
+// time (50 us: 25 round trips of 8 B through shared memory). A timer that finds a newer hold
+// waits for the newer one's due time (from the progress thread: no wake-up) rather than send
+// its ack alone before the answer can carry it. tx_flush_timer is cleared before each look,
+// so a deferral racing it either sees the flag clear and sets a timer of its own, or is seen
+// here.
 void post_flush_timer(Qp* qp, uint64_t delay_ns) {
-  Progress::get().post_after(
-      std::chrono::microseconds(delay_ns / 1000 + 1),
-      [ref = QpRef(qp)] {
-        if (!ref.live()) return;  // destroyed meanwhile
-        Qp* qp = ref.get();
-        qp->tx_flush_timer.store(false);
-        if (!qp->tx_deferred.load()) return;
-        std::lock_guard lk(qp->tx_mu);
-        const uint64_t now = sv::mono_ns();
-        if (qp->tx_deferred.load() && now < qp->tx_defer_due) {
-          if (!qp->tx_flush_timer.exchange(true)) post_flush_timer(qp, qp->tx_defer_due - now);
-          return;
-        }
-        tx_flush_locked(qp);
-      },
-      [qp] {  // the QpRef above keeps qp's memory
-        qp->tx_flush_timer.store(false);
-        if (!qp->tx_deferred.load()) return true;
-        qp->tx_flush_timer.store(true);
-        return false;
-      });
+  Progress::get().post_after(std::chrono::microseconds(delay_ns / 1000 + 1), [ref = QpRef(qp)] {
+    if (!ref.live()) return;  // destroyed meanwhile
+    Qp* qp = ref.get();
+    qp->tx_flush_timer.store(false);
+    if (!qp->tx_deferred.load()) return;
+    std::lock_guard lk(qp->tx_mu);
+    const uint64_t now = sv::mono_ns();
+    if (qp->tx_deferred.load() && now < qp->tx_defer_due) {
+      if (!qp->tx_flush_timer.exchange(true)) post_flush_timer(qp, qp->tx_defer_due - now);
+      return;
+    }
+    tx_flush_locked(qp);
+  });
 }
 }  // namespace
 
@@ -1029,7 +1032,7 @@ void qp_update_interest(Qp* qp) {
   }
 }
 
-void qp_progress(Qp* qp) {
+bool qp_progress(Qp* qp) {
   if (qp->ud) {
     // A busy poller drives the receive path itself; a stalled QP waits for a post_recv.
     if (!qp->rx_stalled && qp->rx_mu.try_lock()) {
@@ -1037,17 +1040,23 @@ void qp_progress(Qp* qp) {
       qp->rx_mu.unlock();
       if (qp->rx_stalled) ud_update_interest(qp);
     }
-    return;
+    return false;
   }
-  if (!qp->conn_up()) return;
+  if (!qp->conn_up()) return false;
+  bool took = false;
   if (qp->rx_mu.try_lock()) {
+    const uint64_t reads = qp->conn.rx_reads;
     rx_run_locked(qp);
+    took = qp->conn.rx_reads != reads;
+    if (qp->rx_quiet_due.load(std::memory_order_relaxed)) [[unlikely]]
+      qp_busy_quiet_locked(qp);
     qp->rx_mu.unlock();
   }
   if (qp->tx_blocked && qp->tx_mu.try_lock()) {
     tx_run_locked(qp);
     qp->tx_mu.unlock();
   }
+  return took;
 }
 
 }  // namespace sv::engine

@@ -175,6 +175,7 @@ struct Conn {
   // sweep has not given back since.
   bool rx_active = false;
   bool rx_resident = false;
+  uint64_t rx_reads = 0;   // reads that took bytes, ever (a poller's pass took some)
   uint32_t recv_msn = 1;   // next expected MSN, QN 0 (RFC 5041 §5.3: starts at 1)
   uint32_t rreq_msn = 1;   // QN 1
   uint32_t aresp_msn = 1;  // QN 3
@@ -324,6 +325,13 @@ struct Qp {
   // Busy-poll ownership (busy_poll.h), progress thread only: a poller runs RX, the socket is
   // out of the progress thread's EPOLLIN until a recheck (timer) or the poller's end.
   bool rx_yielded = false;
+  // rx_yielded, for the poller: while it is set, a recheck is always pending (busy_poll.cc),
+  // and the one that hands the socket back flushes what the poller held (tx_defer_locked).
+  std::atomic<bool> rx_handed{false};
+  // The step-back could not take rx_mu to quiet the ring (the poller held it, in a pass):
+  // the poller does it after its pass (qp_busy_quiet_locked). Else the peer rang for every
+  // message, and the poller took each bell with a recv, for as long as it polled.
+  std::atomic<bool> rx_quiet_due{false};
   uint64_t yield_timer_at = 0;  // the soonest recheck pending (mono ns; 0: none)
   uint32_t yield_backoff = 0;   // rechecks while still polled come this many hold times apart
   uint64_t park_gen = 0;        // the blocker's sleep (Cq::block_gen) the last park saw
@@ -474,7 +482,8 @@ void qp_set_error(Qp* qp, ibv_wc_status status, bool fatal,
                   ibv_event_type event = IBV_EVENT_QP_FATAL,
                   const std::function<void()>& report = {});  // qp_state.cc
 // Runs pending RX and TX without blocking (called by poll_cq and the progress thread).
-void qp_progress(Qp* qp);
+// True if RX took bytes.
+bool qp_progress(Qp* qp);
 // Connection established: start TX/RX through the progress thread.
 void qp_attach_conn(Qp* qp);
 // Recomputes the socket's epoll interest (EPOLLIN unless stalled, EPOLLOUT if blocked).

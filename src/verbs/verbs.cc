@@ -21,6 +21,7 @@
 #include "engine/qp.h"
 #include "engine/settings.h"
 #include "softverbs/verbs_ext.h"
+#include "util/clock.h"
 #include "verbs/cq_ex.h"
 #include "verbs/handles.h"
 #include "verbs/mw.h"
@@ -47,13 +48,16 @@ void drive_empty_cq(Cq* cq) {
   // An application thread spinning on an unarmed CQ owns the receive path for a while and
   // the progress thread steps back (busy_poll.h). A held Placement Ack leaves at the second
   // empty poll of a spin: the first may come just before the answer is posted.
-  cq->flush_deferred_tx(cq_spinning(cq));
-  if (cq_owned_elsewhere(cq)) return;
-  cq_busy_poll_empty(cq);
+  const uint64_t now = sv::mono_ns();
+  cq->flush_deferred_tx(cq_spinning(cq, now));
+  if (cq_owned_elsewhere(cq, now)) return;
+  cq_busy_poll_empty(cq, now);
   // Empty: run the attached QPs' receive path here rather than waiting for the
   // progress thread to wake up (a cross-core wake-up costs ~30 us on this class of VM).
-  cq->progress_qps();
-  cq_busy_poll_empty_done(cq);
+  // A clock read costs as much as a tenth of an empty pass: one more only after a pass
+  // that took bytes, the kind that can be long (a large Write placed).
+  const bool took = cq->progress_qps();
+  cq_busy_poll_empty_done(cq, took ? sv::mono_ns() : now);
 }
 }  // namespace sv::verbs
 

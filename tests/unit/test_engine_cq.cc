@@ -26,7 +26,7 @@ TEST(CqRing, CleanDropsOneQpsCompletionsAndKeepsTheRestInOrder) {
   for (uint64_t i = 0; i < 7; ++i) ASSERT_TRUE(cq.push(wc(i % 2 ? 7 : 9, i), false));
   for (uint32_t i = 0; i < 7; ++i) cq.ts[(5 + i) % 8] = 1000 + i;  // stamp each slot
   cq.clean(7);
-  ASSERT_EQ(cq.count, 4u);
+  ASSERT_EQ(cq.count.load(), 4u);
   uint64_t want_ts[] = {1000, 1002, 1004, 1006};
   for (int i = 0; i < 4; ++i) EXPECT_EQ(cq.ts[(cq.head + i) % 8], want_ts[i]) << i;
   ibv_wc out[8];
