@@ -234,6 +234,20 @@ TEST_F(XProcIbPeer, BusyPollAHeldAckLeavesWhenThePollerBlocks) {
   EXPECT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);
 }
 
+// A poller that places a Write and then stops polling, without arming or saying so: its
+// held ack has no timer of its own (its post would wake the progress thread, pre-empting
+// the spinner), so the recheck that hands the socket back once the busy-poll hold has
+// passed sends it -- within seconds (the hold is 1 s in this run), not after the ack
+// hold (30 s), and not never.
+TEST_F(XProcIbPeer, BusyPollAHeldAckLeavesWhenThePollerStopsWithoutArming) {
+  ASSERT_NO_FATAL_FAILURE(ConnectIbPeer());
+  ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);
+  ASSERT_NO_FATAL_FAILURE(PlaceWriteBySlowPolls(5, 79));
+  auto s = remote->poll(CqSel::send, 1, Ms(5000));  // this thread polls its own CQ no more
+  ASSERT_EQ(s.size(), 1u) << "the poller that stopped kept the Placement Ack";
+  EXPECT_TRUE(wc_is(s[0], 5, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE));
+}
+
 // RDS's fenced Write: a Write and a Send behind it, placed by one pass of the poller (a
 // stream: nobody answers both), whose requester asked for the Placement Ack. It leaves at
 // once, not after the hold (30 s in this run), whether or not the poller polls again.
