@@ -756,6 +756,11 @@ void post_flush_timer(Qp* qp, uint64_t delay_ns) {
 }  // namespace
 
 void tx_post_locked(Qp* qp) {
+  // Through a shared-memory ring a frame costs no system call: nothing to batch.
+  if (qp->tx_ring.load(std::memory_order_relaxed)) {
+    tx_run_locked(qp);
+    return;
+  }
   const uint64_t window = tx_batch_ns();
   const uint64_t now = window ? sv::mono_ns() : 0;
   // A post that answers what the peer sent since the last one is a ping-pong's turn: when

@@ -211,10 +211,15 @@ uint32_t pull_min() {
 // the peer (the only other process that opened it), not a stranger the peer named to have us
 // copy the stranger's memory. Never ourselves: a peer naming our own pid would have us copy
 // our own memory into a region it can read back.
-bool can_pull(ShmLink& l, uint32_t pid, uint64_t base) {
-  if (pull_min() == 0 || pid == 0 || base == 0 || pid == static_cast<uint32_t>(getpid()))
-    return false;
+// On false, *why says what stopped it (an info line at set-up: which way one copy works is
+// the first question when Writes between two users are slower than between one user's).
+bool can_pull(ShmLink& l, uint32_t pid, uint64_t base, const char** why) {
+  *why = "SOFTVERBS_SHM_PULL_MIN=0";
+  if (pull_min() == 0) return false;
+  *why = "the peer named no process or mapping, or ours";
+  if (pid == 0 || base == 0 || pid == static_cast<uint32_t>(getpid())) return false;
   uint64_t challenge = 0;
+  *why = "getrandom failed";
   if (getrandom(&challenge, sizeof challenge, 0) != sizeof challenge || challenge == 0)
     return false;
   auto* h = static_cast<ShmHeader*>(l.base);
@@ -224,10 +229,12 @@ bool can_pull(ShmLink& l, uint32_t pid, uint64_t base) {
   iovec local{&v, sizeof v};
   iovec remote{reinterpret_cast<void*>(base + offsetof(ShmHeader, challenge) + mine * sizeof v),
                sizeof v};
-  if (process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0) !=
-          static_cast<ssize_t>(sizeof v) ||
-      v != challenge)
+  const ssize_t got = process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
+  if (got != static_cast<ssize_t>(sizeof v) || v != challenge) {
+    // EPERM: another user without CAP_SYS_PTRACE, or Yama's ptrace_scope; ENOSYS: seccomp.
+    *why = got < 0 ? std::strerror(errno) : "the challenge did not read back";
     return false;
+  }
   // Nor a thread of ours (process_vm_readv takes a thread id too, and a thread of our own
   // group always passes the check), nor a process sharing our memory (CLONE_VM): a random
   // value of this stack frame, private to our address space, must not read back through pid.
@@ -237,14 +244,28 @@ bool can_pull(ShmLink& l, uint32_t pid, uint64_t base) {
   remote = iovec{&canary, sizeof canary};
   if (process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0) ==
           static_cast<ssize_t>(sizeof v) &&
-      v == canary)
+      v == canary) {
+    *why = "the peer named a thread of ours or a process sharing our memory";
     return false;
+  }
   // Each read of the peer's data reads the challenge back too (shm_pull): a pid the kernel
   // gave to another process meanwhile is never taken for the peer.
   l.peer_pid = pid;
   l.peer_base = base;
   l.challenge = challenge;
   return true;
+}
+
+// Whether we read the peer's memory for its large Writes and Read Responses (we tell it so).
+bool decide_pull(Qp* qp, ShmLink& l, uint32_t pid, uint64_t base) {
+  const char* why = nullptr;
+  if (can_pull(l, pid, base, &why)) {
+    SV_INFO("qp %u: reads the peer's memory: one copy from %u bytes", qp->qpn(), pull_min());
+    return true;
+  }
+  SV_INFO("qp %u: cannot read the peer's memory (%s): its data comes through the ring", qp->qpn(),
+          why);
+  return false;
 }
 
 void ring_bell(Qp* qp) {
@@ -396,7 +417,7 @@ bool shm_on_ctrl(Qp* qp, const char** err) {
         SV_INFO("qp %u: declines the peer's shared memory: %s", qp->qpn(), why);
         c.shm_tx_due = static_cast<uint8_t>(ShmCtrl::Type::decline);
       } else {
-        l->we_pull = can_pull(*l, m.pid, m.base_addr);
+        l->we_pull = decide_pull(qp, *l, m.pid, m.base_addr);
         l->peer_publishes_placed = m.flags & ShmCtrl::kPublishesPlaced;
         l->rx.publish_placed(c.units_rx);  // then at each receive pass's end (iw_rx.cc)
         c.shm = std::move(l);
@@ -421,7 +442,7 @@ bool shm_on_ctrl(Qp* qp, const char** err) {
       }
       c.shm->peer_pulls = m.flags & ShmCtrl::kPeerPull;
       c.shm->peer_publishes_placed = m.flags & ShmCtrl::kPublishesPlaced;
-      c.shm->we_pull = can_pull(*c.shm, m.pid, m.base_addr);
+      c.shm->we_pull = decide_pull(qp, *c.shm, m.pid, m.base_addr);
       c.shm->rx.publish_placed(c.units_rx);  // then at each receive pass's end (iw_rx.cc)
       // Everything the peer sends after this message is in its ring.
       c.rx_switch_after_seg = true;

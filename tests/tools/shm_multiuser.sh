@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Same-host transport between two users (issue 29): root and a second user (nobody, via
+# setpriv) run rping -V (every buffer the server reads and writes back is checked by the
+# client) with buffers of 65,000 bytes (rping's largest), large enough to go by reference
+# where one side may read the other's memory. The permissions decide the transport, never
+# the data:
+#  1. root serves, nobody connects and offers its segment: root does not map another user's
+#     segment (engine/qp_shm.cc), declines, and the connection stays on TCP;
+#  2. nobody serves, root offers: nobody may not open root's segment, and declines;
+#  3. nobody serves and connects: one user, so shared memory; one copy as far as the
+#     kernel's ptrace check allows (Yama's ptrace_scope 1 allows it toward descendants only,
+#     and rping's client is not the server's), else the ring.
+# Usage: shm_multiuser.sh <libdir>
+set -u
+LIB=$1
+if [ "$(id -u)" -ne 0 ] || ! id nobody >/dev/null 2>&1 || ! command -v setpriv >/dev/null ||
+  ! command -v rping >/dev/null; then
+  echo "needs root, a 'nobody' user, setpriv and rping"
+  exit 1
+fi
+# The libraries where nobody can read them: the build tree's parents may not be searchable.
+T=$(mktemp -d /tmp/sv-shm-multiuser.XXXXXX)
+chmod 755 "$T"
+cp -a "$LIB"/lib*.so* "$T/"
+chmod -R a+rX "$T"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  rm -rf "$T"
+}
+trap cleanup EXIT
+pass=0
+fail=0
+check() {  # check NAME CONDITION-RESULT(0/1) DETAIL
+  if [ "$2" -eq 0 ]; then
+    pass=$((pass + 1)); echo "PASS $1"
+  else
+    fail=$((fail + 1)); echo "FAIL $1: $3"
+  fi
+}
+ENV=(env LD_LIBRARY_PATH=$T SOFTVERBS_NETDEV=lo SOFTVERBS_SHM=1 SOFTVERBS_LOG=info)
+as_root() { "${ENV[@]}" "$@"; }
+as_nobody() { setpriv --reuid=nobody --regid=nogroup --clear-groups "${ENV[@]}" "$@"; }
+P=$((20000 + $$ % 5000))
+COUNT=200
+# pair TAG SERVER_AS CLIENT_AS PORT: rping -V between the two; outputs in $T/TAG.{s,c}, exit
+# codes in $T/TAG.rc ("server client").
+pair() {
+  local tag=$1 srv=$2 cli=$3 port=$4
+  # shellcheck disable=SC2016
+  ($srv rping -s -a 127.0.0.1 -p "$port" -S 65000 -C $COUNT -V >"$T/$tag.s" 2>&1) &
+  local s=$!
+  pids+=($s)
+  sleep 0.5
+  timeout 60 bash -c "$(declare -f as_root as_nobody); $(declare -p ENV T); $cli rping -c -a 127.0.0.1 -p $port -S 65000 -C $COUNT -V -v" >"$T/$tag.c" 2>&1
+  local c=$?
+  wait "$s"
+  echo "$? $c" >"$T/$tag.rc"
+}
+has() { grep -q -- "$2" "$T/$1"; echo $?; }
+logs() { grep -h "softverbs:" "$T/$1.s" "$T/$1.c" | head -6; }  # never rping's -v data
+
+# 1. root serves, nobody offers.
+pair one as_root as_nobody "$P"
+read -r s c <"$T/one.rc"
+check "root server, nobody client: both exit 0" $([ "$s" = 0 ] && [ "$c" = 0 ]; echo $?) "server $s client $c; $(logs one)"
+n=$(grep -c "ping data: rdma-ping-" "$T/one.c")
+check "all $COUNT pings validated" $([ "$n" = "$COUNT" ]; echo $?) "$n of $COUNT"
+check "root declines another user's segment" "$(has one.s "declines the peer's shared memory: another user's")" "$(logs one)"
+check "nobody stays on TCP" "$(has one.c "the peer declined shared memory: staying on TCP")" "$(logs one)"
+check "nothing goes through shared memory" $(! grep -q "through shared memory" "$T/one.s" "$T/one.c"; echo $?) "$(logs one)"
+
+# 2. nobody serves, root offers.
+pair two as_nobody as_root $((P + 1))
+read -r s c <"$T/two.rc"
+check "nobody server, root client: both exit 0" $([ "$s" = 0 ] && [ "$c" = 0 ]; echo $?) "server $s client $c; $(logs two)"
+n=$(grep -c "ping data: rdma-ping-" "$T/two.c")
+check "all $COUNT pings validated" $([ "$n" = "$COUNT" ]; echo $?) "$n of $COUNT"
+check "nobody may not open root's segment" "$(has two.s "declines the peer's shared memory: no permission")" "$(logs two)"
+check "root stays on TCP" "$(has two.c "the peer declined shared memory: staying on TCP")" "$(logs two)"
+check "nothing goes through shared memory" $(! grep -q "through shared memory" "$T/two.s" "$T/two.c"; echo $?) "$(logs two)"
+
+# 3. nobody and nobody.
+pair three as_nobody as_nobody $((P + 2))
+read -r s c <"$T/three.rc"
+check "one user: both exit 0" $([ "$s" = 0 ] && [ "$c" = 0 ]; echo $?) "server $s client $c; $(logs three)"
+n=$(grep -c "ping data: rdma-ping-" "$T/three.c")
+check "all $COUNT pings validated" $([ "$n" = "$COUNT" ]; echo $?) "$n of $COUNT"
+for side in s c; do
+  check "one user: $side sends through shared memory" "$(has three.$side "sends through shared memory")" "$(logs three)"
+  check "one user: $side decided one copy" "$(has three.$side "reads the peer's memory\|cannot read the peer's memory")" "$(logs three)"
+done
+grep -h "the peer's memory" "$T/three.s" "$T/three.c" | sed 's/^/  /'
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
