@@ -37,6 +37,11 @@ bool blocked_on(const Qp* qp) {
 
 void recheck(Qp* qp);
 
+void flush_held(Qp* qp) {
+  std::lock_guard lk(qp->tx_mu);
+  if (qp->tx_deferred.exchange(false)) tx_run_locked(qp);
+}
+
 // A recheck `delay_ns` from now, unless one is due sooner. A later one still pending then
 // runs too, harmlessly: only the soonest matters.
 void schedule_recheck(Qp* qp, uint64_t delay_ns) {
@@ -90,6 +95,7 @@ void recheck(Qp* qp) {
           if (qp->rcq != qp->scq) cq_kick(qp->rcq);
         }
       }
+      flush_held(qp);  // held by a poller before the sleep began, or by another thread
       const uint64_t gen = block_gen(qp);
       const bool same = gen == qp->park_gen;
       qp->park_gen = gen;
@@ -124,8 +130,9 @@ void recheck(Qp* qp) {
     if (shm_ring_on_locked(qp)) qp_rx_locked(qp);
   }
   // What the poller held with no timer of its own (a post it batched, an ack it kept for
-  // its answer) leaves now that it polls no more.
-  qp_tx_flush(qp, true);
+  // its answer) leaves now that it polls no more. Under tx_mu, not after a lock-free look:
+  // our store of rx_handed and the poller's of tx_deferred are a Dekker pair.
+  flush_held(qp);
 }
 
 }  // namespace
@@ -172,8 +179,8 @@ uint64_t spin_yield_ns() {
   return ns;
 }
 
-void cq_busy_poll_empty(Cq* cq, uint64_t now) {
-  if (Progress::get().on_thread()) return;
+bool cq_busy_poll_empty(Cq* cq, uint64_t now) {
+  if (Progress::get().on_thread()) return false;
   const bool streak = now - cq->last_empty.load(std::memory_order_relaxed) <= kSpinGapNs;
   const uint32_t n = streak ? cq->empty_polls.load(std::memory_order_relaxed) + 1 : 1;
   cq->empty_polls.store(n, std::memory_order_relaxed);  // racy count, only a heuristic
@@ -189,7 +196,7 @@ void cq_busy_poll_empty(Cq* cq, uint64_t now) {
   // do. So from then on each empty poll yields (sched_yield returns at once when nothing
   // else is runnable here); a short wait, a ping-pong's, never gets there.
   const uint64_t after = spin_yield_ns();
-  if (!after) return;
+  if (!after) return false;
   if (n == 1) {
     cq->empty_since.store(now, std::memory_order_relaxed);
     cq->yield_from.store(~0u, std::memory_order_relaxed);
@@ -197,7 +204,9 @@ void cq_busy_poll_empty(Cq* cq, uint64_t now) {
              now - cq->empty_since.load(std::memory_order_relaxed) >= after) {
     cq->yield_from.store(n, std::memory_order_relaxed);
   }
-  if (n >= cq->yield_from.load(std::memory_order_relaxed)) sched_yield();
+  if (n < cq->yield_from.load(std::memory_order_relaxed)) return false;
+  sched_yield();
+  return true;
 }
 
 void cq_busy_poll_empty_done(Cq* cq, uint64_t now) {
@@ -242,6 +251,14 @@ bool qp_busy_step_back(Qp* qp) {
   }
   schedule_recheck(qp, until > now ? until - now : busy_poll_hold_ns());
   return true;
+}
+
+bool qp_polled_by_caller(const Qp* qp) {
+  if (!qp->rx_handed.load()) return false;
+  const uintptr_t me = thread_token();
+  return (qp->scq->busy_owner.load(std::memory_order_relaxed) == me ||
+          qp->rcq->busy_owner.load(std::memory_order_relaxed) == me) &&
+         !blocked_on(qp);
 }
 
 void qp_busy_quiet_locked(Qp* qp) {

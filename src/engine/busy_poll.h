@@ -41,7 +41,8 @@ inline void cq_busy_poll_mark(Cq* cq) {
 // now: mono_ns(), read once per empty poll (a clock read is a tenth of a spin's pass).
 bool cq_owned_elsewhere(const Cq* cq, uint64_t now);
 // An application thread's ibv_poll_cq found cq empty (mark once it spins) or not.
-void cq_busy_poll_empty(Cq* cq, uint64_t now);
+// True if it yielded the CPU (the clock must be read again: `now` is old).
+bool cq_busy_poll_empty(Cq* cq, uint64_t now);
 // The empty poll's receive pass is over: the gap to the next one is the application's own
 // (a sanitizer's slow receive pass is no pause of the spinner's).
 // now: the time the pass ended (the poll's own `now` if it took nothing: it was short).
@@ -63,6 +64,10 @@ void cq_busy_poll_armed(Cq* cq);
 // Progress thread, EPOLLIN for qp: true if a poller owns it (the QP stepped back; the caller
 // leaves the socket to the poller and updates the QP's interest).
 bool qp_busy_step_back(Qp* qp);
+// The calling thread is the busy poller the progress thread stepped back for, and nobody
+// sleeps on the QP's wait sets: it will flush what it holds at its next empty polls, and the
+// recheck that hands the socket back flushes it if it stops (tx_defer_locked sets no timer).
+bool qp_polled_by_caller(const Qp* qp);
 // Caller holds rx_mu: the QP is a poller's, so its ring's producer need not ring (unless a
 // thread sleeps on the CQ's wait set). Once the step-back could not (Qp::rx_quiet_due).
 void qp_busy_quiet_locked(Qp* qp);

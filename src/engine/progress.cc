@@ -151,12 +151,10 @@ void Progress::run_deferred_cqs() {
   }
 }
 
-void Progress::post_after(std::chrono::microseconds delay, std::function<void()> fn,
-                          std::function<bool()> drop) {
+void Progress::post_after(std::chrono::microseconds delay, std::function<void()> fn) {
   {
     std::lock_guard lk(mu_);
-    timers_.emplace(std::chrono::steady_clock::now() + delay,
-                    Timer{std::move(fn), std::move(drop)});
+    timers_.emplace(std::chrono::steady_clock::now() + delay, std::move(fn));
   }
   if (!on_thread()) wake();  // the loop computes its next timeout after this returns
 }
@@ -167,13 +165,8 @@ void Progress::loop() {
   for (;;) {
     bool timed = false;
     timespec ts{};
-    std::vector<Timer> dropped;  // destroyed after mu_ is released (their captures may post)
     {
       std::lock_guard lk(mu_);
-      while (!timers_.empty() && timers_.begin()->second.drop && timers_.begin()->second.drop()) {
-        dropped.push_back(std::move(timers_.begin()->second));
-        timers_.erase(timers_.begin());
-      }
       if (!timers_.empty()) {
         const auto d = std::chrono::duration_cast<std::chrono::nanoseconds>(
             timers_.begin()->first - std::chrono::steady_clock::now());
@@ -183,7 +176,6 @@ void Progress::loop() {
         timed = true;
       }
     }
-    dropped.clear();
     // epoll_pwait2 (Linux 5.11) takes a timespec: timers finer than epoll_wait's millisecond
     // (the TX batch flush is due microseconds after a post). Older kernels: milliseconds.
     int n = epoll_pwait2(epfd_, evs, kMaxEvents, timed ? &ts : nullptr, nullptr);
@@ -212,7 +204,7 @@ void Progress::loop() {
           fn = std::move(queue_.front());
           queue_.pop_front();
         } else if (!timers_.empty() && timers_.begin()->first <= std::chrono::steady_clock::now()) {
-          fn = std::move(timers_.begin()->second.fn);
+          fn = std::move(timers_.begin()->second);
           timers_.erase(timers_.begin());
         }
       }

@@ -50,11 +50,7 @@ class Progress {
   // The CQ is being destroyed: drop a deferred notification of it (progress thread only).
   void forget_cq(Cq* cq);
   // Runs fn on the progress thread after `delay` (microsecond resolution: epoll_pwait2).
-  // `drop`, if given, is asked on the progress thread before each sleep while the timer is
-  // the next one due: true drops the timer unrun (it has nothing left to do), so a safety
-  // timer that is usually moot costs no wake-up of its own.
-  void post_after(std::chrono::microseconds delay, std::function<void()> fn,
-                  std::function<bool()> drop = {});
+  void post_after(std::chrono::microseconds delay, std::function<void()> fn);
 
  private:
   friend class sv::ForkLocal<Progress>;
@@ -69,11 +65,7 @@ class Progress {
   std::thread::id tid_;
   std::mutex mu_;
   std::deque<std::function<void()>> queue_;
-  struct Timer {
-    std::function<void()> fn;
-    std::function<bool()> drop;
-  };
-  std::multimap<std::chrono::steady_clock::time_point, Timer> timers_;
+  std::multimap<std::chrono::steady_clock::time_point, std::function<void()>> timers_;
   std::vector<Cq*> due_cqs_;  // progress thread only
 };
 

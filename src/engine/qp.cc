@@ -716,13 +716,14 @@ void tx_defer_locked(Qp* qp, uint64_t window) {
   qp->tx_deferred.store(true);  // seq_cst: read by the timer after it clears tx_flush_timer
   qp->scq->tx_deferred.store(true, std::memory_order_release);
   qp->rcq->tx_deferred.store(true, std::memory_order_release);
-  // A poller the progress thread stepped back for (busy_poll.h) flushes this at its next
+  // The poller the progress thread stepped back for (busy_poll.h) flushes this at its next
   // empty polls, and if it stops polling, the recheck that hands the socket back does
   // (always pending while rx_handed is set; it clears the flag, then takes tx_mu, which we
   // hold). No timer then: its post would wake the progress thread, and on a small machine
   // pre-empt the very spinner it is for. If the poller stops without arming, what it held
-  // waits at most a recheck (kMaxRecheckNs), as its bytes would.
-  if (!Progress::get().on_thread() && qp->rx_handed.load()) return;
+  // waits at most a recheck (kMaxRecheckNs), as its bytes would. Any other thread (one
+  // polling the QP's other CQ, a post_recv restarting RX) gets the timer.
+  if (!Progress::get().on_thread() && qp_polled_by_caller(qp)) return;
   if (qp->tx_flush_timer.exchange(true)) return;
   post_flush_timer(qp, window);
 }
@@ -758,6 +759,7 @@ void post_flush_timer(Qp* qp, uint64_t delay_ns) {
 void tx_post_locked(Qp* qp) {
   // Through a shared-memory ring a frame costs no system call: nothing to batch.
   if (qp->tx_ring.load(std::memory_order_relaxed)) {
+    qp->tx_deferred.store(false, std::memory_order_relaxed);  // what was held leaves with it
     tx_run_locked(qp);
     return;
   }
@@ -784,8 +786,8 @@ void tx_post_locked(Qp* qp) {
 // answer is a Send, an RDMA Write's (ib_write_lat, riostream: the application sees the
 // Write in memory) a Write. Without an answer it leaves at the poller's second empty poll
 // in a row, an arm or block of the CQ, an rdma_cm call of the process (perftest -R:
-// qp_flush_deferred_all), or the hold's timer; the timer is dropped unrun when the answer
-// took the ack (tx_defer_locked). A pass that placed a stream (several messages) has no one
+// qp_flush_deferred_all), or the hold's timer, which a busy poller does not set
+// (tx_defer_locked). A pass that placed a stream (several messages) has no one
 // answer: its ack leaves at once, as an IB responder's. An ack nobody asked for is lazy: it
 // rides with whatever leaves next, or with the timer kLazyAckDelay later, never alone at a
 // flush point; a WQE that needs it asked (mark_ack_request), so a stream of small messages
@@ -1045,7 +1047,7 @@ bool qp_progress(Qp* qp) {
       qp->rx_mu.unlock();
       if (qp->rx_stalled) ud_update_interest(qp);
     }
-    return false;
+    return true;  // (whether it received is not tracked: take the clock again)
   }
   if (!qp->conn_up()) return false;
   bool took = false;

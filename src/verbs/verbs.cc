@@ -51,13 +51,14 @@ void drive_empty_cq(Cq* cq) {
   const uint64_t now = sv::mono_ns();
   cq->flush_deferred_tx(cq_spinning(cq, now));
   if (cq_owned_elsewhere(cq, now)) return;
-  cq_busy_poll_empty(cq, now);
+  const bool yielded = cq_busy_poll_empty(cq, now);
   // Empty: run the attached QPs' receive path here rather than waiting for the
   // progress thread to wake up (a cross-core wake-up costs ~30 us on this class of VM).
-  // A clock read costs as much as a tenth of an empty pass: one more only after a pass
-  // that took bytes, the kind that can be long (a large Write placed).
+  // A clock read costs as much as a tenth of an empty pass: one more only after a yield or
+  // a pass that took bytes, the kinds that can be long (a large Write placed). A yield
+  // taken for a short pass would end the streak, and with it the yielding.
   const bool took = cq->progress_qps();
-  cq_busy_poll_empty_done(cq, took ? sv::mono_ns() : now);
+  cq_busy_poll_empty_done(cq, took || yielded ? sv::mono_ns() : now);
 }
 }  // namespace sv::verbs
 

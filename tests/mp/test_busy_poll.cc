@@ -237,13 +237,20 @@ TEST_F(XProcIbPeer, BusyPollAHeldAckLeavesWhenThePollerBlocks) {
 // A poller that places a Write and then stops polling, without arming or saying so: its
 // held ack has no timer of its own (its post would wake the progress thread, pre-empting
 // the spinner), so the recheck that hands the socket back once the busy-poll hold has
-// passed sends it -- within seconds (the hold is 1 s in this run), not after the ack
-// hold (30 s), and not never.
+// passed sends it -- within seconds (the hold is 3 s in this run), not after the ack hold
+// (30 s), and not never.
 TEST_F(XProcIbPeer, BusyPollAHeldAckLeavesWhenThePollerStopsWithoutArming) {
   ASSERT_NO_FATAL_FAILURE(ConnectIbPeer());
   ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);
-  ASSERT_NO_FATAL_FAILURE(PlaceWriteBySlowPolls(5, 79));
-  auto s = remote->poll(CqSel::send, 1, Ms(5000));  // this thread polls its own CQ no more
+  remote->fill(0, 0, 64, 79);
+  ASSERT_EQ(remote->post_send(make_rdma(IBV_WR_RDMA_WRITE, 5, {sge(0, 64)}, li.addr, li.rkey)), 0);
+  // The progress thread sees the bytes while we own the CQ, and steps back.
+  std::this_thread::sleep_for(kQuiet);
+  EXPECT_NE(local->check(0, 0, 64, 79), -1) << "placed by the progress thread";
+  ibv_wc wc{};
+  EXPECT_EQ(ibv_poll_cq(local->rcq, 1, &wc), 0);  // our pass places it, and holds the ack
+  ASSERT_EQ(local->check(0, 0, 64, 79), -1) << "the Write was not placed";
+  auto s = remote->poll(CqSel::send, 1, Ms(10000));  // this thread polls its own CQ no more
   ASSERT_EQ(s.size(), 1u) << "the poller that stopped kept the Placement Ack";
   EXPECT_TRUE(wc_is(s[0], 5, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE));
 }

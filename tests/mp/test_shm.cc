@@ -41,10 +41,10 @@ bool published_qp(pid_t pid, uint32_t qpn, sv::wire::QpStatsView& out) {
   return false;
 }
 
-// The QP's transport as this process publishes it.
-uint32_t transport_of(uint32_t qpn) {
+// The QP's transport as process pid (this one by default) publishes it.
+uint32_t transport_of(uint32_t qpn, pid_t pid = getpid()) {
   sv::wire::QpStatsView q;
-  return published_qp(getpid(), qpn, q) ? q.transport : ~0u;
+  return published_qp(pid, qpn, q) ? q.transport : ~0u;
 }
 
 // How many segments a QP read straight from its peer's memory (one copy, kDdpSvRef).
@@ -78,16 +78,29 @@ class Shm : public XProc {
     g_child_env.clear();
     XProc::TearDown();
   }
-  // One Send each way: whichever side initiated, the offer, answer and switch have passed.
+  // One Send each way, which sets the offer, answer and switch going whichever side
+  // initiated; then, once both sides send through shared memory, one more each way. A side's
+  // answer or switch precedes its later frames, so each side has then read the other's, and
+  // with it whether the other reads its memory (one copy): the responder's transport says
+  // shared memory from its accept on, before the initiator's switch has reached it.
   void Exchange() {
-    ASSERT_EQ(remote->post_recv(100, {sge(0, 64)}), 0);
-    ASSERT_EQ(local->post_recv(100, {sge(0, 64)}), 0);
-    ASSERT_EQ(local->post_send(make_send(100, {sge(64, 8)})), 0);
-    ASSERT_EQ(remote->post_send(make_send(100, {sge(64, 8)})), 0);
-    ASSERT_EQ(local->poll(CqSel::send, 1).size(), 1u);
-    ASSERT_EQ(local->poll(CqSel::recv, 1).size(), 1u);
-    ASSERT_EQ(remote->poll(CqSel::send, 1).size(), 1u);
-    ASSERT_EQ(remote->poll(CqSel::recv, 1).size(), 1u);
+    for (int round = 0; round < 2; ++round) {
+      if (round == 1) {
+        for (int i = 0; i < 200 && transport_of(ri.qpn, remote->pid()) != sv::wire::kTransportShm;
+             ++i)
+          std::this_thread::sleep_for(Ms(10));
+        for (int i = 0; i < 200 && transport_of(local->qp->qp_num) != sv::wire::kTransportShm; ++i)
+          std::this_thread::sleep_for(Ms(10));
+      }
+      ASSERT_EQ(remote->post_recv(100, {sge(0, 64)}), 0);
+      ASSERT_EQ(local->post_recv(100, {sge(0, 64)}), 0);
+      ASSERT_EQ(local->post_send(make_send(100, {sge(64, 8)})), 0);
+      ASSERT_EQ(remote->post_send(make_send(100, {sge(64, 8)})), 0);
+      ASSERT_EQ(local->poll(CqSel::send, 1).size(), 1u);
+      ASSERT_EQ(local->poll(CqSel::recv, 1).size(), 1u);
+      ASSERT_EQ(remote->poll(CqSel::send, 1).size(), 1u);
+      ASSERT_EQ(remote->poll(CqSel::recv, 1).size(), 1u);
+    }
   }
 };
 
