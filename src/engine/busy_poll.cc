@@ -37,11 +37,6 @@ bool blocked_on(const Qp* qp) {
 
 void recheck(Qp* qp);
 
-void flush_held(Qp* qp) {
-  std::lock_guard lk(qp->tx_mu);
-  if (qp->tx_deferred.exchange(false)) tx_run_locked(qp);
-}
-
 // A recheck `delay_ns` from now, unless one is due sooner. A later one still pending then
 // runs too, harmlessly: only the soonest matters.
 void schedule_recheck(Qp* qp, uint64_t delay_ns) {
@@ -95,7 +90,6 @@ void recheck(Qp* qp) {
           if (qp->rcq != qp->scq) cq_kick(qp->rcq);
         }
       }
-      flush_held(qp);  // held by a poller before the sleep began, or by another thread
       const uint64_t gen = block_gen(qp);
       const bool same = gen == qp->park_gen;
       qp->park_gen = gen;
@@ -120,7 +114,7 @@ void recheck(Qp* qp) {
     return;
   }
   qp->rx_yielded = false;
-  qp->rx_handed.store(false);  // seq_cst, then tx_mu: against tx_defer_locked's look
+  qp->rx_handed.store(false);  // before rx_mu: a quiet the poller still owed comes first
   qp_update_interest(qp);      // EPOLLIN again: level-triggered, so nothing waiting is missed
   // ... except bytes in a shared-memory ring whose producer was told not to ring: bells on,
   // and what is there is read now. Under rx_mu, waited for: a poller holding it may have
@@ -129,10 +123,6 @@ void recheck(Qp* qp) {
     std::lock_guard lk(qp->rx_mu);
     if (shm_ring_on_locked(qp)) qp_rx_locked(qp);
   }
-  // What the poller held with no timer of its own (a post it batched, an ack it kept for
-  // its answer) leaves now that it polls no more. Under tx_mu, not after a lock-free look:
-  // our store of rx_handed and the poller's of tx_deferred are a Dekker pair.
-  flush_held(qp);
 }
 
 }  // namespace
@@ -253,17 +243,9 @@ bool qp_busy_step_back(Qp* qp) {
   return true;
 }
 
-bool qp_polled_by_caller(const Qp* qp) {
-  if (!qp->rx_handed.load()) return false;
-  const uintptr_t me = thread_token();
-  return (qp->scq->busy_owner.load(std::memory_order_relaxed) == me ||
-          qp->rcq->busy_owner.load(std::memory_order_relaxed) == me) &&
-         !blocked_on(qp);
-}
-
 void qp_busy_quiet_locked(Qp* qp) {
   qp->rx_quiet_due.store(false, std::memory_order_relaxed);
-  // Still the poller's (a recheck that handed the socket back clears rx_handed before it
+  // Still the poller's (a recheck that handed the socket back clears rx_yielded before it
   // takes rx_mu to turn the bells on, so it comes after us), and nobody sleeping on it.
   if (!qp->rx_handed.load() || blocked_on(qp)) return;
   shm_quiet_locked(qp);

@@ -64,10 +64,6 @@ void cq_busy_poll_armed(Cq* cq);
 // Progress thread, EPOLLIN for qp: true if a poller owns it (the QP stepped back; the caller
 // leaves the socket to the poller and updates the QP's interest).
 bool qp_busy_step_back(Qp* qp);
-// The calling thread is the busy poller the progress thread stepped back for, and nobody
-// sleeps on the QP's wait sets: it will flush what it holds at its next empty polls, and the
-// recheck that hands the socket back flushes it if it stops (tx_defer_locked sets no timer).
-bool qp_polled_by_caller(const Qp* qp);
 // Caller holds rx_mu: the QP is a poller's, so its ring's producer need not ring (unless a
 // thread sleeps on the CQ's wait set). Once the step-back could not (Qp::rx_quiet_due).
 void qp_busy_quiet_locked(Qp* qp);

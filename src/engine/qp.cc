@@ -716,14 +716,6 @@ void tx_defer_locked(Qp* qp, uint64_t window) {
   qp->tx_deferred.store(true);  // seq_cst: read by the timer after it clears tx_flush_timer
   qp->scq->tx_deferred.store(true, std::memory_order_release);
   qp->rcq->tx_deferred.store(true, std::memory_order_release);
-  // The poller the progress thread stepped back for (busy_poll.h) flushes this at its next
-  // empty polls, and if it stops polling, the recheck that hands the socket back does
-  // (always pending while rx_handed is set; it clears the flag, then takes tx_mu, which we
-  // hold). No timer then: its post would wake the progress thread, and on a small machine
-  // pre-empt the very spinner it is for. If the poller stops without arming, what it held
-  // waits at most a recheck (kMaxRecheckNs), as its bytes would. Any other thread (one
-  // polling the QP's other CQ, a post_recv restarting RX) gets the timer.
-  if (!Progress::get().on_thread() && qp_polled_by_caller(qp)) return;
   if (qp->tx_flush_timer.exchange(true)) return;
   post_flush_timer(qp, window);
 }
@@ -786,12 +778,11 @@ void tx_post_locked(Qp* qp) {
 // answer is a Send, an RDMA Write's (ib_write_lat, riostream: the application sees the
 // Write in memory) a Write. Without an answer it leaves at the poller's second empty poll
 // in a row, an arm or block of the CQ, an rdma_cm call of the process (perftest -R:
-// qp_flush_deferred_all), or the hold's timer, which a busy poller does not set
-// (tx_defer_locked). A pass that placed a stream (several messages) has no one
-// answer: its ack leaves at once, as an IB responder's. An ack nobody asked for is lazy: it
-// rides with whatever leaves next, or with the timer kLazyAckDelay later, never alone at a
-// flush point; a WQE that needs it asked (mark_ack_request), so a stream of small messages
-// costs the responder one ack per request, not one sendmsg per receive pass. One pass's
+// qp_flush_deferred_all), or the hold's timer (tx_defer_locked). A pass that placed a stream
+// (several messages) has no one answer: its ack leaves at once, as an IB responder's. An ack nobody
+// asked for is lazy: it rides with whatever leaves next, or with the timer kLazyAckDelay later,
+// never alone at a flush point; a WQE that needs it asked (mark_ack_request), so a stream of small
+// messages costs the responder one ack per request, not one sendmsg per receive pass. One pass's
 // messages share one ack.
 void tx_ack_locked(Qp* qp, bool requested, bool no_one_answer) {
   // SOFTVERBS_ACK_HOLD_US (default 50, 0: never held): how long that ack waits for the answer.

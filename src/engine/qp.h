@@ -325,17 +325,15 @@ struct Qp {
   // Busy-poll ownership (busy_poll.h), progress thread only: a poller runs RX, the socket is
   // out of the progress thread's EPOLLIN until a recheck (timer) or the poller's end.
   bool rx_yielded = false;
-  // rx_yielded, for the poller: while it is set, a recheck is always pending (busy_poll.cc),
-  // and the one that hands the socket back flushes what the poller held (tx_defer_locked).
-  std::atomic<bool> rx_handed{false};
   // The step-back could not take rx_mu to quiet the ring (the poller held it, in a pass):
   // the poller does it after its pass (qp_busy_quiet_locked). Else the peer rang for every
   // message, and the poller took each bell with a recv, for as long as it polled.
   std::atomic<bool> rx_quiet_due{false};
-  uint64_t yield_timer_at = 0;  // the soonest recheck pending (mono ns; 0: none)
-  uint32_t yield_backoff = 0;   // rechecks while still polled come this many hold times apart
-  uint64_t park_gen = 0;        // the blocker's sleep (Cq::block_gen) the last park saw
-  uint32_t park_backoff = 1;    // rechecks during it come this many kBlockRecheckNs apart
+  std::atomic<bool> rx_handed{false};  // rx_yielded, for the poller (qp_busy_quiet_locked)
+  uint64_t yield_timer_at = 0;         // the soonest recheck pending (mono ns; 0: none)
+  uint32_t yield_backoff = 0;  // rechecks while still polled come this many hold times apart
+  uint64_t park_gen = 0;       // the blocker's sleep (Cq::block_gen) the last park saw
+  uint32_t park_backoff = 1;   // rechecks during it come this many kBlockRecheckNs apart
   // Blocking ownership (busy_poll.h): the socket is in the wait set of the scq (bit 0) and
   // the rcq (bit 1). Progress thread only.
   uint8_t wait_sets = 0;

@@ -16,6 +16,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string_view>
 #include <thread>
 #include <type_traits>
@@ -100,6 +102,28 @@ SendSpec make_atomic(ibv_wr_opcode op, uint64_t wr_id, SgeSpec local, uint64_t r
   s.compare_add = compare_add;
   s.swap = swap;
   return s;
+}
+
+bool published_qp(pid_t pid, uint32_t qpn, sv::wire::QpStatsView& out) {
+  const std::string path =
+      "/dev/shm/softverbs-stats-" + std::to_string(geteuid()) + "/" + std::to_string(pid);
+  std::ifstream in(path, std::ios::binary);
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  sv::wire::StatsView v;
+  if (sv::wire::decode_stats({reinterpret_cast<const std::byte*>(s.data()), s.size()}, v) !=
+      sv::wire::StatsError::ok)
+    return false;
+  for (const auto& q : v.qps)
+    if (q.qpn == qpn) {
+      out = q;
+      return true;
+    }
+  return false;
+}
+
+uint64_t qp_counter(pid_t pid, uint32_t qpn, sv::wire::Ctr c) {
+  sv::wire::QpStatsView q;
+  return published_qp(pid, qpn, q) ? q.ctr[static_cast<size_t>(c)] : ~0ull;
 }
 
 void spin_receive(Peer& local, RemotePeer& remote, uint64_t rounds) {

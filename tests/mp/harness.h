@@ -25,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include "wire/stats_file.h"
+
 namespace mp {
 
 using Clock = std::chrono::steady_clock;
@@ -270,6 +272,12 @@ int wait_state(P& p, int want) {
   }
   return st;
 }
+
+// The QP as process `pid` publishes it in its statistics file (softverbs-stat qp's source);
+// false if it is not there.
+bool published_qp(pid_t pid, uint32_t qpn, sv::wire::QpStatsView& out);
+// One of its counters; ~0 if the QP is not published.
+uint64_t qp_counter(pid_t pid, uint32_t qpn, sv::wire::Ctr c);
 
 // `rounds` Sends of 32 B from remote, each received by local spinning on ibv_poll_cq (no
 // back-off: a busy poller, as busy-poll ownership sees one). Receives use wr_id = round.

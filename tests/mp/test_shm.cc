@@ -23,24 +23,6 @@ namespace {
 
 constexpr uint64_t kMiB = 1 << 20;
 
-// The QP as process `pid` publishes it (softverbs-stat qp); false if it is not there.
-bool published_qp(pid_t pid, uint32_t qpn, sv::wire::QpStatsView& out) {
-  const std::string path =
-      "/dev/shm/softverbs-stats-" + std::to_string(geteuid()) + "/" + std::to_string(pid);
-  std::ifstream in(path, std::ios::binary);
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  sv::wire::StatsView v;
-  if (sv::wire::decode_stats({reinterpret_cast<const std::byte*>(s.data()), s.size()}, v) !=
-      sv::wire::StatsError::ok)
-    return false;
-  for (const auto& q : v.qps)
-    if (q.qpn == qpn) {
-      out = q;
-      return true;
-    }
-  return false;
-}
-
 // The QP's transport as process pid (this one by default) publishes it.
 uint32_t transport_of(uint32_t qpn, pid_t pid = getpid()) {
   sv::wire::QpStatsView q;
@@ -49,8 +31,7 @@ uint32_t transport_of(uint32_t qpn, pid_t pid = getpid()) {
 
 // How many segments a QP read straight from its peer's memory (one copy, kDdpSvRef).
 uint64_t pulls_of(pid_t pid, uint32_t qpn) {
-  sv::wire::QpStatsView q;
-  return published_qp(pid, qpn, q) ? q.ctr[static_cast<size_t>(sv::wire::Ctr::shm_pulls)] : ~0ull;
+  return qp_counter(pid, qpn, sv::wire::Ctr::shm_pulls);
 }
 
 // Waits for the set-up messages to have gone both ways (they follow the first FPDUs).

@@ -24,6 +24,30 @@ class ShmBusyPoll : public XProc {
   }
 };
 
+// A spinner tells the peer not to ring: 480 Sends into a CQ this thread spins on cost the
+// peer a handful of bells (those before the progress thread stepped back), not one each.
+// (The step-back that finds the spinner inside its pass leaves the quieting to it,
+// Qp::rx_quiet_due; this test's spinner is rarely caught there, so it does not tell.)
+TEST_F(ShmBusyPoll, ASpinnerIsNotRungForEachMessage) {
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  ASSERT_NO_FATAL_FAILURE(Exchange());
+  ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);
+  // In rounds of 40, the peer's send queue emptied between them.
+  auto rounds = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      ASSERT_NO_FATAL_FAILURE(spin_receive(*local, *remote, 40));
+      ASSERT_EQ(remote->poll(CqSel::send, 40).size(), 40u);
+    }
+  };
+  ASSERT_NO_FATAL_FAILURE(rounds(1));  // the step-back happens here
+  const uint64_t before = qp_counter(remote->pid(), ri.qpn, sv::wire::Ctr::shm_bells);
+  ASSERT_NE(before, ~0ull);
+  ASSERT_NO_FATAL_FAILURE(rounds(12));
+  const uint64_t bells = qp_counter(remote->pid(), ri.qpn, sv::wire::Ctr::shm_bells) - before;
+  EXPECT_LE(bells, 10u) << "the peer rang for the spinner's messages";
+  EXPECT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);
+}
+
 // A thread that sleeps on the CQ's wait set (softverbs_cq_block, as the RDS shim's poll,
 // which does not poll the CQ first) after spinning: bytes that came while the peer was told
 // not to ring still wake it (cq_block_begin turns bells back on and kicks the wait set for
