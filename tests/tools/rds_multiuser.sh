@@ -35,15 +35,7 @@ cleanup() {
   rm -rf "$T" "$REG"
 }
 trap cleanup EXIT
-pass=0
-fail=0
-check() {  # check NAME CONDITION-RESULT(0/1) DETAIL
-  if [ "$2" -eq 0 ]; then
-    pass=$((pass + 1)); echo "PASS $1"
-  else
-    fail=$((fail + 1)); echo "FAIL $1: $3"
-  fi
-}
+. "$(dirname "$0")/check_lib.sh"
 as_root() { LD_LIBRARY_PATH=$T "$T/probe" "$@"; }
 as_nobody() {
   setpriv --reuid=nobody --regid=nogroup --clear-groups \
@@ -155,5 +147,4 @@ snap=no
 [ -f "$REG/info/${pids[-1]}" ] && [ ! -L "$REG/info/${pids[-1]}" ] && snap=yes
 check "a symlinked info snapshot is not followed" $([ "$(cat "$victim")" = secret ] && [ $snap = yes ]; echo $?) "victim: $(cat "$victim"), root's snapshot written: $snap"
 wait
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+summary

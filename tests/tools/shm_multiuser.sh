@@ -29,15 +29,7 @@ cleanup() {
   rm -rf "$T"
 }
 trap cleanup EXIT
-pass=0
-fail=0
-check() {  # check NAME CONDITION-RESULT(0/1) DETAIL
-  if [ "$2" -eq 0 ]; then
-    pass=$((pass + 1)); echo "PASS $1"
-  else
-    fail=$((fail + 1)); echo "FAIL $1: $3"
-  fi
-}
+. "$(dirname "$0")/check_lib.sh"
 ENV=(env LD_LIBRARY_PATH=$T SOFTVERBS_NETDEV=lo SOFTVERBS_SHM=1 SOFTVERBS_LOG=info)
 # run_as WHO CMD...: replaces the calling (sub)shell with CMD, as root or as nobody.
 run_as() {
@@ -72,25 +64,23 @@ pair() {
 has() { grep -q -- "$2" "$T/$1"; echo $?; }
 logs() { grep -h "softverbs:" "$T/$1.s" "$T/$1.c" | head -6; }  # never rping's -v data
 
-# 1. root serves, nobody offers.
-pair one root nobody "$P"
-read -r s c <"$T/one.rc"
-check "root server, nobody client: both exit 0" $([ "$s" = 0 ] && [ "$c" = 0 ]; echo $?) "server $s client $c; $(logs one)"
-n=$(grep -c "ping data: rdma-ping-" "$T/one.c")
-check "all $COUNT pings validated" $([ "$n" = "$COUNT" ]; echo $?) "$n of $COUNT"
-check "root declines another user's segment" "$(has one.s "declines the peer's shared memory: another user's")" "$(logs one)"
-check "nobody stays on TCP" "$(has one.c "the peer declined shared memory: staying on TCP")" "$(logs one)"
-check "nothing goes through shared memory" $(! grep -q "through shared memory" "$T/one.s" "$T/one.c"; echo $?) "$(logs one)"
-
-# 2. nobody serves, root offers.
-pair two nobody root $((P + 1))
-read -r s c <"$T/two.rc"
-check "nobody server, root client: both exit 0" $([ "$s" = 0 ] && [ "$c" = 0 ]; echo $?) "server $s client $c; $(logs two)"
-n=$(grep -c "ping data: rdma-ping-" "$T/two.c")
-check "all $COUNT pings validated" $([ "$n" = "$COUNT" ]; echo $?) "$n of $COUNT"
-check "nobody may not open root's segment" "$(has two.s "declines the peer's shared memory: no permission")" "$(logs two)"
-check "root stays on TCP" "$(has two.c "the peer declined shared memory: staying on TCP")" "$(logs two)"
-check "nothing goes through shared memory" $(! grep -q "through shared memory" "$T/two.s" "$T/two.c"; echo $?) "$(logs two)"
+# stays_tcp TAG SERVER CLIENT PORT DECLINE: rping -V between root and nobody; the server
+# declines the client's offer (DECLINE: why) and both stay on TCP.
+stays_tcp() {
+  local tag=$1 srv=$2 cli=$3 port=$4 why=$5 s c n
+  pair "$tag" "$srv" "$cli" "$port"
+  read -r s c <"$T/$tag.rc"
+  check "$srv server, $cli client: both exit 0" $([ "$s" = 0 ] && [ "$c" = 0 ]; echo $?) "server $s client $c; $(logs "$tag")"
+  n=$(grep -c "ping data: rdma-ping-" "$T/$tag.c")
+  check "all $COUNT pings validated" $([ "$n" = "$COUNT" ]; echo $?) "$n of $COUNT"
+  check "$srv declines $cli's segment: $why" "$(has "$tag.s" "declines the peer's shared memory: $why")" "$(logs "$tag")"
+  check "$cli stays on TCP" "$(has "$tag.c" "the peer declined shared memory: staying on TCP")" "$(logs "$tag")"
+  check "nothing goes through shared memory" $(! grep -q "through shared memory" "$T/$tag.s" "$T/$tag.c"; echo $?) "$(logs "$tag")"
+}
+# 1. root serves, nobody offers: root maps only its own uid's segments.
+stays_tcp one root nobody "$P" "another user's"
+# 2. nobody serves, root offers: the kernel does not let nobody open root's.
+stays_tcp two nobody root $((P + 1)) "no permission"
 
 # 3. nobody and nobody.
 pair three nobody nobody $((P + 2))
@@ -104,5 +94,4 @@ for side in s c; do
 done
 grep -h "the peer's memory" "$T/three.s" "$T/three.c" | sed 's/^/  /'
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+summary
