@@ -243,11 +243,31 @@ bool qp_busy_step_back(Qp* qp) {
   return true;
 }
 
+void qp_busy_bell_taken_locked(Qp* qp) {
+  if (qp->rx_handed.load(std::memory_order_relaxed) || Progress::get().on_thread()) return;
+  const uintptr_t me = thread_token();
+  if (qp->scq->busy_owner.load(std::memory_order_relaxed) != me &&
+      qp->rcq->busy_owner.load(std::memory_order_relaxed) != me)
+    return;
+  if (owned_until(qp) <= mono_ns() || qp->step_back_asked.exchange(true)) return;
+  Progress::get().post([ref = QpRef(qp)] {
+    if (!ref.live()) return;
+    Qp* q = ref.get();
+    q->step_back_asked.store(false);
+    if (q->conn.fd >= 0 && qp_busy_step_back(q)) qp_update_interest(q);
+  });
+}
+
 void qp_busy_quiet_locked(Qp* qp) {
   qp->rx_quiet_due.store(false, std::memory_order_relaxed);
   // Still the poller's (a recheck that handed the socket back clears rx_yielded before it
   // takes rx_mu to turn the bells on, so it comes after us), and nobody sleeping on it.
-  if (!qp->rx_handed.load() || blocked_on(qp)) return;
+  if (!qp->rx_handed.load()) return;
+  // Marked before the look at blockers (seq_cst): a blocker that counted itself after it
+  // is seen below, one that counted itself before finds the mark and visits us.
+  qp->scq->quiet_rings.store(true);
+  qp->rcq->quiet_rings.store(true);
+  if (blocked_on(qp)) return;
   shm_quiet_locked(qp);
   if (blocked_on(qp) && shm_ring_on_locked(qp)) {
     cq_kick(qp->scq);
@@ -279,6 +299,9 @@ void cq_block_begin(Cq* cq) {
   // a blocker: a step-back that quiets a ring then sees it and turns bells back on.
   const int kick = cq->kick_fd.load();
   if (kick >= 0) drain_kick(kick);
+  // Only if a ring may have been quieted since the last blocker looked: a CQ of thousands of
+  // QPs (RDS with as many peers) is not visited, each under its rx_mu, on every sleep.
+  if (!cq->quiet_rings.exchange(false)) return;
   bool waiting = false;
   {
     std::lock_guard lk(cq->qps_mu);

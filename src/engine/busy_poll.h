@@ -64,6 +64,10 @@ void cq_busy_poll_armed(Cq* cq);
 // Progress thread, EPOLLIN for qp: true if a poller owns it (the QP stepped back; the caller
 // leaves the socket to the poller and updates the QP's interest).
 bool qp_busy_step_back(Qp* qp);
+// Caller holds rx_mu, and took a bell off the QP's socket: if it is the thread that spins on
+// one of the QP's CQs, the progress thread has not stepped back (it never saw the bell the
+// poller took first), and the peer will ring for every message until it does: ask it, once.
+void qp_busy_bell_taken_locked(Qp* qp);
 // Caller holds rx_mu: the QP is a poller's, so its ring's producer need not ring (unless a
 // thread sleeps on the CQ's wait set). Once the step-back could not (Qp::rx_quiet_due).
 void qp_busy_quiet_locked(Qp* qp);

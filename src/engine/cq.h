@@ -76,7 +76,10 @@ struct Cq {
   // (recheck_parked) and the last one to wake hands it back to the progress thread.
   std::atomic<int> blockers{0};
   std::atomic<bool> recheck_parked{false};
-  std::atomic<uint64_t> block_gen{0};    // sleeps so far (blockers going from 0 to 1)
+  std::atomic<uint64_t> block_gen{0};  // sleeps so far (blockers going from 0 to 1)
+  // A ring of one of its QPs may have been told not to ring since the last blocker looked
+  // (qp_busy_quiet_locked sets it first): only then does cq_block_begin visit every QP.
+  std::atomic<bool> quiet_rings{false};
   std::atomic<uint64_t> block_since{0};  // when the current one began (mono ns)
   // Blocking ownership (busy_poll.h): an epoll set of the attached QPs' sockets while they can
   // receive, so a thread can block until this CQ's receive path has bytes to run and run it

@@ -329,8 +329,10 @@ struct Qp {
   // the poller does it after its pass (qp_busy_quiet_locked). Else the peer rang for every
   // message, and the poller took each bell with a recv, for as long as it polled.
   std::atomic<bool> rx_quiet_due{false};
-  std::atomic<bool> rx_handed{false};  // rx_yielded, for the poller (qp_busy_quiet_locked)
-  uint64_t yield_timer_at = 0;         // the soonest recheck pending (mono ns; 0: none)
+  std::atomic<bool> rx_handed{false};
+  std::atomic<bool> step_back_asked{false};  // qp_busy_bell_taken_locked posted a step-back  //
+                                             // rx_yielded, for the poller (qp_busy_quiet_locked)
+  uint64_t yield_timer_at = 0;               // the soonest recheck pending (mono ns; 0: none)
   uint32_t yield_backoff = 0;  // rechecks while still polled come this many hold times apart
   uint64_t park_gen = 0;       // the blocker's sleep (Cq::block_gen) the last park saw
   uint32_t park_backoff = 1;   // rechecks during it come this many kBlockRecheckNs apart

@@ -22,6 +22,7 @@
 #include <memory>
 
 #include "engine/app_memory.h"
+#include "engine/busy_poll.h"
 #include "engine/log.h"
 #include "engine/qp.h"
 #include "engine/shm_link.h"
@@ -516,11 +517,15 @@ ssize_t shm_rx_read(Qp* qp, iovec* iov, size_t n, bool app) {
     return rx.readv(iov, n);
   };
   long got = readv();
-  if (got == 0 && !qp->shm_gone.load() &&
-      (rx.bell_pending() || coarse_ns() - c.bell_check_ns >= kBellCheckNs)) {
-    shm_take_bells_locked(qp);
-    got = readv();  // a bell means bytes may be there now
+  if (got == 0 && !qp->shm_gone.load()) {
+    const bool rung = rx.bell_pending();
+    if (rung || coarse_ns() - c.bell_check_ns >= kBellCheckNs) {
+      shm_take_bells_locked(qp);
+      if (rung) qp_busy_bell_taken_locked(qp);
+      got = readv();  // a bell means bytes may be there now
+    }
   }
+
   if (got < 0) {
     SV_WARN("qp %u: the peer's shared-memory ring is corrupt", qp->qpn());
     errno = EPROTO;
