@@ -37,6 +37,12 @@ bool blocked_on(const Qp* qp) {
 
 void recheck(Qp* qp);
 
+// Wakes whoever sleeps on the wait set of either of the QP's CQs.
+void kick_wait_sets(Qp* qp) {
+  cq_kick(qp->scq);
+  if (qp->rcq != qp->scq) cq_kick(qp->rcq);
+}
+
 // A recheck `delay_ns` from now, unless one is due sooner. A later one still pending then
 // runs too, harmlessly: only the soonest matters.
 void schedule_recheck(Qp* qp, uint64_t delay_ns) {
@@ -85,10 +91,7 @@ void recheck(Qp* qp) {
       // (If a receive pass holds rx_mu, it wakes them anyway: a spurious wake costs a poll.)
       if (qp->rx_ring.load()) {
         std::unique_lock lk(qp->rx_mu, std::try_to_lock);
-        if (!lk.owns_lock() || shm_ring_on_locked(qp)) {
-          cq_kick(qp->scq);
-          if (qp->rcq != qp->scq) cq_kick(qp->rcq);
-        }
+        if (!lk.owns_lock() || shm_ring_on_locked(qp)) kick_wait_sets(qp);
       }
       const uint64_t gen = block_gen(qp);
       const bool same = gen == qp->park_gen;
@@ -260,7 +263,7 @@ void qp_busy_bell_taken_locked(Qp* qp) {
 
 void qp_busy_quiet_locked(Qp* qp) {
   qp->rx_quiet_due.store(false, std::memory_order_relaxed);
-  // Still the poller's (a recheck that handed the socket back clears rx_yielded before it
+  // Still the poller's (a recheck that handed the socket back clears rx_handed before it
   // takes rx_mu to turn the bells on, so it comes after us), and nobody sleeping on it.
   if (!qp->rx_handed.load()) return;
   // Marked before the look at blockers (seq_cst): a blocker that counted itself after it
@@ -269,10 +272,7 @@ void qp_busy_quiet_locked(Qp* qp) {
   qp->rcq->quiet_rings.store(true);
   if (blocked_on(qp)) return;
   shm_quiet_locked(qp);
-  if (blocked_on(qp) && shm_ring_on_locked(qp)) {
-    cq_kick(qp->scq);
-    if (qp->rcq != qp->scq) cq_kick(qp->rcq);
-  }
+  if (blocked_on(qp) && shm_ring_on_locked(qp)) kick_wait_sets(qp);
 }
 
 namespace {

@@ -329,13 +329,14 @@ struct Qp {
   // the poller does it after its pass (qp_busy_quiet_locked). Else the peer rang for every
   // message, and the poller took each bell with a recv, for as long as it polled.
   std::atomic<bool> rx_quiet_due{false};
+  // rx_yielded as the poller sees it (qp_busy_quiet_locked, qp_busy_bell_taken_locked).
   std::atomic<bool> rx_handed{false};
-  std::atomic<bool> step_back_asked{false};  // qp_busy_bell_taken_locked posted a step-back  //
-                                             // rx_yielded, for the poller (qp_busy_quiet_locked)
-  uint64_t yield_timer_at = 0;               // the soonest recheck pending (mono ns; 0: none)
-  uint32_t yield_backoff = 0;  // rechecks while still polled come this many hold times apart
-  uint64_t park_gen = 0;       // the blocker's sleep (Cq::block_gen) the last park saw
-  uint32_t park_backoff = 1;   // rechecks during it come this many kBlockRecheckNs apart
+  // qp_busy_bell_taken_locked posted a step-back that has not run yet.
+  std::atomic<bool> step_back_asked{false};
+  uint64_t yield_timer_at = 0;  // the soonest recheck pending (mono ns; 0: none)
+  uint32_t yield_backoff = 0;   // rechecks while still polled come this many hold times apart
+  uint64_t park_gen = 0;        // the blocker's sleep (Cq::block_gen) the last park saw
+  uint32_t park_backoff = 1;    // rechecks during it come this many kBlockRecheckNs apart
   // Blocking ownership (busy_poll.h): the socket is in the wait set of the scq (bit 0) and
   // the rcq (bit 1). Progress thread only.
   uint8_t wait_sets = 0;

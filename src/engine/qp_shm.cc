@@ -525,7 +525,6 @@ ssize_t shm_rx_read(Qp* qp, iovec* iov, size_t n, bool app) {
       got = readv();  // a bell means bytes may be there now
     }
   }
-
   if (got < 0) {
     SV_WARN("qp %u: the peer's shared-memory ring is corrupt", qp->qpn());
     errno = EPROTO;
