@@ -3,13 +3,17 @@
 # and without it (TCP), through unmodified perftest, against UCX's shared-memory transports
 # measured in the same run (posix for active messages, cma for put/get). Prints each figure
 # and its ratio to the anchor, with the issue's goal. Not a test: nothing passes or fails.
-# Usage: bench/shm_compare.sh [libdir]   (default build/lib). One host, loopback only.
+# Usage: bench/shm_compare.sh [libdir] [outdir]   (default build/lib). One host, loopback only.
+# With outdir, also writes shm.csv and shm.png (gnuplot): each figure as speed relative to its
+# anchor (anchor latency / ours, or our rate / the anchor's: higher is better, 1 = as fast),
+# for both transports, beside the goal.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 LIB=${1:-$ROOT/build/lib}
-for p in ucx-utils perftest; do
+OUT=${2:-}
+for p in ucx-utils perftest gnuplot-nox; do
   dpkg-query -W -f='${Status}' $p 2>/dev/null | grep -q "ok installed" ||
-    { apt-get install -y -qq --no-install-recommends ucx-utils perftest >/dev/null; break; }
+    { apt-get install -y -qq --no-install-recommends ucx-utils perftest gnuplot-nox >/dev/null; break; }
 done
 A=127.0.0.1
 pids=()
@@ -62,3 +66,20 @@ echo "shm against tcp (softverbs' two transports, same run):"
 printf '  SEND lat %s, WRITE lat %s, rate %s, WRITE bw %s, READ bw %s\n' \
   "$(ratio "$SLAT" "$T_SLAT")" "$(ratio "$WLAT" "$T_WLAT")" "$(ratio "$RATE" "$T_RATE")" \
   "$(ratio "$WBW" "$T_WBW")" "$(ratio "$RBW" "$T_RBW")"
+
+[ -n "$OUT" ] || exit 0
+mkdir -p "$OUT"
+# speed <ours> <anchor> <lat|rate>: relative speed, higher is better (0 when not measured).
+speed() {
+  awk -v a="$1" -v b="$2" -v k="$3" 'BEGIN{ if (a>0 && b>0) printf "%.3f", (k=="lat") ? b/a : a/b; else print 0 }'
+}
+{
+  echo "measure,shm,tcp,goal,shm_value,tcp_value,anchor_value"
+  echo "SEND 8 B latency,$(speed "$SLAT" "$UCX_AM_LAT" lat),$(speed "$T_SLAT" "$UCX_AM_LAT" lat),0.5,$SLAT,$T_SLAT,$UCX_AM_LAT"
+  echo "WRITE 8 B latency,$(speed "$WLAT" "$UCX_AM_LAT" lat),$(speed "$T_WLAT" "$UCX_AM_LAT" lat),0.5,$WLAT,$T_WLAT,$UCX_AM_LAT"
+  echo "SEND 8 B rate,$(speed "$RATE" "$UCX_AM_MPPS" rate),$(speed "$T_RATE" "$UCX_AM_MPPS" rate),0.5,$RATE,$T_RATE,$UCX_AM_MPPS"
+  echo "WRITE 1 MiB,$(speed "$WBW" "$UCX_PUT_BW" rate),$(speed "$T_WBW" "$UCX_PUT_BW" rate),1.0,$WBW,$T_WBW,$UCX_PUT_BW"
+  echo "READ 1 MiB,$(speed "$RBW" "$UCX_GET_BW" rate),$(speed "$T_RBW" "$UCX_GET_BW" rate),1.0,$RBW,$T_RBW,$UCX_GET_BW"
+} >"$OUT/shm.csv"
+gnuplot -e "out='$OUT'; day='$(date -u +%Y-%m-%d)'" "$ROOT/bench/plot_shm.gp"
+echo "wrote $OUT/shm.csv and $OUT/shm.png"

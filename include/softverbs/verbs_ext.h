@@ -97,6 +97,20 @@ int softverbs_qp_ib_completion(struct ibv_qp* qp);
  * without MPA CRC (SOFTVERBS_MPA_CRC=1 turns it on); ENOTCONN if the QP has no connection. */
 int softverbs_qp_inject_fault(struct ibv_qp* qp, const char* fault);
 
+/* Gives the memory of an idle receive pool back to the system: the pages wholly inside the
+ * buffers posted to srq and not yet taken by a QP are released (madvise MADV_DONTNEED), for a
+ * consumer whose pool grew for a burst and then went quiet. The buffers stay posted; a page
+ * comes back, zero-filled for private anonymous memory, when a message is placed in it. Only
+ * buffers whose lkey names a region of the SRQ's PD with local write access are touched, and
+ * a page that is partly outside every posted buffer is kept. A posted buffer is the device's
+ * until its completion (ibv_post_srq_recv(3)), and a completion defines only its first
+ * byte_len bytes: what else the buffer held before it was posted is not kept. A posted buffer
+ * must therefore not overlap memory a QP may be placing into (another receive already taken).
+ * The SRQ's QPs wait for their next receive while the pages go: a call for quiet times.
+ * Returns the bytes advised away (pages that were not resident count too), or -1 with errno
+ * EINVAL for an invalid SRQ. */
+long softverbs_srq_trim(struct ibv_srq* srq);
+
 #ifdef __cplusplus
 }
 #endif

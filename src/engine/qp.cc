@@ -1,6 +1,8 @@
 #include "engine/qp.h"
 
 #include <sys/epoll.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -11,6 +13,8 @@
 #include <cstring>
 #include <ctime>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "engine/app_memory.h"
 #include "engine/busy_poll.h"
@@ -977,6 +981,46 @@ void srq_query(Srq* s, ibv_srq_attr* attr) {
   attr->max_wr = s->max_wr;
   attr->max_sge = s->max_sge;
   attr->srq_limit = s->limit;
+}
+
+size_t srq_trim(Srq* s) {
+  // Only memory the device could write anyway: an SGE whose lkey names a region of the SRQ's
+  // PD with local write (what take_recv's check would accept). A WQE with a bad key fails
+  // when taken, and its range may be anything of the application's, a private file mapping
+  // whose changes MADV_DONTNEED would drop.
+  static const auto kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  auto& kt = KeyTable::get();
+  auto guard = kt.read_guard();
+  // Held while the pages go: a WQE still in the ring is taken (take_recv) under it, and no
+  // one writes a posted buffer before taking it, so nothing being written is dropped.
+  std::lock_guard lk(s->mu);
+  std::vector<std::pair<uintptr_t, uintptr_t>> spans;
+  spans.reserve(s->count);
+  for (uint32_t i = 0; i < s->count; ++i) {
+    const RecvWqe& w = s->ring[(s->head + i) % s->max_wr];
+    for (uint32_t j = 0; j < w.num_sge; ++j) {
+      const ibv_sge& g = w.sge[j];
+      std::byte* p = nullptr;
+      if (!g.length || kt.check(g.lkey, s->pd, g.addr, g.length, IBV_ACCESS_LOCAL_WRITE, false,
+                                &p) != AccessResult::ok)
+        continue;
+      const auto a = reinterpret_cast<uintptr_t>(p);
+      spans.emplace_back(a, a + g.length);
+    }
+  }
+  // Adjacent buffers (a pool carved from one region) share their edge pages: merged, those
+  // pages go too; a page partly outside every posted buffer stays.
+  std::sort(spans.begin(), spans.end());
+  size_t trimmed = 0;
+  for (size_t i = 0; i < spans.size();) {
+    uintptr_t from = spans[i].first, to = spans[i].second;
+    for (++i; i < spans.size() && spans[i].first <= to; ++i) to = std::max(to, spans[i].second);
+    const uintptr_t lo = (from + kPage - 1) & ~(kPage - 1), hi = to & ~(kPage - 1);
+    // Hugetlb or locked pages refuse (EINVAL): they stay, as if not posted.
+    if (hi > lo && madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) == 0)
+      trimmed += hi - lo;
+  }
+  return trimmed;
 }
 
 bool srq_in_use(Srq* s) {

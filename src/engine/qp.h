@@ -466,6 +466,9 @@ bool srq_requeue(Srq* srq, const RecvWqe& w);
 // ibv_modify_srq (mask already checked to be MAX_WR and/or LIMIT) and ibv_query_srq.
 int srq_modify(Srq* srq, const ibv_srq_attr* attr, int mask);
 void srq_query(Srq* srq, ibv_srq_attr* attr);
+// Gives back the pages wholly inside the receive buffers still posted to it (MADV_DONTNEED),
+// for softverbs_srq_trim (verbs_ext.h). Returns the bytes given back.
+size_t srq_trim(Srq* srq);
 // A QP still uses it (ibv_destroy_srq: EBUSY).
 bool srq_in_use(Srq* srq);
 // ---- qp_state.cc: the connection lifecycle (qp_state.h) and the move to ERR --------------

@@ -25,7 +25,9 @@ namespace sv::rds {
   X(conn_reset) \
   X(conn_up) \
   X(conn_up_by_receive) \
+  X(cq_backlog_runs) \
   X(cq_handler_declined) \
+  X(cq_handler_deferred) \
   X(cq_handler_runs) \
   X(dir_lookup) \
   X(dir_lookup_retry) \
@@ -59,6 +61,7 @@ namespace sv::rds {
   X(recv_held_too_much) \
   X(recv_ping) \
   X(recv_pool_grown) \
+  X(recv_pool_trimmed_bytes) \
   X(recv_protocol_error) \
   X(registry_foreign_entry) \
   X(send_atomic) \
@@ -113,8 +116,9 @@ static_assert(counter_names_fit());
 
 using Counters = std::array<uint64_t, kCtrCount>;
 
-// Counts under the stack lock (Global::mu); cq_handler_declined is counted where that lock
-// could not be taken (Global::cq_declined) and folded in when the counters are read.
+// Counts under the stack lock (Global::mu); cq_handler_declined and cq_handler_deferred are
+// counted where that lock could not be taken (Global::cq_declined, cq_deferred) and folded in
+// when the counters are read.
 void count(Ctr c, uint64_t n = 1);
 
 }  // namespace sv::rds

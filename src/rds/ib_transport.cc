@@ -60,6 +60,9 @@ int (*g_cq_quiet)(ibv_cq*, int) = nullptr;
 // complete once placed, so they need no confirming Read (rdma.cc).
 int (*g_qp_set_ib_completion)(ibv_qp*, int) = nullptr;
 int (*g_qp_ib_completion)(ibv_qp*) = nullptr;
+// softverbs_srq_trim (verbs_ext.h), null on another provider: the shared receive pool gives
+// its pages back when every connection is quiet (trim_when_quiet).
+long (*g_srq_trim)(ibv_srq*) = nullptr;
 
 uint64_t now_ms() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -530,6 +533,13 @@ bool trim_when_quiet() {
   if (last != trimmed_for && now - last >= quiet) {
     trimmed_for = last;
     heap_pending = true;
+    // The pool keeps what the largest burst grew it to, every buffer of it written once and
+    // resident (283 KiB per peer after 40 peers sent 6 MB each). Its posted buffers' pages
+    // go back; they return, one message at a time, when traffic does.
+    if (g().srq && g_srq_trim) {
+      const long n = g_srq_trim(g().srq);
+      if (n > 0) count(Ctr::recv_pool_trimmed_bytes, static_cast<uint64_t>(n));
+    }
   }
   if (!heap_pending || now - heap_trimmed_at < quiet) return false;
   heap_pending = false;
@@ -1016,16 +1026,12 @@ void after_completions_locked() {
 // hands us the CQ right after it queued a completion, so a message goes from the wire to the
 // socket on that thread, without the engine thread's wake-up (net/rds does this work in its
 // CQ tasklet). Declines when the stack lock is taken: the engine thread gets the channel event.
-bool on_cq_ready(ibv_cq* cq, void*) {
+// Takes the completions in, the stack lock held: the completion handler's work, whether the
+// handler itself does it or the lock's holder, for a handler that found the lock taken.
+void take_completions_locked() {
   Global& G = g();
-  std::unique_lock lk(G.mu, std::try_to_lock);
-  if (!lk.owns_lock()) {
-    G.cq_declined.fetch_add(1, std::memory_order_relaxed);  // counters need G.mu
-    return false;
-  }
-  count(Ctr::cq_handler_runs);
   drain_cq_locked();
-  ibv_req_notify_cq(cq, 0);
+  ibv_req_notify_cq(G.cq, 0);
   drain_cq_locked();  // what came between the drain and the arm raised no notification
   after_completions_locked();
   // A delayed ack now due before the engine thread's next wake-up: it must hear of it.
@@ -1038,6 +1044,25 @@ bool on_cq_ready(ibv_cq* cq, void*) {
         break;
       }
   }
+}
+
+bool on_cq_ready(ibv_cq*, void*) {
+  Global& G = g();
+  std::unique_lock lk(G.mu, std::try_to_lock);
+  if (!lk.owns_lock()) {
+    if (!G.mu.defer()) {
+      G.cq_declined.fetch_add(1, std::memory_order_relaxed);  // counters need G.mu
+      return false;
+    }
+    // Its holder takes them in as it lets go, unless it let go before it could see our mark.
+    if (!lk.try_lock()) {
+      G.cq_deferred.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+  }
+  G.mu.backlog_taken();
+  count(Ctr::cq_handler_runs);
+  take_completions_locked();
   return true;
 }
 
@@ -1142,7 +1167,8 @@ void fork_prepare() {
   if (Global* G = g_stack.peek()) G->mu.lock();
 }
 void fork_parent() {
-  if (Global* G = g_stack.peek()) G->mu.unlock();
+  // Not the stack's work here: other libraries' fork handlers may still hold their locks.
+  if (Global* G = g_stack.peek()) G->mu.unlock_to_engine();
 }
 }  // namespace
 
@@ -1161,6 +1187,53 @@ void PageBuf::release() {
   if (p_) munmap(p_, n_);
   p_ = nullptr;
   n_ = 0;
+}
+
+void StackMutex::unlock() {
+  // One backlog run under the lock, and one more if a mark came as we let go: a holder is not
+  // kept past that by a steady stream of completions (each can mark the backlog anew). What
+  // is still marked then goes to the engine thread, whose own unlock runs it.
+  for (int round = 0;; ++round) {
+    if (backlog_.load(std::memory_order_relaxed) &&
+        backlog_.exchange(false, std::memory_order_acq_rel)) {
+      count(Ctr::cq_backlog_runs);
+      take_completions_locked();
+    }
+    mu_.unlock();
+    // A handler that marked the backlog after our look, and whose second try_lock found the
+    // lock still ours, left it to us. That needs the mark seen here or the lock seen free
+    // there: the mutex's lock and unlock are locked read-modify-writes on x86-64 (and
+    // acquire/release pairs on AArch64), full barriers between each side's store and load.
+    // The engine thread's pass every 500 ms is the backstop.
+    if (!backlog_.load(std::memory_order_seq_cst)) return;
+    if (round == 1) {
+      wake_engine();
+      return;
+    }
+    if (!mu_.try_lock()) return;  // its holder runs it
+  }
+}
+
+void StackMutex::unlock_to_engine() {
+  mu_.unlock();
+  if (backlog_.load(std::memory_order_seq_cst)) wake_engine();
+}
+
+bool StackMutex::defer() {
+  backlog_.store(true, std::memory_order_seq_cst);
+  return sleepers_.load(std::memory_order_seq_cst) == 0;
+}
+
+void StackMutex::wait(std::condition_variable& cv) {
+  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  // A backlog is not run here: the caller's quiet posts (QuietPosts) are still on, and the
+  // completions of what the backlog posted would raise no notification while we sleep. The
+  // engine thread takes it, as it takes a declined handler's work.
+  if (backlog_.load(std::memory_order_seq_cst)) wake_engine();
+  std::unique_lock<std::mutex> raw(mu_, std::adopt_lock);
+  cv.wait(raw);
+  raw.release();
+  sleepers_.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 Global& g() {
@@ -1218,6 +1291,7 @@ int transport_start() {
       dlsym(RTLD_DEFAULT, "softverbs_qp_set_ib_completion"));
   g_qp_ib_completion =
       reinterpret_cast<int (*)(ibv_qp*)>(dlsym(RTLD_DEFAULT, "softverbs_qp_ib_completion"));
+  g_srq_trim = reinterpret_cast<long (*)(ibv_srq*)>(dlsym(RTLD_DEFAULT, "softverbs_srq_trim"));
   ibv_req_notify_cq(G.cq, 0);
   g_cq_block = reinterpret_cast<int (*)(ibv_cq*, int)>(dlsym(RTLD_DEFAULT, "softverbs_cq_block"));
   g_cq_quiet = reinterpret_cast<int (*)(ibv_cq*, int)>(dlsym(RTLD_DEFAULT, "softverbs_cq_quiet"));

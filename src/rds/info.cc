@@ -529,6 +529,8 @@ int local_records(int optname, std::vector<char>& out, int* each) {
       Counters now = G.counters;
       now[static_cast<size_t>(Ctr::cq_handler_declined)] +=
           G.cq_declined.load(std::memory_order_relaxed);
+      now[static_cast<size_t>(Ctr::cq_handler_deferred)] +=
+          G.cq_deferred.load(std::memory_order_relaxed);
       std::vector<rds_info_counter> v = zero_counters();
       for (size_t i = 0; i < kCtrCount; ++i) v[i].value = now[i];
       return as_bytes(v, out, each);

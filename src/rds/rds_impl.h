@@ -22,7 +22,9 @@
 // Locking: one process-wide mutex (g.mu) guards every socket, connection and message, as
 // net/rds/cong.c argues for its map lock ("Yes, a global lock"); verbs calls are made
 // under it. The engine thread (ib_transport.cc) waits on the CQ completion channel, the
-// rdma_cm event channel and a timer, and takes g.mu to process them.
+// rdma_cm event channel and a timer, and takes g.mu to process them. Completions are taken
+// on the device's progress thread (a completion handler); one that finds g.mu taken leaves
+// them to its holder, who takes them in before letting go (StackMutex, below).
 //
 // Descriptors: an RDS socket is the application end of an AF_UNIX socketpair. We keep
 // one byte queued toward it while it is readable (POLLIN) and fill its send direction
@@ -350,8 +352,42 @@ inline uint64_t rx_ack_seq(const Conn* c) {
   return c->held.empty() ? c->rx.next_seq - 1 : c->held.front().h.sequence - 1;
 }
 
+// The stack lock, with a socket backlog as net/core/sock.c has one: softirq input for a
+// socket its user owns waits on sk_backlog, and release_sock runs it before letting go. Here,
+// the completion handler on the device's progress thread must not wait for the lock, and
+// leaving its work to the engine thread costs a wake-up and a second wait for the same lock
+// (every such give-up was counted as cq_handler_declined). So a handler that finds the lock
+// taken marks the backlog (defer) and the holder takes the completions in as it unlocks, then
+// looks again once it has let go, for a mark made meanwhile. A holder about to sleep on a
+// socket's condition variable (wait) hands a marked backlog to the engine thread; a handler
+// that comes between that look and the sleep sees a sleeper and gives up as before, so
+// nothing waits on a holder that sleeps. Lockable: lock_guard and unique_lock take it as a
+// std::mutex.
+class StackMutex {
+ public:
+  void lock() { mu_.lock(); }
+  bool try_lock() { return mu_.try_lock(); }
+  void unlock();  // ib_transport.cc
+  // Lets go without running the backlog, which goes to the engine thread (a fork handler).
+  void unlock_to_engine();
+  // Called by a completion handler that found the lock taken, before it tries once more:
+  // false if a holder may be about to sleep (the handler gives up), else the holder
+  // takes the completions in.
+  bool defer();
+  // The handler holds the lock: what a deferral asked for is done by it.
+  void backlog_taken() { backlog_.store(false, std::memory_order_relaxed); }
+  // cv.wait with the lock held, as the socket calls block (callers recheck what they wait
+  // for, as for any wakeup).
+  void wait(std::condition_variable& cv);
+
+ private:
+  std::mutex mu_;
+  std::atomic<bool> backlog_{false};
+  std::atomic<int> sleepers_{0};
+};
+
 struct Global {
-  std::mutex mu;
+  StackMutex mu;
   std::map<int, Sock*> socks;  // app_fd -> socket
   std::map<ConnKey, Conn*> conns;
   // verbs objects
@@ -376,7 +412,10 @@ struct Global {
   // When the engine thread's poll() times out (zero while it is awake): a completion handler
   // that makes an ack due before then wakes it (ib_transport.cc).
   std::chrono::steady_clock::time_point engine_wakes_at{};
-  std::atomic<uint64_t> cq_declined{0};  // completion handler found mu taken (counter)
+  // Counters of the completion handler, counted where mu is not held: it found mu taken and
+  // gave up (the engine thread takes the completions), or left them to mu's holder.
+  std::atomic<uint64_t> cq_declined{0};
+  std::atomic<uint64_t> cq_deferred{0};
   // softverbs_cq_wait_fd of cq, set once the stack is up (-1: none, another provider, or
   // SOFTVERBS_RDS_WAIT_RX=0): a thread blocking in poll() waits on it too (svrds_block_prepare).
   std::atomic<int> cq_wait_fd{-1};

@@ -309,7 +309,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
       }
       return fail(EAGAIN);
     }
-    s->cv.wait(lk);
+    G.mu.wait(s->cv);
     if (s->closing) return fail(EBADF);
   }
   // 3. one datagram.

@@ -406,7 +406,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
       return fail(ENOBUFS);
     }
     count(Ctr::cong_send_blocked);
-    s->cv.wait(lk);
+    G.mu.wait(s->cv);
     if (s->closing) return fail(EBADF);
   }
   // 9. send buffer: accepted while snd_bytes < sndbuf (the last one may overshoot).
@@ -416,7 +416,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
       undo_map();
       return fail(EAGAIN);
     }
-    s->cv.wait(lk);
+    G.mu.wait(s->cv);
     if (s->closing) return fail(EBADF);
   }
   if (zcopy) {

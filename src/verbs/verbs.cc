@@ -590,6 +590,14 @@ SV_EXPORT int softverbs_cq_quiet(ibv_cq* ibcq, int on) {
   return 0;
 }
 
+SV_EXPORT long softverbs_srq_trim(ibv_srq* srq) {
+  if (!handle_ok(HKind::srq, srq)) {
+    errno = EINVAL;
+    return -1;
+  }
+  return static_cast<long>(srq_trim(reinterpret_cast<Srq*>(srq)));
+}
+
 SV_EXPORT int softverbs_cq_block(ibv_cq* ibcq, int on) {
   if (!handle_ok(HKind::cq, ibcq) || on < 0 || on > 1) return EINVAL;
   if (on) {

@@ -1,6 +1,7 @@
 // Shared receive queues across processes: a receive taken from an SRQ is checked against the
 // SRQ's protection domain (the SRQ's WQEs belong to its PD, IB spec 10.2.9; rxe and siw check
 // the SRQ's), not the PD of the QP that consumes it.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "harness.h"
+#include "softverbs/verbs_ext.h"
 #include "wire/stats_file.h"
 
 namespace mp {
@@ -131,6 +133,70 @@ TEST_F(XProc, SrqReceiveIntoAnMrOfTheQpsPdIsLocProtErr) {
   auto r = remote->poll(CqSel::recv, 1);
   ASSERT_EQ(r.size(), 1u);
   EXPECT_TRUE(wc_is(r[0], 1, IBV_WC_LOC_PROT_ERR)) << wc_str(r[0]);
+}
+
+// Pages of [off, off + len) of the main buffer that are resident (mincore).
+int resident_pages(Peer& p, uint64_t off, uint64_t len) {
+  std::vector<unsigned char> v((len + 4095) / 4096);
+  if (mincore(p.ptr(0, off), len, v.data()) != 0) return -1;
+  int n = 0;
+  for (unsigned char c : v) n += c & 1;
+  return n;
+}
+
+// softverbs_srq_trim (verbs_ext.h): an idle receive pool gives its memory back (RDS's pool,
+// grown for a burst). The pages wholly inside the buffers still posted go, adjacent buffers'
+// shared page too; a page partly outside every buffer, memory not posted, and a buffer whose
+// lkey the SRQ's PD does not know keep their bytes. The buffers stay posted and take a
+// message intact afterwards.
+TEST_F(XProc, SrqTrimGivesBackOnlyThePagesOfPostedBuffers) {
+  PeerConfig with_srq;
+  with_srq.srq = 1;
+  ASSERT_NO_FATAL_FAILURE(Connect(with_srq, PeerConfig{}));
+  constexpr uint64_t kPage = 4096;
+  ASSERT_EQ(sysconf(_SC_PAGESIZE), static_cast<long>(kPage));
+  local->fill(0, 0, 1u << 20, 5);  // every page resident, with a pattern
+  // A: [100, 3 pages + 100): alone it holds pages 1-2 (page 0 and 3 are shared).
+  ASSERT_EQ(local->post_recv(1, {sge(100, 3 * kPage)}), 0);
+  // B, right after A, to 8 pages: the pair holds pages 1-7 (page 3 is now wholly posted).
+  ASSERT_EQ(local->post_recv(2, {sge(3 * kPage + 100, 5 * kPage - 100)}), 0);
+  // C: pages 16-17 under a key nobody registered: left alone.
+  SgeSpec bad = sge(16 * kPage, 2 * kPage);
+  bad.lkey_override = 0x7777;
+  ASSERT_EQ(local->post_recv(3, &bad, 1), 0);
+  // D: page 32 exactly.
+  ASSERT_EQ(local->post_recv(4, {sge(32 * kPage, kPage)}), 0);
+
+  EXPECT_EQ(softverbs_srq_trim(local->srq), static_cast<long>(8 * kPage));
+  EXPECT_EQ(resident_pages(*local, kPage, 7 * kPage), 0) << "A and B's pages were not given back";
+  EXPECT_EQ(resident_pages(*local, 32 * kPage, kPage), 0) << "D's page was not given back";
+  EXPECT_EQ(resident_pages(*local, 0, kPage), 1) << "page 0 is only partly A's";
+  EXPECT_EQ(local->check(0, 0, 100, 5), -1) << "the bytes before A, on its first page";
+  EXPECT_EQ(local->check(0, 8 * kPage, 8 * kPage, 5, 8 * kPage), -1) << "memory not posted";
+  EXPECT_EQ(local->check(0, 16 * kPage, 2 * kPage, 5, 16 * kPage), -1) << "C, of an unknown key";
+  EXPECT_EQ(local->check(0, 33 * kPage, kPage, 5, 33 * kPage), -1) << "the page after D";
+  for (uint64_t i = kPage; i < 8 * kPage; ++i) ASSERT_EQ(*local->ptr(0, i), 0) << "at " << i;
+
+  // A takes a Send of 10,000 bytes (a page comes back under it), intact.
+  remote->fill(0, 0, 10000, 9);
+  ASSERT_EQ(remote->post_send(make_send(7, {sge(0, 10000)})), 0);
+  auto r = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 1, IBV_WC_SUCCESS, IBV_WC_RECV)) << wc_str(r[0]);
+  EXPECT_EQ(r[0].byte_len, 10000u);
+  EXPECT_EQ(local->check(0, 100, 10000, 9), -1);
+  // A is taken: a second trim gives back only B's and D's own pages (page 3 is A's too).
+  EXPECT_EQ(softverbs_srq_trim(local->srq), static_cast<long>(5 * kPage));
+}
+
+TEST(SrqTrim, AnInvalidSrqIsEinval) {
+  errno = 0;
+  EXPECT_EQ(softverbs_srq_trim(nullptr), -1);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_srq fake{};
+  errno = 0;
+  EXPECT_EQ(softverbs_srq_trim(&fake), -1);
+  EXPECT_EQ(errno, EINVAL);
 }
 
 }  // namespace
