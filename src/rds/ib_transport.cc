@@ -1189,7 +1189,17 @@ void PageBuf::release() {
   n_ = 0;
 }
 
+namespace {
+struct ErrnoKeeper {
+  int saved = errno;
+  ~ErrnoKeeper() { errno = saved; }
+};
+}  // namespace
+
 void StackMutex::unlock() {
+  // The socket calls let go as they return, errno set: what the backlog's own calls leave in
+  // errno (a peer's reset) must not become theirs.
+  const ErrnoKeeper keep;
   // One backlog run under the lock, and one more if a mark came as we let go: a holder is not
   // kept past that by a steady stream of completions (each can mark the backlog anew). What
   // is still marked then goes to the engine thread, whose own unlock runs it.
@@ -1215,6 +1225,7 @@ void StackMutex::unlock() {
 }
 
 void StackMutex::unlock_to_engine() {
+  const ErrnoKeeper keep;
   mu_.unlock();
   if (backlog_.load(std::memory_order_seq_cst)) wake_engine();
 }
@@ -1229,7 +1240,10 @@ void StackMutex::wait(std::condition_variable& cv) {
   // A backlog is not run here: the caller's quiet posts (QuietPosts) are still on, and the
   // completions of what the backlog posted would raise no notification while we sleep. The
   // engine thread takes it, as it takes a declined handler's work.
-  if (backlog_.load(std::memory_order_seq_cst)) wake_engine();
+  if (backlog_.load(std::memory_order_seq_cst)) {
+    const ErrnoKeeper keep;
+    wake_engine();
+  }
   std::unique_lock<std::mutex> raw(mu_, std::adopt_lock);
   cv.wait(raw);
   raw.release();

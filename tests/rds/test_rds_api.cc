@@ -387,8 +387,8 @@ TEST(RdsData, TheEngineThreadGetsCqEventsOnlyForDeclinedNotifications) {
 // holder, who takes them in as it lets go (StackMutex: net/core/sock.c's socket backlog). It
 // gave up instead, and the engine thread took them after a wake-up and a wait for that same
 // lock. Here a thread takes the lock over and over (getsockopt in a loop) while 300 messages
-// go from a to b: each arrives intact, and no handler gave up. (Nobody sleeps on a socket
-// here: the one case where a handler still gives up.)
+// go from a to b: each arrives intact, no handler gave up (nobody sleeps on a socket here: the
+// one case where a handler still gives up), and the holder's calls keep their own errno.
 TEST(RdsData, AHandlerThatFindsTheLockTakenLeavesItsWorkToTheHolder) {
   const char* e = std::getenv("SOFTVERBS_RDS_CQ_HANDLER");
   if (e && std::strcmp(e, "0") == 0) return;  // no handler: nothing to check
@@ -399,11 +399,16 @@ TEST(RdsData, AHandlerThatFindsTheLockTakenLeavesItsWorkToTheHolder) {
         svrds_bind(b, reinterpret_cast<sockaddr*>(&ba), sizeof ba))
       return 10;
     std::atomic<bool> stop{false};
+    std::atomic<int> wrong_errno{0};
+    // Each call fails, ENOPROTOOPT, whatever the backlog it ran as it let go left in errno
+    // (its receive path reads sockets until EAGAIN).
     std::thread holder([&] {
       while (!stop.load(std::memory_order_relaxed)) {
         int v = 0;
         socklen_t l = sizeof v;
-        svrds_getsockopt(a, SOL_SOCKET, SO_SNDBUF, &v, &l);
+        errno = 0;
+        if (svrds_getsockopt(a, SOL_SOCKET, 0x7fff, &v, &l) != -1 || errno != ENOPROTOOPT)
+          wrong_errno.fetch_add(1);
       }
     });
     std::vector<char> buf(64);
@@ -417,6 +422,7 @@ TEST(RdsData, AHandlerThatFindsTheLockTakenLeavesItsWorkToTheHolder) {
     stop = true;
     holder.join();
     if (bad) return bad;
+    if (wrong_errno.load()) return 13;
     const uint64_t declined = counter(a, "cq_handler_declined");
     std::printf("handler runs %llu, left to the holder %llu, backlog runs %llu, gave up %llu\n",
                 static_cast<unsigned long long>(counter(a, "cq_handler_runs")),
@@ -426,8 +432,8 @@ TEST(RdsData, AHandlerThatFindsTheLockTakenLeavesItsWorkToTheHolder) {
     std::fflush(stdout);  // the child leaves with _exit
     return declined == 0 ? 0 : 20;
   });
-  EXPECT_EQ(rc, 0) << "10: bind, 11: send/recv, 12: wrong data, 20: a handler gave up with "
-                      "nobody asleep, >= 100: killed";
+  EXPECT_EQ(rc, 0) << "10: bind, 11: send/recv, 12: wrong data, 13: a failed call's errno "
+                      "was not its own, 20: a handler gave up with nobody asleep, >= 100: killed";
 }
 
 TEST(RdsData, SendBufferFullIsEagainAndPollOutReturns) {
