@@ -2,7 +2,7 @@
 # Each figure is a speed relative to its anchor, UCX's shared-memory transports in the same run
 # (posix am_lat / am_bw for 8 B, cma put_bw / get for 1 MiB): higher is better, 1 = as fast.
 set datafile separator ","
-set terminal pngcairo size 900,560 noenhanced
+set terminal pngcairo size 1000,560 noenhanced
 set output out."/shm.png"
 set title "One host: softverbs against UCX shared memory, same run (".day.")"
 set style data histograms

@@ -75,8 +75,8 @@ speed() {
 }
 {
   echo "measure,shm,tcp,goal,shm_value,tcp_value,anchor_value"
-  echo "SEND 8 B latency,$(speed "$SLAT" "$UCX_AM_LAT" lat),$(speed "$T_SLAT" "$UCX_AM_LAT" lat),0.5,$SLAT,$T_SLAT,$UCX_AM_LAT"
-  echo "WRITE 8 B latency,$(speed "$WLAT" "$UCX_AM_LAT" lat),$(speed "$T_WLAT" "$UCX_AM_LAT" lat),0.5,$WLAT,$T_WLAT,$UCX_AM_LAT"
+  echo "SEND 8 B lat.,$(speed "$SLAT" "$UCX_AM_LAT" lat),$(speed "$T_SLAT" "$UCX_AM_LAT" lat),0.5,$SLAT,$T_SLAT,$UCX_AM_LAT"
+  echo "WRITE 8 B lat.,$(speed "$WLAT" "$UCX_AM_LAT" lat),$(speed "$T_WLAT" "$UCX_AM_LAT" lat),0.5,$WLAT,$T_WLAT,$UCX_AM_LAT"
   echo "SEND 8 B rate,$(speed "$RATE" "$UCX_AM_MPPS" rate),$(speed "$T_RATE" "$UCX_AM_MPPS" rate),0.5,$RATE,$T_RATE,$UCX_AM_MPPS"
   echo "WRITE 1 MiB,$(speed "$WBW" "$UCX_PUT_BW" rate),$(speed "$T_WBW" "$UCX_PUT_BW" rate),1.0,$WBW,$T_WBW,$UCX_PUT_BW"
   echo "READ 1 MiB,$(speed "$RBW" "$UCX_GET_BW" rate),$(speed "$T_RBW" "$UCX_GET_BW" rate),1.0,$RBW,$T_RBW,$UCX_GET_BW"
