@@ -15,6 +15,18 @@
 
 using namespace rdstest;
 
+namespace {
+// Two sockets of this process bound to ports pa and pb of 127.0.0.1 (for a forked child, whose
+// stack is its own): false if a socket or bind failed.
+bool bound_pair(uint16_t pa, uint16_t pb, int* a, int* b) {
+  *a = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
+  *b = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
+  sockaddr_in aa = addr(pa), ba = addr(pb);
+  return *a >= 0 && *b >= 0 && svrds_bind(*a, reinterpret_cast<sockaddr*>(&aa), sizeof aa) == 0 &&
+         svrds_bind(*b, reinterpret_cast<sockaddr*>(&ba), sizeof ba) == 0;
+}
+}  // namespace
+
 TEST(RdsSocket, TypeAndProtocolChecked) {
   EXPECT_EQ(svrds_socket(AF_RDS, SOCK_STREAM, 0), -1);
   EXPECT_EQ(errno, ESOCKTNOSUPPORT);
@@ -336,11 +348,8 @@ TEST(RdsData, CompletionsTakenOnTheDeviceThreadUnlessTurnedOff) {
   const char* e = std::getenv("SOFTVERBS_RDS_CQ_HANDLER");
   const bool handler = !(e && std::strcmp(e, "0") == 0);
   const int rc = in_private_child([handler] {
-    int a = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0), b = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
-    sockaddr_in aa = addr(port(50)), ba = addr(port(51));
-    if (svrds_bind(a, reinterpret_cast<sockaddr*>(&aa), sizeof aa) ||
-        svrds_bind(b, reinterpret_cast<sockaddr*>(&ba), sizeof ba))
-      return 10;
+    int a = -1, b = -1;
+    if (!bound_pair(port(50), port(51), &a, &b)) return 10;
     std::vector<char> buf(64);
     for (uint32_t i = 0; i < 50; ++i) {
       uint32_t v = ~i;
@@ -366,11 +375,8 @@ TEST(RdsData, TheEngineThreadGetsCqEventsOnlyForDeclinedNotifications) {
   const char* e = std::getenv("SOFTVERBS_RDS_CQ_HANDLER");
   if (e && std::strcmp(e, "0") == 0) return;  // every notification is its: nothing to check
   const int rc = in_private_child([] {
-    int a = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0), b = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
-    sockaddr_in aa = addr(port(56)), ba = addr(port(57));
-    if (svrds_bind(a, reinterpret_cast<sockaddr*>(&aa), sizeof aa) ||
-        svrds_bind(b, reinterpret_cast<sockaddr*>(&ba), sizeof ba))
-      return 10;
+    int a = -1, b = -1;
+    if (!bound_pair(port(56), port(57), &a, &b)) return 10;
     std::vector<char> buf(64);
     for (uint32_t i = 0; i < 200; ++i)
       if (send_to(a, port(57), &i, sizeof i) != 4 || recv_one(b, buf) != 4) return 11;
@@ -393,11 +399,8 @@ TEST(RdsData, AHandlerThatFindsTheLockTakenLeavesItsWorkToTheHolder) {
   const char* e = std::getenv("SOFTVERBS_RDS_CQ_HANDLER");
   if (e && std::strcmp(e, "0") == 0) return;  // no handler: nothing to check
   const int rc = in_private_child([] {
-    int a = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0), b = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
-    sockaddr_in aa = addr(port(60)), ba = addr(port(61));
-    if (svrds_bind(a, reinterpret_cast<sockaddr*>(&aa), sizeof aa) ||
-        svrds_bind(b, reinterpret_cast<sockaddr*>(&ba), sizeof ba))
-      return 10;
+    int a = -1, b = -1;
+    if (!bound_pair(port(60), port(61), &a, &b)) return 10;
     std::atomic<bool> stop{false};
     std::atomic<int> wrong_errno{0};
     // Each call fails, ENOPROTOOPT, whatever the backlog it ran as it let go left in errno
