@@ -1,8 +1,6 @@
 #include "engine/qp.h"
 
 #include <sys/epoll.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -21,6 +19,7 @@
 #include "engine/iw_cm.h"
 #include "engine/log.h"
 #include "util/clock.h"
+#include "util/pages.h"
 #include "util/settings.h"
 
 namespace sv::engine {
@@ -988,7 +987,6 @@ size_t srq_trim(Srq* s) {
   // PD with local write (what take_recv's check would accept). A WQE with a bad key fails
   // when taken, and its range may be anything of the application's, a private file mapping
   // whose changes MADV_DONTNEED would drop.
-  static const auto kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   auto& kt = KeyTable::get();
   auto guard = kt.read_guard();
   // Held while the pages go: a WQE still in the ring is taken (take_recv) under it, and no
@@ -1015,10 +1013,7 @@ size_t srq_trim(Srq* s) {
   for (size_t i = 0; i < spans.size();) {
     uintptr_t from = spans[i].first, to = spans[i].second;
     for (++i; i < spans.size() && spans[i].first <= to; ++i) to = std::max(to, spans[i].second);
-    const uintptr_t lo = (from + kPage - 1) & ~(kPage - 1), hi = to & ~(kPage - 1);
-    // Hugetlb or locked pages refuse (EINVAL): they stay, as if not posted.
-    if (hi > lo && madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) == 0)
-      trimmed += hi - lo;
+    trimmed += give_back_pages(from, to);  // hugetlb or locked pages stay, as if not posted
   }
   return trimmed;
 }

@@ -467,7 +467,7 @@ bool srq_requeue(Srq* srq, const RecvWqe& w);
 int srq_modify(Srq* srq, const ibv_srq_attr* attr, int mask);
 void srq_query(Srq* srq, ibv_srq_attr* attr);
 // Gives back the pages wholly inside the receive buffers still posted to it (MADV_DONTNEED),
-// for softverbs_srq_trim (verbs_ext.h). Returns the bytes given back.
+// for softverbs_srq_trim (verbs_ext.h). Returns the bytes advised away.
 size_t srq_trim(Srq* srq);
 // A QP still uses it (ibv_destroy_srq: EBUSY).
 bool srq_in_use(Srq* srq);

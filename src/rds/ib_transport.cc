@@ -31,6 +31,7 @@
 #include "engine/log.h"
 #include "rds/rds_impl.h"
 #include "util/fork_local.h"
+#include "util/pages.h"
 #include "util/settings.h"
 
 namespace sv::rds {
@@ -499,7 +500,6 @@ bool trim_when_quiet() {
   static const auto ms = settings::uint_value(SV_SETTING("SOFTVERBS_IDLE_TRIM_MS"));
   if (ms == 0) return false;
   const bool softverbs = g_cq_busy_poll != nullptr;
-  static const auto kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   // Engine thread only.
   static std::chrono::steady_clock::time_point trimmed_for{}, heap_trimmed_at{};
   static bool heap_pending = false;
@@ -525,8 +525,7 @@ bool trim_when_quiet() {
       while (j < free_slots.size() && free_slots[j] == free_slots[j - 1] + 1) ++j;
       const uintptr_t from = base + static_cast<uintptr_t>(free_slots[i]) * kBufSize;
       const uintptr_t to = base + static_cast<uintptr_t>(free_slots[j - 1] + 1) * kBufSize;
-      const uintptr_t lo = (from + kPage - 1) & ~(kPage - 1), hi = to & ~(kPage - 1);
-      if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+      give_back_pages(from, to);
       i = j;
     }
   }
@@ -1025,7 +1024,8 @@ void after_completions_locked() {
 // softverbs' completion handler (include/softverbs/verbs_ext.h): the device's progress thread
 // hands us the CQ right after it queued a completion, so a message goes from the wire to the
 // socket on that thread, without the engine thread's wake-up (net/rds does this work in its
-// CQ tasklet). Declines when the stack lock is taken: the engine thread gets the channel event.
+// CQ tasklet). When the stack lock is taken it leaves the work to the holder (StackMutex), or
+// to the engine thread if a holder may be about to sleep.
 // Takes the completions in, the stack lock held: the completion handler's work, whether the
 // handler itself does it or the lock's holder, for a handler that found the lock taken.
 void take_completions_locked() {
