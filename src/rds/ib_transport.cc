@@ -1207,6 +1207,9 @@ void StackMutex::unlock() {
     if (backlog_.load(std::memory_order_relaxed) &&
         backlog_.exchange(false, std::memory_order_acq_rel)) {
       count(Ctr::cq_backlog_runs);
+      // Its posts are quiet, as the socket calls' are: what they complete at once is taken in
+      // here, not announced to the engine thread through the channel.
+      QuietPosts quiet;
       take_completions_locked();
     }
     mu_.unlock();
