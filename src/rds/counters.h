@@ -39,6 +39,8 @@ namespace sv::rds {
   X(ib_ack_sent) \
   X(info_snapshot_malformed) \
   X(poll_token_writes) \
+  X(rdma_base_answered) \
+  X(rdma_base_asked) \
   X(rdma_chan_accepted) \
   X(rdma_chan_connect_attempts) \
   X(rdma_chan_reset) \
@@ -80,6 +82,7 @@ namespace sv::rds {
   X(send_rdma_fence_acked) \
   X(send_rdma_fenced) \
   X(send_rdma_gave_up) \
+  X(send_rdma_no_region) \
   X(send_rdma_refused) \
   X(send_atomic_unsupported) \
   X(send_rdma_verdict) \

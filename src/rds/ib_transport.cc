@@ -401,6 +401,7 @@ PrivBytes make_priv(Conn* c, uint16_t kind = kChanData) {
   p.cm_port = g().cm_port;
   p.kind = kind;
   if (!g().atomics) p.flags |= wire::kRdsPrivNoAtomics;
+  if (g().mr_by_va) p.flags |= wire::kRdsPrivVaMrs;
   // An RDMA channel's accept acks the fences we have (rdma_fence_acked), a data
   // connection's the messages.
   p.ack_seq = kind == kChanRdma ? c->fence_seq : rx_ack_seq(c);
@@ -413,6 +414,7 @@ PrivBytes make_priv(Conn* c, uint16_t kind = kChanData) {
 // What a peer's private data (request or accept, either channel) says of its device.
 void note_peer_caps(Conn* c, const wire::RdsConnPriv& p) {
   c->peer_no_atomics = p.flags & wire::kRdsPrivNoAtomics;
+  c->peer_va_mrs = p.flags & wire::kRdsPrivVaMrs;
 }
 
 void destroy_id(Conn* c) {
@@ -560,6 +562,7 @@ void conn_up(Conn* c, const wire::RdsConnPriv& peer) {
   SV_INFO("rds: connection %s -> %s up", addr_text(c->local).c_str(), addr_text(c->peer).c_str());
   cong_send_map(c);  // every (re)connection carries our current map (threads.c)
   xmit(c);
+  mr_base_flush(c);  // a question or answers the last connection lost
 }
 
 void handle_wc(const ibv_wc& wc);
@@ -642,6 +645,10 @@ void conn_down(Conn* c, const char* why) {
   }
   c->state = ConnState::down;
   destroy_id(c);
+  // Base lookups went with the QP: ours is asked again on the next connection (the peer
+  // asks again for its own).
+  c->mr_ask_sent = false;
+  c->mr_answers.clear();
   ++c->inc;  // whatever the old QP still completes is stale from here on
   conn_reset_queues(c);
   if (connect_failed) conn_reroute_orphans(c);
@@ -1014,6 +1021,7 @@ void after_completions_locked() {
   for (auto& [k, c] : g().conns) {
     if (c->state != ConnState::up) continue;
     if (!c->send_q.empty()) xmit(c);  // completions freed send slots
+    if ((c->mr_ask && !c->mr_ask_sent) || !c->mr_answers.empty()) mr_base_flush(c);
     if (!c->ack_needed) continue;
     if (c->ack_due == std::chrono::steady_clock::time_point{})
       c->ack_due = t + std::chrono::microseconds(kAckDelayUs);
@@ -1280,6 +1288,12 @@ int transport_start() {
     G.cq_max = std::max(da.max_cqe, kCqInitial);
     G.atomics = da.atomic_cap != IBV_ATOMIC_NONE;
   }
+  // Linux siw registers a user region at its user address whatever iova it is given
+  // (siw_reg_user_mr: "rnic_va: not used by siw"), so a zero-based cookie would name nothing
+  // there. siw reports vendor_id SIW_VENDOR_ID (drivers/infiniband/sw/siw/siw.h).
+  constexpr uint32_t kSiwVendorId = 0x626d74;
+  const uint64_t by_va = settings::uint_value(SV_SETTING("SOFTVERBS_RDS_MR_VA"));
+  G.mr_by_va = by_va == 1 || (by_va == 2 && da.vendor_id == kSiwVendorId);
   G.pd = ibv_alloc_pd(G.verbs);
   G.cq_ch = ibv_create_comp_channel(G.verbs);
   G.cq = G.pd && G.cq_ch ? ibv_create_cq(G.verbs, kCqInitial, nullptr, G.cq_ch, 0) : nullptr;
@@ -1383,11 +1397,15 @@ void conn_kick(Conn* c) {
 }
 
 void conn_send_ack(Conn* c) {
-  if (c->free_slots.empty() || !c->id || !c->id->qp) return;
+  conn_send_header(c, {});
+}
+
+bool conn_send_header(Conn* c, wire::RdsHeader h) {
+  if (c->free_slots.empty() || !c->id || !c->id->qp) return false;
   const int slot = c->free_slots.back();
   c->free_slots.pop_back();
   std::byte* b = &c->sbuf[static_cast<size_t>(slot) * kBufSize];
-  wire::RdsHeader h;
+  h.sequence = 0;
   h.ack = rx_ack_seq(c);
   wire::rds_encode(h, b);
   ibv_sge s{reinterpret_cast<uint64_t>(b), static_cast<uint32_t>(wire::kRdsHeaderLen),
@@ -1399,12 +1417,13 @@ void conn_send_ack(Conn* c) {
   wr.opcode = IBV_WR_SEND;
   if (post_data_send(c, &wr)) {
     c->free_slots.push_back(slot);
-    return;
+    return false;
   }
   c->ack_needed = c->ack_now = false;
   c->ack_due = {};
   c->unacked = 0;
   count(Ctr::ib_ack_sent);
+  return true;
 }
 
 int post_data_send(Conn* c, ibv_send_wr* wr) {

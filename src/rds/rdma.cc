@@ -101,8 +101,8 @@ bool post_fence(Conn* c, uint64_t wid, uint64_t seq, bool ok) {
 // The op fails alone, OTHER_ERROR, before it reaches the wire; the message is dropped with it
 // (fail_rest). Returns post_op's verdict: true, the op is done with, unless it is a repost
 // of a fenced Write, whose peer may hold the message and must hear the verdict first.
-bool refuse_op(Message* m, RdmaOp* op, Ctr why) {
-  op->status = RDS_RDMA_OTHER_ERROR;
+bool refuse_op(Message* m, RdmaOp* op, Ctr why, int status = RDS_RDMA_OTHER_ERROR) {
+  op->status = status;
   notify(m, op, op->status);
   fail_rest(m);
   count(why);
@@ -111,6 +111,17 @@ bool refuse_op(Message* m, RdmaOp* op, Ctr why) {
     return false;
   }
   return true;
+}
+
+// Asks the peer where its region `rkey` starts, unless that question is already out.
+void mr_base_ask(Conn* c, uint32_t rkey) {
+  if (c->mr_ask == rkey && c->mr_ask_sent) return;
+  if (c->mr_ask != rkey) {
+    c->mr_ask = rkey;
+    c->mr_ask_sent = false;
+    count(Ctr::rdma_base_asked);
+  }
+  mr_base_flush(c);
 }
 
 bool post_op(Conn* c, Message* m) {
@@ -131,6 +142,14 @@ bool post_op(Conn* c, Message* m) {
     count(Ctr::send_rdma_verdict);
     return true;
   }
+  // The peer's regions are by virtual address: the cookie's offset counts from the base
+  // it tells us (mr_base_answered posts the op then). A cookie naming no region of the
+  // peer's fails as its Write or Read would have: REMOTE_ERROR (IB's remote access error).
+  if (c->peer_va_mrs && !op->based) {
+    mr_base_ask(c, op->rkey);
+    return false;
+  }
+  if (op->no_region) return refuse_op(m, op, Ctr::send_rdma_no_region, RDS_RDMA_REMOTE_ERROR);
   ibv_send_wr wr{};
   wr.wr_id = wid;
   wr.send_flags = IBV_SEND_SIGNALED;
@@ -403,21 +422,71 @@ void rdma_chan_reset_ops(Conn* c) {
 
 // Registers [addr, addr+len) for the peer as RDS does: whole pages, zero-based, so the
 // cookie is rkey | in-page offset << 32 and remote addresses are offsets into the region.
+// On a device that ignores the iova (Global::mr_by_va) the region is registered at its
+// virtual address instead, with the same cookie: a peer adds the base we tell it.
 int map_region_locked(Sock* s, const rds_iovec& v, uint64_t flags, uint64_t* cookie) {
   if (int r = transport_start()) return r;
   if (v.bytes == 0 || v.addr + v.bytes < v.addr) return -EINVAL;
   const uint64_t base = v.addr & ~4095ull;
   const uint64_t end = (v.addr + v.bytes + 4095) & ~4095ull;
   if (end - base > kMaxMsgSize + 4096) return -EMSGSIZE;
-  ibv_mr* mr = ibv_reg_mr_iova2(g().pd, reinterpret_cast<void*>(base), end - base, 0,
-                                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                    IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+  ibv_mr* mr =
+      ibv_reg_mr_iova2(g().pd, reinterpret_cast<void*>(base), end - base, g().mr_by_va ? base : 0,
+                       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                           IBV_ACCESS_REMOTE_ATOMIC);
   if (!mr) return -errno;
   s->mrs[mr->rkey] = mr;
   s->mr_flags[mr->rkey] = flags;
   *cookie = mr->rkey | ((v.addr - base) << 32);
   count(Ctr::rdma_mr_alloc);
   return 0;
+}
+
+bool mr_base_asked(Conn* c, uint32_t rkey) {
+  if (c->mr_answers.size() >= kMaxMrAnswersOwed) return false;
+  // Any socket's region: a cookie is not tied to the socket or address it was made on
+  // (net/rds looks the rkey up in the socket the RDMA names, but the responder is the NIC).
+  uint64_t base = 0;
+  if (g().mr_by_va)
+    for (auto& [fd, s] : g().socks)
+      if (auto it = s->mrs.find(rkey); !s->closing && it != s->mrs.end()) {
+        base = reinterpret_cast<uint64_t>(it->second->addr);
+        break;
+      }
+  c->mr_answers.push_back({rkey, base});
+  count(Ctr::rdma_base_answered);
+  mr_base_flush(c);
+  return true;
+}
+
+void mr_base_answered(Conn* c, const wire::RdsMrBase& a) {
+  if (c->mr_ask != a.rkey) return;  // an answer to a question we no longer have
+  c->mr_ask.reset();
+  c->mr_ask_sent = false;
+  // Every queued op on that cookie: one question serves the messages that share it.
+  for (Message* m : c->rdma_q)
+    for (RdmaOp* op : {m->op.get(), m->atomic_op.get()})
+      if (op && op->status < 0 && !op->based && op->rkey == a.rkey) {
+        op->based = true;
+        op->no_region = a.base == 0;
+        op->remote_addr += a.base;
+      }
+  rdma_post_pending(c);
+}
+
+void mr_base_flush(Conn* c) {
+  if (c->state != ConnState::up) return;
+  while (!c->mr_answers.empty()) {
+    wire::RdsHeader h;
+    h.ext_mr_base = c->mr_answers.front();
+    if (!conn_send_header(c, h)) return;
+    c->mr_answers.pop_front();
+  }
+  if (c->mr_ask && !c->mr_ask_sent) {
+    wire::RdsHeader h;
+    h.ext_mr_base_req = *c->mr_ask;
+    c->mr_ask_sent = conn_send_header(c, h);
+  }
 }
 
 int build_rdma_op(const rds_rdma_args& a, std::unique_ptr<RdmaOp>* out) {

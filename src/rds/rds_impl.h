@@ -86,6 +86,9 @@ inline constexpr int kFenceRecvs = 2 * kRdmaDepth;
 // an honest sender's buffers stop it long before this; a peer past it ignores acks: the
 // connection drops as for any protocol error, and what it made us hold goes.
 inline constexpr size_t kMaxHeldBytes = 64u << 20;
+// Base lookups (rdma.cc) a peer may have unanswered while our send slots are taken: an
+// honest one has a single question out at a time.
+inline constexpr size_t kMaxMrAnswersOwed = 16;
 inline constexpr uint32_t kDefaultSndBuf = 256 * 1024;
 inline constexpr uint32_t kDefaultRcvBuf = 256 * 1024;
 // The smallest SO_SNDBUF/SO_RCVBUF RDS ends up with: half of the kernel's SOCK_MIN_SNDBUF
@@ -134,6 +137,10 @@ struct RdmaOp {
   // once that fence, or the verdict on a Write that failed, is known to have arrived.
   bool fenced = false;
   bool verdict_due = false;  // it failed, and the peer has not yet been told to drop its message
+  // Toward a peer whose regions are by virtual address (Conn::peer_va_mrs): the region's
+  // base is added to remote_addr (based), or the peer has no such region (no_region).
+  bool based = false;
+  bool no_region = false;
 };
 
 struct Message {
@@ -306,6 +313,15 @@ struct Conn {
   // The peer's device has no atomics (its private data said so): its atomics are refused at
   // sendmsg, or fail alone at post, instead of costing the RDMA channel (send.cc, rdma.cc).
   bool peer_no_atomics = false;
+  // The peer registers its regions by virtual address (wire::kRdsPrivVaMrs): an op on its
+  // cookie learns the region's base first (rdma.cc mr_base_ask). One question at a time, on
+  // the data connection; asked again if that connection went down before the answer.
+  bool peer_va_mrs = false;
+  std::optional<uint32_t> mr_ask;  // the rkey asked about (or still to ask about)
+  bool mr_ask_sent = false;        // ... and the question went out on this data connection
+  // Answers we owe the peer that found no free send slot yet (a legitimate peer has one
+  // question out at a time: more than kMaxMrAnswersOwed drops the connection).
+  std::deque<wire::RdsMrBase> mr_answers;
   bool chan_tearing_down = false;
   int chan_inflight = 0;
   std::deque<Message*> rdma_q;              // messages whose op is still to be posted
@@ -407,7 +423,10 @@ struct Global {
   uint16_t cm_port = 0;  // our rdma_cm listen port (host byte order)
   uint32_t mr_max = 0;   // the device's max_mr (RDS_INFO_IB_CONNECTIONS)
   bool atomics = true;   // the device's atomic_cap is not IBV_ATOMIC_NONE
-  uint64_t gen = 0;      // random per process: a restarted peer is a new peer
+  // Our regions are registered by virtual address: the device ignores ibv_reg_mr_iova2's
+  // iova (SOFTVERBS_RDS_MR_VA, rdma.cc), and peers ask us where each one starts.
+  bool mr_by_va = false;
+  uint64_t gen = 0;  // random per process: a restarted peer is a new peer
   int wake_fd = -1;
   // When the engine thread's poll() times out (zero while it is awake): a completion handler
   // that makes an ack due before then wakes it (ib_transport.cc).
@@ -530,6 +549,9 @@ void conn_kick(Conn* c);  // xmit what can be sent
 // where their destination port is now (send.cc).
 void conn_reroute_orphans(Conn* c);
 void conn_send_ack(Conn* c);
+// A header-only message (sequence 0) carrying our ack and h's extensions (a base lookup's
+// question or answer). False when no send slot is free or the QP is gone.
+bool conn_send_header(Conn* c, wire::RdsHeader h);
 void flush_acks_locked();          // send every pending (delayed) ack now
 void flush_acks_at_exit_locked();  // and wait (bounded) until they have left
 // Posts a SEND on the data QP, signaled only every kSignalEvery sends or when slots run low.
@@ -594,6 +616,13 @@ void rdma_chan_reset_ops(Conn* c);  // RDMA channel went down: ops to repost or 
 void rdma_fence_acked(Conn* c, uint64_t seq);
 // An acked message whose fenced Write is not settled: it waits in op_wait (true), else false.
 bool park_unsettled(Conn* c, Message* m);
+// Base lookups toward and from a peer whose regions are by virtual address (Conn::peer_va_mrs,
+// Global::mr_by_va). The peer asks where our region `rkey` starts: false if it has more
+// answers owed than a legitimate peer can (the connection drops). Its answer to ours. Sends
+// what is due (on the data connection, as header-only messages) while send slots are free.
+bool mr_base_asked(Conn* c, uint32_t rkey);
+void mr_base_answered(Conn* c, const wire::RdsMrBase& a);
+void mr_base_flush(Conn* c);
 
 // info.cc: RDS_INFO_* snapshots of this process' RDS stack. Returns the record size, or
 // -ENOSPC with *len set to the bytes needed (net/rds info.c protocol).

@@ -87,6 +87,9 @@ inline constexpr Setting kAll[] = {
     {"SOFTVERBS_RDS_FENCE", Kind::flag, 1, 0, 1, 0},
     {"SOFTVERBS_RDS_CONFIRM_READ", Kind::flag, 0, 0, 1, 0},
     {"SOFTVERBS_RDS_SRQ", Kind::flag, 1, 0, 1, 0},
+    // RDS regions: 0 zero-based, 1 by virtual address, 2 by virtual address on a device that
+    // ignores the iova (Linux siw), else zero-based (rdma.cc).
+    {"SOFTVERBS_RDS_MR_VA", Kind::uint, 2, 0, 2, 0},
     {"SOFTVERBS_RDS_TEST_LATE_ESTABLISHED", Kind::flag, 0, 0, 1, 0},
     {"SOFTVERBS_RDS_TEST_SRQ_BUFS", Kind::uint, 0, 0, 1024, 0},
     {"SOFTVERBS_RDS_TEST_SRQ_GROW", Kind::flag, 1, 0, 1, 0},

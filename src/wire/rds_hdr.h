@@ -27,6 +27,18 @@ inline constexpr uint8_t kRdsExtRdmaDest = 3;  // be32 rkey, be32 offset: cookie
 // the sender's RDMA channel (RdsFence); the receiver holds the message until it arrives.
 // Outside net/rds's range (__RDS_EXTHDR_MAX), which a Linux receiver stops parsing at.
 inline constexpr uint8_t kRdsExtFenced = 0x80;
+// softverbs' own, in a header-only message (sequence 0, as an ack) toward a peer whose regions
+// are addressed by virtual address (kRdsPrivVaMrs): be32 rkey, "where does this region start?"
+inline constexpr uint8_t kRdsExtMrBaseReq = 0x81;
+// ... and the answer: be32 rkey, be64 the address its cookie's offset counts from (0: no region
+// of ours has that rkey).
+inline constexpr uint8_t kRdsExtMrBase = 0x82;
+
+struct RdsMrBase {
+  uint32_t rkey = 0;
+  uint64_t base = 0;
+  bool operator==(const RdsMrBase&) const = default;
+};
 
 struct RdsHeader {
   uint64_t sequence = 0;
@@ -38,8 +50,10 @@ struct RdsHeader {
   uint8_t credit = 0;
   // Decoded extensions (at most one of each).
   std::optional<uint32_t> ext_rdma_rkey;
-  std::optional<uint64_t> ext_rdma_dest;  // cookie: rkey | offset << 32
-  bool ext_fenced = false;                // kRdsExtFenced
+  std::optional<uint64_t> ext_rdma_dest;    // cookie: rkey | offset << 32
+  bool ext_fenced = false;                  // kRdsExtFenced
+  std::optional<uint32_t> ext_mr_base_req;  // kRdsExtMrBaseReq: rkey
+  std::optional<RdsMrBase> ext_mr_base;     // kRdsExtMrBase
 };
 
 // h_csum (offset 30): the Internet checksum of the 48-byte header, as net/rds
@@ -81,7 +95,20 @@ inline void rds_encode(const RdsHeader& h, std::byte* out) {
     store_be32(e + 1, *h.ext_rdma_rkey);
     e += 5;
   }
-  if (h.ext_fenced && e < p + 32 + kRdsExtSpace) e[0] = std::byte{kRdsExtFenced};
+  if (h.ext_fenced && e < p + 32 + kRdsExtSpace) {
+    e[0] = std::byte{kRdsExtFenced};
+    e += 1;
+  }
+  if (h.ext_mr_base_req && e + 5 <= p + 32 + kRdsExtSpace) {
+    e[0] = std::byte{kRdsExtMrBaseReq};
+    store_be32(e + 1, *h.ext_mr_base_req);
+    e += 5;
+  }
+  if (h.ext_mr_base && e + 13 <= p + 32 + kRdsExtSpace) {
+    e[0] = std::byte{kRdsExtMrBase};
+    store_be32(e + 1, h.ext_mr_base->rkey);
+    store_be64(e + 5, h.ext_mr_base->base);
+  }
   uint16_t csum = static_cast<uint16_t>(~rds_csum_fold(p));
   if (csum == 0) csum = 0xFFFF;  // the same sum in ones' complement; 0 would mean "none"
   store_be16(p + kRdsCsumOffset, csum);
@@ -111,6 +138,12 @@ inline bool rds_decode(const std::byte* in, RdsHeader& h) {
     } else if (type == kRdsExtFenced) {
       h.ext_fenced = true;
       e += 1;
+    } else if (type == kRdsExtMrBaseReq && e + 5 <= end) {
+      h.ext_mr_base_req = load_be32(e + 1);
+      e += 5;
+    } else if (type == kRdsExtMrBase && e + 13 <= end) {
+      h.ext_mr_base = RdsMrBase{load_be32(e + 1), load_be64(e + 5)};
+      e += 13;
     } else {
       return false;
     }
@@ -129,6 +162,11 @@ inline constexpr uint16_t kRdsChanData = 0, kRdsChanRdma = 1;
 // channel its connection; Linux RDS refuses atomics on a transport without them
 // (send.c: EOPNOTSUPP when the transport has no xmit_atomic), and so does our sendmsg.
 inline constexpr uint16_t kRdsPrivNoAtomics = 0x1;
+// VaMrs: the sender registers its RDS regions by virtual address, because its device ignores
+// the iova of ibv_reg_mr_iova2 (Linux siw: siw_reg_user_mr keeps the user address as the
+// region's base), so a cookie's offset counts from an address only the sender knows. Before
+// the first RDMA op on a cookie of its, the peer asks for it (kRdsExtMrBaseReq).
+inline constexpr uint16_t kRdsPrivVaMrs = 0x2;
 
 struct RdsConnPriv {
   uint32_t ip = 0;       // the sender's address for this connection (network order)

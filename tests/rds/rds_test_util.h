@@ -193,6 +193,16 @@ struct Pair {
   }
 };
 
+// Two sockets of this process bound to ports pa and pb of 127.0.0.1 (for a forked child, whose
+// stack is its own): false if a socket or bind failed.
+inline bool bound_pair(uint16_t pa, uint16_t pb, int* a, int* b) {
+  *a = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
+  *b = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
+  sockaddr_in aa = addr(pa), ba = addr(pb);
+  return *a >= 0 && *b >= 0 && svrds_bind(*a, reinterpret_cast<sockaddr*>(&aa), sizeof aa) == 0 &&
+         svrds_bind(*b, reinterpret_cast<sockaddr*>(&ba), sizeof ba) == 0;
+}
+
 // RDS_GET_MR on [addr, addr+len): the cookie.
 inline uint64_t get_mr(int fd, void* addr, size_t len, uint64_t flags = 0) {
   uint64_t cookie = 0;

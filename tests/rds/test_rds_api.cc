@@ -15,18 +15,6 @@
 
 using namespace rdstest;
 
-namespace {
-// Two sockets of this process bound to ports pa and pb of 127.0.0.1 (for a forked child, whose
-// stack is its own): false if a socket or bind failed.
-bool bound_pair(uint16_t pa, uint16_t pb, int* a, int* b) {
-  *a = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
-  *b = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
-  sockaddr_in aa = addr(pa), ba = addr(pb);
-  return *a >= 0 && *b >= 0 && svrds_bind(*a, reinterpret_cast<sockaddr*>(&aa), sizeof aa) == 0 &&
-         svrds_bind(*b, reinterpret_cast<sockaddr*>(&ba), sizeof ba) == 0;
-}
-}  // namespace
-
 TEST(RdsSocket, TypeAndProtocolChecked) {
   EXPECT_EQ(svrds_socket(AF_RDS, SOCK_STREAM, 0), -1);
   EXPECT_EQ(errno, ESOCKTNOSUPPORT);
@@ -357,9 +345,11 @@ TEST(RdsData, CompletionsTakenOnTheDeviceThreadUnlessTurnedOff) {
       std::memcpy(&v, buf.data(), 4);
       if (v != i) return 12;
     }
-    const uint64_t runs = counter(a, "cq_handler_runs");
-    const uint64_t any = runs + counter(a, "cq_handler_declined");
-    return handler ? (runs > 0 ? 0 : 20) : (any == 0 ? 0 : 21);
+    // A handler that finds the stack lock taken leaves its work to the holder (deferred):
+    // under load (TSan, ctest -j2) the sender often still holds it as the message arrives.
+    const uint64_t took = counter(a, "cq_handler_runs") + counter(a, "cq_handler_deferred");
+    const uint64_t any = took + counter(a, "cq_handler_declined");
+    return handler ? (took > 0 ? 0 : 20) : (any == 0 ? 0 : 21);
   });
   EXPECT_NE(rc, 20) << "every completion went through the engine thread";
   EXPECT_NE(rc, 21) << "the handler ran although turned off";

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "rds_test_util.h"
@@ -407,4 +408,33 @@ TEST(RdsFence, HoldingForFencesIsBounded) {
   EXPECT_TRUE(dropped);
   EXPECT_EQ(counter(v.fd, "recv_held_too_much"), before + 1u);
   EXPECT_TRUE(v.got_nothing());
+}
+
+// Base lookups (a peer whose regions are by virtual address asks where one starts, rdma.cc):
+// a question about a region we do not have is answered "none" (base 0), a forged answer to a
+// question we never asked changes nothing, and neither costs the connection: the peer's next
+// message is delivered.
+TEST(RdsHostilePeer, BaseLookupsAboutNothingAndForgedAnswersChangeNothing) {
+  PrivateRegistry own;  // the answer count below is this process' alone
+  Victim v;
+  const uint64_t answered = counter(v.fd, "rdma_base_answered");
+  Attacker a(random_gen());
+  ASSERT_EQ(a.connect(v.cm_port, "127.0.0.1", 0), RDMA_CM_EVENT_ESTABLISHED);
+  auto header = [](std::optional<uint32_t> ask, std::optional<wire::RdsMrBase> answer) {
+    wire::RdsHeader h;
+    h.ext_mr_base_req = ask;
+    h.ext_mr_base = answer;
+    std::vector<std::byte> f(wire::kRdsHeaderLen);
+    wire::rds_encode(h, f.data());
+    return f;
+  };
+  ASSERT_TRUE(a.send(header(0x1234u, std::nullopt)));
+  ASSERT_TRUE(a.send(header(std::nullopt, wire::RdsMrBase{0x1234u, 0x7000'0000'0000ull})));
+  ASSERT_TRUE(a.send(header(std::nullopt, wire::RdsMrBase{0, ~0ull})));
+  ASSERT_TRUE(a.send(frame(1, 0, 4, v.port, "good")));
+  std::vector<char> got(16);
+  ASSERT_EQ(recv_one(v.fd, got), 4);
+  EXPECT_EQ(std::string(got.data(), 4), "good");
+  EXPECT_EQ(counter(v.fd, "rdma_base_answered"), answered + 1);
+  EXPECT_NE(a.wait(200), RDMA_CM_EVENT_DISCONNECTED);
 }

@@ -301,6 +301,7 @@ TEST(RdsRdmaCookie, BadCookieFailsTheOpWithRemoteError) {
 // RDMA op queued right behind it completes (SUCCESS, not DROPPED), no connection is reset,
 // and the failed op's message is never delivered (both or neither).
 TEST(RdsRdmaCookie, BadCookieCostsOnlyItsOpNotTheSharedConnection) {
+  PrivateRegistry own;  // conn_reset sums the host: a neighbour's reset made it one more
   Pair p(32);
   const int other = bound_socket(port(34));
   ASSERT_GE(other, 0);
@@ -312,6 +313,7 @@ TEST(RdsRdmaCookie, BadCookieCostsOnlyItsOpNotTheSharedConnection) {
   ASSERT_EQ(recv_one(p.client, buf), 4);
   const uint64_t resets = counter(p.server, "conn_reset");
   const uint64_t rdma_resets = counter(p.server, "rdma_chan_reset");
+  const uint64_t no_region = counter(p.server, "send_rdma_no_region");
 
   std::vector<char> bad_src(512, 'z');
   std::vector<rds_iovec> bad_local{{reinterpret_cast<uint64_t>(bad_src.data()), bad_src.size()}};
@@ -341,8 +343,66 @@ TEST(RdsRdmaCookie, BadCookieCostsOnlyItsOpNotTheSharedConnection) {
   EXPECT_EQ(got, (std::vector<std::string>{"after", "good"})) << "\"bad\" is never delivered";
   EXPECT_EQ(std::memcmp(region.data(), good_src.data(), region.size()), 0);
   EXPECT_EQ(counter(p.server, "conn_reset"), resets) << "the shared connection did not bounce";
-  EXPECT_GT(counter(p.server, "rdma_chan_reset"), rdma_resets) << "the RDMA channel took it";
+  const char* va = std::getenv("SOFTVERBS_RDS_MR_VA");
+  if (va && std::strcmp(va, "1") == 0)  // asked where the region starts: the peer has none
+    EXPECT_EQ(counter(p.server, "send_rdma_no_region"), no_region + 1) << "refused before the wire";
+  else
+    EXPECT_GT(counter(p.server, "rdma_chan_reset"), rdma_resets) << "the RDMA channel took it";
   svrds_close(other);
+}
+
+// A device that ignores ibv_reg_mr_iova2's iova (Linux siw) registers RDS regions at their
+// virtual address, so a zero-based cookie names nothing there. SOFTVERBS_RDS_MR_VA=1 makes
+// softverbs' RDS register that way too (the default, 2, does it only on such a device): the
+// peer asks where the region starts, once per cookie, and its Write and Read land where the
+// cookie says. The same on a device that honours the iova would fail (REMOTE_ERROR) without
+// the lookup: the offset alone names no address of a region registered at its VA.
+TEST(RdsRdmaCookie, RegionsByVirtualAddressAreFoundThroughTheBaseLookup) {
+  const int rc = in_private_child([] {
+    setenv("SOFTVERBS_RDS_MR_VA", "1", 1);
+    int client = -1, server = -1;
+    if (!bound_pair(port(36), port(37), &client, &server)) return 10;
+    std::vector<char> region(3 * 4096 + 100, 0);
+    // Not page-aligned: the cookie's in-page offset counts from the region's first page.
+    char* at = region.data() + 100;
+    const uint64_t cookie = get_mr(client, at, 3 * 4096);
+    if (!cookie) return 11;
+    std::vector<char> src(4096);
+    std::iota(src.begin(), src.end(), 1);
+    std::vector<rds_iovec> local{{reinterpret_cast<uint64_t>(src.data()), src.size()}};
+    if (send_rdma(server, port(36), cookie, true, local, 4096, 4096, 1, "w") != 1) return 12;
+    rds_rdma_notify note{};
+    if (!get_notify(server, note) || note.status != RDS_RDMA_SUCCESS) return 13;
+    if (std::memcmp(at + 4096, src.data(), src.size()) != 0) return 14;
+    // A Read back from another offset of the same cookie.
+    std::memcpy(at + 8192, "from the owner", 14);
+    std::vector<char> dst(64, 0);
+    std::vector<rds_iovec> back{{reinterpret_cast<uint64_t>(dst.data()), 14}};
+    if (send_rdma(server, port(36), cookie, false, back, 8192, 14, 2, "r") != 1) return 15;
+    if (!get_notify(server, note) || note.status != RDS_RDMA_SUCCESS) return 16;
+    if (std::memcmp(dst.data(), "from the owner", 14) != 0) return 17;
+    std::vector<char> buf(64);
+    for (int i = 0; i < 2; ++i)
+      if (recv_one(client, buf) != 1) return 18;
+    // A freed cookie: the lookup finds no region, and the op fails as a bad rkey would.
+    rds_free_mr_args f{cookie, 0};
+    if (svrds_setsockopt(client, SOL_RDS, RDS_FREE_MR, &f, sizeof f) != 0) return 19;
+    std::vector<rds_iovec> small{{reinterpret_cast<uint64_t>(src.data()), 16}};
+    if (send_rdma(server, port(36), cookie, true, small, 0, 16, 3, "x") != 1) return 20;
+    if (!get_notify(server, note) || note.status != RDS_RDMA_REMOTE_ERROR) return 21;
+    std::printf("lookups asked %llu, answered %llu, no region %llu\n",
+                static_cast<unsigned long long>(counter(server, "rdma_base_asked")),
+                static_cast<unsigned long long>(counter(server, "rdma_base_answered")),
+                static_cast<unsigned long long>(counter(server, "send_rdma_no_region")));
+    std::fflush(stdout);  // the child leaves with _exit
+    // One question per op here (each asks after the previous answer was used).
+    if (counter(server, "rdma_base_asked") != 3 || counter(server, "rdma_base_answered") != 3)
+      return 22;
+    return counter(server, "send_rdma_no_region") == 1 ? 0 : 23;
+  });
+  EXPECT_EQ(rc, 0) << "10: bind, 11: get_mr, 12-14: the Write, 15-17: the Read, 18: the "
+                      "messages, 19-21: the freed cookie, 22: lookup counts, 23: no-region "
+                      "count, >= 100: killed";
 }
 
 TEST(RdsRdmaCookie, FreeMrInvalidatesTheCookie) {
