@@ -646,8 +646,8 @@ void conn_down(Conn* c, const char* why) {
   c->state = ConnState::down;
   destroy_id(c);
   // Base lookups went with the QP: ours is asked again on the next connection (the peer
-  // asks again for its own).
-  c->mr_ask_sent = false;
+  // asks again for its own), unless its op has had its chances (mr_base_lost).
+  mr_base_lost(c);
   c->mr_answers.clear();
   ++c->inc;  // whatever the old QP still completes is stale from here on
   conn_reset_queues(c);

@@ -113,9 +113,13 @@ bool refuse_op(Message* m, RdmaOp* op, Ctr why, int status = RDS_RDMA_OTHER_ERRO
   return true;
 }
 
-// Asks the peer where its region `rkey` starts, unless that question is already out.
+// Asks the peer where its region `rkey` starts. One question at a time: while one is out
+// (about another region, if the queue's front changed meanwhile: an atomic behind its
+// message's RDMA, a channel's ops reordered), its answer comes first, and then
+// rdma_post_pending asks for the new front. So the peer never owes more than one answer, and
+// an answer can only be to the question in hand (answers do not outlive their QP).
 void mr_base_ask(Conn* c, uint32_t rkey) {
-  if (c->mr_ask == rkey && c->mr_ask_sent) return;
+  if (c->mr_ask_sent) return;
   if (c->mr_ask != rkey) {
     c->mr_ask = rkey;
     c->mr_ask_sent = false;
@@ -132,6 +136,15 @@ bool post_op(Conn* c, Message* m) {
   // too, if it has one: both or neither (the Write reports DROPPED).
   if (c->peer_no_atomics && m->atomic_op && m->atomic_op->status < 0)
     return refuse_op(m, m->atomic_op.get(), Ctr::send_atomic_unsupported);
+  // The peer's regions are by virtual address: the cookie's offset counts from the base
+  // it tells us (mr_base_answered posts the op then). A cookie naming no region of the
+  // peer's fails as its Write or Read would have: REMOTE_ERROR (IB's remote access error).
+  // (A failure verdict's op was posted once, so it has its base.)
+  if (c->peer_va_mrs && !op->based && !op->verdict_due) {
+    mr_base_ask(c, op->rkey);
+    return false;
+  }
+  if (op->no_region) return refuse_op(m, op, Ctr::send_rdma_no_region, RDS_RDMA_REMOTE_ERROR);
   const uint64_t wid = make_wr_id(conn_id_of(c), c->chan_inc, kRdma, c->next_rdma_wr++);
   if (op->verdict_due) {
     // The peer holds this message for its fence: tell it the Write failed.
@@ -142,14 +155,6 @@ bool post_op(Conn* c, Message* m) {
     count(Ctr::send_rdma_verdict);
     return true;
   }
-  // The peer's regions are by virtual address: the cookie's offset counts from the base
-  // it tells us (mr_base_answered posts the op then). A cookie naming no region of the
-  // peer's fails as its Write or Read would have: REMOTE_ERROR (IB's remote access error).
-  if (c->peer_va_mrs && !op->based) {
-    mr_base_ask(c, op->rkey);
-    return false;
-  }
-  if (op->no_region) return refuse_op(m, op, Ctr::send_rdma_no_region, RDS_RDMA_REMOTE_ERROR);
   ibv_send_wr wr{};
   wr.wr_id = wid;
   wr.send_flags = IBV_SEND_SIGNALED;
@@ -472,6 +477,34 @@ void mr_base_answered(Conn* c, const wire::RdsMrBase& a) {
         op->remote_addr += a.base;
       }
   rdma_post_pending(c);
+}
+
+void mr_base_lost(Conn* c) {
+  if (!c->mr_ask) return;
+  c->mr_ask_sent = false;
+  // The op waiting for the answer never ran, but the peer may be gone for good: it is
+  // treated as an op the connection was lost under (op_unfinished), so it cannot wait for
+  // ever. An atomic reports DROPPED at once; a Write or Read fails after kMaxOpLosses.
+  bool waiting = false;
+  for (auto it = c->rdma_q.begin(); it != c->rdma_q.end();) {
+    Message* m = *it;
+    RdmaOp* op = pending_op(m);
+    if (!op || op->based || op->rkey != *c->mr_ask) {
+      ++it;
+      continue;
+    }
+    if (!op->atomic && ++op->losses < kMaxOpLosses) {
+      waiting = true;
+      ++it;
+      continue;
+    }
+    op->status = op->atomic ? RDS_RDMA_DROPPED : RDS_RDMA_OTHER_ERROR;
+    notify(m, op, op->status);
+    fail_rest(m);
+    count(op->atomic ? Ctr::send_rdma_dropped : Ctr::send_rdma_gave_up);
+    it = c->rdma_q.erase(it);  // its message is dropped from send_q by xmit (ops_failed)
+  }
+  if (!waiting) c->mr_ask.reset();  // else asked again once the connection is back
 }
 
 void mr_base_flush(Conn* c) {

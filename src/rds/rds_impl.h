@@ -313,8 +313,8 @@ struct Conn {
   // The peer's device has no atomics (its private data said so): its atomics are refused at
   // sendmsg, or fail alone at post, instead of costing the RDMA channel (send.cc, rdma.cc).
   bool peer_no_atomics = false;
-  // The peer registers its regions by virtual address (wire::kRdsPrivVaMrs): an op on its
-  // cookie learns the region's base first (rdma.cc mr_base_ask). One question at a time, on
+  // The peer registers its regions by virtual address (wire::kRdsPrivVaMrs): each op on its
+  // cookies learns the region's base first (rdma.cc mr_base_ask). One question at a time, on
   // the data connection; asked again if that connection went down before the answer.
   bool peer_va_mrs = false;
   std::optional<uint32_t> mr_ask;  // the rkey asked about (or still to ask about)
@@ -623,6 +623,7 @@ bool park_unsettled(Conn* c, Message* m);
 bool mr_base_asked(Conn* c, uint32_t rkey);
 void mr_base_answered(Conn* c, const wire::RdsMrBase& a);
 void mr_base_flush(Conn* c);
+void mr_base_lost(Conn* c);  // the data connection went down: its question with it
 
 // info.cc: RDS_INFO_* snapshots of this process' RDS stack. Returns the record size, or
 // -ENOSPC with *len set to the bytes needed (net/rds info.c protocol).

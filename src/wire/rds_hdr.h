@@ -165,7 +165,7 @@ inline constexpr uint16_t kRdsPrivNoAtomics = 0x1;
 // VaMrs: the sender registers its RDS regions by virtual address, because its device ignores
 // the iova of ibv_reg_mr_iova2 (Linux siw: siw_reg_user_mr keeps the user address as the
 // region's base), so a cookie's offset counts from an address only the sender knows. Before
-// the first RDMA op on a cookie of its, the peer asks for it (kRdsExtMrBaseReq).
+// each RDMA op on a cookie of its, the peer asks for it (kRdsExtMrBaseReq).
 inline constexpr uint16_t kRdsPrivVaMrs = 0x2;
 
 struct RdsConnPriv {

@@ -107,12 +107,28 @@ class Attacker {
       const int n = ibv_poll_cq(cq_, 1, &wc);
       if (n > 0 && wc.opcode == IBV_WC_SEND) return wc.status == IBV_WC_SUCCESS;
       if (n > 0) {  // one of our receives (the victim's map, its acks): take the next
-        if (wc.status == IBV_WC_SUCCESS) post_recv(wc.wr_id);
+        took(wc);
         continue;
       }
       usleep(1000);
     }
     return false;
+  }
+
+  // Waits up to ms for a header-only message from the victim whose extension answers a base
+  // lookup (kRdsExtMrBase); what it answered, or nothing.
+  std::optional<wire::RdsMrBase> base_answer(int ms = 2000) {
+    for (int i = 0; i < ms && answers_.empty(); ++i) {
+      ibv_wc wc;
+      if (ibv_poll_cq(cq_, 1, &wc) > 0)
+        took(wc);
+      else
+        usleep(1000);
+    }
+    if (answers_.empty()) return std::nullopt;
+    const wire::RdsMrBase a = answers_.front();
+    answers_.erase(answers_.begin());
+    return a;
   }
 
   // The next connection event within ms (or RDMA_CM_EVENT_TIMEWAIT_EXIT as "none").
@@ -137,6 +153,16 @@ class Attacker {
   const wire::RdsConnPriv* accepted() const { return have_accept_ ? &accept_ : nullptr; }
 
  private:
+  // A receive completed: note a base lookup's answer in it, and post the buffer again.
+  void took(const ibv_wc& wc) {
+    if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV) return;
+    const std::byte* b = buf_.data() + (wc.wr_id + 1) * kBuf;
+    wire::RdsHeader h;
+    if (wc.byte_len >= wire::kRdsHeaderLen && wire::rds_decode(b, h) && h.ext_mr_base)
+      answers_.push_back(*h.ext_mr_base);
+    post_recv(wc.wr_id);
+  }
+
   void post_recv(uint64_t i) {
     ibv_sge s{reinterpret_cast<uint64_t>(buf_.data() + (i + 1) * kBuf), kBuf, mr_->lkey};
     ibv_recv_wr wr{};
@@ -147,6 +173,7 @@ class Attacker {
     ibv_post_recv(id_->qp, &wr, &bad);
   }
 
+  std::vector<wire::RdsMrBase> answers_;
   bool have_accept_ = false;
   wire::RdsConnPriv accept_;
   uint64_t gen_;
@@ -411,9 +438,10 @@ TEST(RdsFence, HoldingForFencesIsBounded) {
 }
 
 // Base lookups (a peer whose regions are by virtual address asks where one starts, rdma.cc):
-// a question about a region we do not have is answered "none" (base 0), a forged answer to a
-// question we never asked changes nothing, and neither costs the connection: the peer's next
-// message is delivered.
+// a question about a region we do not have is answered "none" (base 0), and one about a real
+// region with its address; answers to questions the victim never asked (it has none out: this
+// checks only that they are taken as nothing, no crash, no state) do not cost the connection
+// either: the peer's next message is delivered.
 TEST(RdsHostilePeer, BaseLookupsAboutNothingAndForgedAnswersChangeNothing) {
   PrivateRegistry own;  // the answer count below is this process' alone
   Victim v;
@@ -429,6 +457,10 @@ TEST(RdsHostilePeer, BaseLookupsAboutNothingAndForgedAnswersChangeNothing) {
     return f;
   };
   ASSERT_TRUE(a.send(header(0x1234u, std::nullopt)));
+  auto none = a.base_answer();
+  ASSERT_TRUE(none.has_value()) << "no answer to a base lookup";
+  EXPECT_EQ(none->rkey, 0x1234u);
+  EXPECT_EQ(none->base, 0u) << "no region has that rkey";
   ASSERT_TRUE(a.send(header(std::nullopt, wire::RdsMrBase{0x1234u, 0x7000'0000'0000ull})));
   ASSERT_TRUE(a.send(header(std::nullopt, wire::RdsMrBase{0, ~0ull})));
   ASSERT_TRUE(a.send(frame(1, 0, 4, v.port, "good")));
@@ -437,4 +469,32 @@ TEST(RdsHostilePeer, BaseLookupsAboutNothingAndForgedAnswersChangeNothing) {
   EXPECT_EQ(std::string(got.data(), 4), "good");
   EXPECT_EQ(counter(v.fd, "rdma_base_answered"), answered + 1);
   EXPECT_NE(a.wait(200), RDMA_CM_EVENT_DISCONNECTED);
+}
+
+// A victim whose regions are by virtual address (SOFTVERBS_RDS_MR_VA=1, as on Linux siw)
+// answers with the address its region was registered at (the cookie's offset counts from it).
+TEST(RdsHostilePeer, ABaseLookupIsAnsweredWithTheRegionsAddress) {
+  PrivateRegistry own;
+  setenv("SOFTVERBS_RDS_MR_VA", "1", 1);  // read when the stack starts (the first get_mr)
+  Victim v;
+  std::vector<char> region(3 * 4096);
+  char* at = region.data() + 10;
+  const uint64_t cookie = get_mr(v.fd, at, 4096);
+  ASSERT_NE(cookie, 0u);
+  Attacker a(random_gen());
+  ASSERT_EQ(a.connect(v.cm_port, "127.0.0.1", 0), RDMA_CM_EVENT_ESTABLISHED);
+  ASSERT_NE(a.accepted(), nullptr);
+  EXPECT_TRUE(a.accepted()->flags & wire::kRdsPrivVaMrs) << "the accept says so";
+  wire::RdsHeader h;
+  h.ext_mr_base_req = static_cast<uint32_t>(cookie);
+  std::vector<std::byte> f(wire::kRdsHeaderLen);
+  wire::rds_encode(h, f.data());
+  ASSERT_TRUE(a.send(f));
+  const auto got = a.base_answer();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->rkey, static_cast<uint32_t>(cookie));
+  const uint64_t page = reinterpret_cast<uint64_t>(at) & ~4095ull;
+  EXPECT_EQ(got->base, page);
+  EXPECT_EQ(got->base + (cookie >> 32), reinterpret_cast<uint64_t>(at)) << "base + offset";
+  unsetenv("SOFTVERBS_RDS_MR_VA");
 }

@@ -354,7 +354,7 @@ TEST(RdsRdmaCookie, BadCookieCostsOnlyItsOpNotTheSharedConnection) {
 // A device that ignores ibv_reg_mr_iova2's iova (Linux siw) registers RDS regions at their
 // virtual address, so a zero-based cookie names nothing there. SOFTVERBS_RDS_MR_VA=1 makes
 // softverbs' RDS register that way too (the default, 2, does it only on such a device): the
-// peer asks where the region starts, once per cookie, and its Write and Read land where the
+// peer asks where the region starts before each op, and its Write and Read land where the
 // cookie says. The same on a device that honours the iova would fail (REMOTE_ERROR) without
 // the lookup: the offset alone names no address of a region registered at its VA.
 TEST(RdsRdmaCookie, RegionsByVirtualAddressAreFoundThroughTheBaseLookup) {
