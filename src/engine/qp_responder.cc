@@ -354,6 +354,9 @@ RxAction on_read_response(Qp* qp, Conn& c) {
   if (!w || (len && s.stag != sink_stag) || s.to != sink_to + w->resp_bytes ||
       static_cast<uint64_t>(w->resp_bytes) + len > w->length) {
     // A response we did not ask for is a tagged placement error (RFC 5041 §7.2).
+    SV_INFO("qp %u: read response stag %#x to %#llx len %u, expected stag %#x to %#llx of %u",
+            qp->qpn(), s.stag, static_cast<unsigned long long>(s.to), len, sink_stag,
+            static_cast<unsigned long long>(sink_to + (w ? w->resp_bytes : 0)), w ? w->length : 0);
     tx_terminate_locked(
         qp,
         access_to_terminate(

@@ -1295,6 +1295,8 @@ int transport_start() {
   const uint64_t by_va = settings::uint_value(SV_SETTING("SOFTVERBS_RDS_MR_VA"));
   G.mr_by_va = by_va == 1 || (by_va == 2 && da.vendor_id == kSiwVendorId);
   G.pd = ibv_alloc_pd(G.verbs);
+  G.confirm_mr =
+      G.pd ? ibv_reg_mr(G.pd, &G.confirm_sink, sizeof G.confirm_sink, kLocalWrite) : nullptr;
   G.cq_ch = ibv_create_comp_channel(G.verbs);
   G.cq = G.pd && G.cq_ch ? ibv_create_cq(G.verbs, kCqInitial, nullptr, G.cq_ch, 0) : nullptr;
   G.cq_resizable = G.cq && ibv_resize_cq(G.cq, kCqInitial) == 0;
@@ -1303,7 +1305,7 @@ int transport_start() {
     G.cq = ibv_create_cq(G.verbs, std::min(kCqFixed, G.cq_max), nullptr, G.cq_ch, 0);
   }
   G.cm_ch = rdma_create_event_channel();
-  if (!G.cq || !G.cm_ch) return -ENOMEM;
+  if (!G.cq || !G.cm_ch || !G.confirm_mr) return -ENOMEM;
   g_cq_busy_poll =
       reinterpret_cast<int (*)(ibv_cq*, int)>(dlsym(RTLD_DEFAULT, "softverbs_cq_busy_poll"));
   srq_start(da);

@@ -188,6 +188,7 @@ bool post_op(Conn* c, Message* m) {
   ibv_send_wr confirm{};
   std::byte fb[wire::kRdsFenceLen];
   ibv_sge fsge{reinterpret_cast<uint64_t>(fb), static_cast<uint32_t>(sizeof fb), 0};
+  ibv_sge csge{};  // the confirming Read's byte
   // Fenced: a Write alone in its message, to a peer that completes Writes once placed (IB's
   // rule, Conn::rplaced), so that the fence's own completion means the peer has it.
   const bool fence = op->fenced || (op->write && !op->atomic && !m->atomic_op && c->chan_placed &&
@@ -207,19 +208,29 @@ bool post_op(Conn* c, Message* m) {
     wr.next = &confirm;
   } else if (op->write && !op->atomic && !c->chan_placed) {
     // Over iWARP a Write completes once TCP has it, and a bad cookie only comes back
-    // as a Terminate. A zero-length Read behind it completes only after the peer placed
+    // as a Terminate. A Read behind it completes only after the peer placed
     // the Write (RFC 5040 §5.4: Read Responses are not passed by earlier Writes), or fails
     // with the Write's error (REM_ACCESS_ERR): its completion is the operation's status.
     // Unsignaled, but with the op's wr_id: an error completes it anyway (IB spec
     // 10.8.3.2), and whichever of the two carries the error reports the op. Between
     // softverbs peers (IB's completion rule, Conn::rplaced) the Write's own completion
     // says the same, a round trip sooner, as on InfiniBand.
+    // One byte (of what the Write placed), not none: Linux siw (6.1) answers a zero-length
+    // Read that waits behind another Read Response with that response's length and source
+    // (siw_activate_tx leaves sge[0] as it was when the request has none, and its transmitter
+    // then sends one SGE), which we reject as a response we never asked for (BAD_RESP_ERR:
+    // the channel and its ops go down).
     wr.send_flags = 0;
     confirm.wr_id = wid;
     confirm.opcode = IBV_WR_RDMA_READ;
     confirm.send_flags = IBV_SEND_SIGNALED;
     confirm.wr.rdma.remote_addr = op->remote_addr;
     confirm.wr.rdma.rkey = op->rkey;
+    if (op->bytes) {
+      csge = ibv_sge{reinterpret_cast<uint64_t>(&g().confirm_sink), 1, g().confirm_mr->lkey};
+      confirm.sg_list = &csge;
+      confirm.num_sge = 1;
+    }
     wr.next = &confirm;
   }
   ibv_send_wr* bad;

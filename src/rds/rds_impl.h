@@ -426,6 +426,10 @@ struct Global {
   // Our regions are registered by virtual address: the device ignores ibv_reg_mr_iova2's
   // iova (SOFTVERBS_RDS_MR_VA, rdma.cc), and peers ask us where each one starts.
   bool mr_by_va = false;
+  // Where a Write's confirming Read (rdma.cc) puts its byte: registered once, written by every
+  // connection's confirming Reads and never read.
+  uint64_t confirm_sink = 0;
+  ibv_mr* confirm_mr = nullptr;
   uint64_t gen = 0;  // random per process: a restarted peer is a new peer
   int wake_fd = -1;
   // When the engine thread's poll() times out (zero while it is awake): a completion handler

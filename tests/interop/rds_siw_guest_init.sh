@@ -214,7 +214,7 @@ sleep 1
 bg $ph active 60 $B/rds-stress -s $G2 -r $G1 -p 7700 -T 8
 ap=$BGPID
 sleep 2
-timeout 40 $B/rds-ping -c 5 -i 0.2 $G2 > /tmp/$ph.ping 2>&1
+timeout 40 $B/rds-ping -c 5 -i 1 $G2 > /tmp/$ph.ping 2>&1
 prc=$?
 reap $ap 30
 reap $pp 30
@@ -289,7 +289,7 @@ srv stress_rdma.siw_passive 150 $B/rds-stress -r $G1 -p 8000
 cli stress_rdma.siw_active 120 $B/rds-stress -s $H -r $G1 -p 8100 -T 3 -D 64K -d 2 -v
 cli stress.siw_active 120 $B/rds-stress -s $H -r $G1 -p 8200 -T 3 -d 4 -t 2 -v
 srv ping.host_to_siw 60 env LD_PRELOAD=$PRE $B/rds_siw_probe target $G1 8300 50
-cli ping.siw_to_host 40 $B/rds-ping -c 5 -i 0.2 $H
+cli ping.siw_to_host 40 $B/rds-ping -c 5 -i 1 $H
 srv blockserver.siw_server 150 $B/blockserver serve --addr $G1 --port 8407 --file /tmp/b2.img --blocks 64
 cli blockserver.siw_client 120 $B/blockserver client --server $H --port 8507 --addr $G1 --ops 300 --blocks 64
 cli probe.siw_initiator 140 env LD_PRELOAD=$PRE $B/rds_siw_probe initiator $G1 8701 $H 8700
