@@ -1295,8 +1295,13 @@ int transport_start() {
   const uint64_t by_va = settings::uint_value(SV_SETTING("SOFTVERBS_RDS_MR_VA"));
   G.mr_by_va = by_va == 1 || (by_va == 2 && da.vendor_id == kSiwVendorId);
   G.pd = ibv_alloc_pd(G.verbs);
-  G.confirm_mr =
-      G.pd ? ibv_reg_mr(G.pd, &G.confirm_sink, sizeof G.confirm_sink, kLocalWrite) : nullptr;
+  // A page of its own (never freed): not a field of Global, whose page a provider's
+  // don't-fork marking (RDMAV_FORK_SAFE on old kernels) would take from a forked child.
+  if (void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      G.pd && p != MAP_FAILED) {
+    G.confirm_sink = static_cast<uint64_t*>(p);
+    G.confirm_mr = ibv_reg_mr(G.pd, p, 4096, kLocalWrite);
+  }
   G.cq_ch = ibv_create_comp_channel(G.verbs);
   G.cq = G.pd && G.cq_ch ? ibv_create_cq(G.verbs, kCqInitial, nullptr, G.cq_ch, 0) : nullptr;
   G.cq_resizable = G.cq && ibv_resize_cq(G.cq, kCqInitial) == 0;

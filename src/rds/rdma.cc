@@ -227,7 +227,7 @@ bool post_op(Conn* c, Message* m) {
     confirm.wr.rdma.remote_addr = op->remote_addr;
     confirm.wr.rdma.rkey = op->rkey;
     if (op->bytes) {
-      csge = ibv_sge{reinterpret_cast<uint64_t>(&g().confirm_sink), 1, g().confirm_mr->lkey};
+      csge = ibv_sge{reinterpret_cast<uint64_t>(g().confirm_sink), 1, g().confirm_mr->lkey};
       confirm.sg_list = &csge;
       confirm.num_sge = 1;
     }
@@ -491,11 +491,15 @@ void mr_base_answered(Conn* c, const wire::RdsMrBase& a) {
 }
 
 void mr_base_lost(Conn* c) {
-  if (!c->mr_ask) return;
+  const bool asked = c->mr_ask_sent;
   c->mr_ask_sent = false;
-  // The op waiting for the answer never ran, but the peer may be gone for good: it is
-  // treated as an op the connection was lost under (op_unfinished), so it cannot wait for
-  // ever. An atomic reports DROPPED at once; a Write or Read fails after kMaxOpLosses.
+  // Only a question that went out on this connection was lost with it (one still waiting
+  // for the connection to come up was not).
+  if (!c->mr_ask || !asked) return;
+  // The op waiting for the answer never ran, but the peer may be gone for good, and then no
+  // question goes out again: it is treated as an op the connection was lost under
+  // (op_unfinished). An atomic reports DROPPED at once (it was dropped, though unlike a
+  // posted one it cannot have run); a Write or Read fails after kMaxOpLosses.
   bool waiting = false;
   for (auto it = c->rdma_q.begin(); it != c->rdma_q.end();) {
     Message* m = *it;
@@ -513,7 +517,8 @@ void mr_base_lost(Conn* c) {
     notify(m, op, op->status);
     fail_rest(m);
     count(op->atomic ? Ctr::send_rdma_dropped : Ctr::send_rdma_gave_up);
-    it = c->rdma_q.erase(it);  // its message is dropped from send_q by xmit (ops_failed)
+    // Its message stays in send_q until xmit drops it (ops_failed), on the next connection.
+    it = c->rdma_q.erase(it);
   }
   if (!waiting) c->mr_ask.reset();  // else asked again once the connection is back
 }

@@ -428,7 +428,7 @@ struct Global {
   bool mr_by_va = false;
   // Where a Write's confirming Read (rdma.cc) puts its byte: registered once, written by every
   // connection's confirming Reads and never read.
-  uint64_t confirm_sink = 0;
+  uint64_t* confirm_sink = nullptr;
   ibv_mr* confirm_mr = nullptr;
   uint64_t gen = 0;  // random per process: a restarted peer is a new peer
   int wake_fd = -1;

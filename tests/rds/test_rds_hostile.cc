@@ -444,6 +444,9 @@ TEST(RdsFence, HoldingForFencesIsBounded) {
 // either: the peer's next message is delivered.
 TEST(RdsHostilePeer, BaseLookupsAboutNothingAndForgedAnswersChangeNothing) {
   PrivateRegistry own;  // the answer count below is this process' alone
+  // Regions by VA, so that "none" is a lookup that found nothing (a zero-based stack answers
+  // 0 to anything): read when the stack starts, as the victim binds.
+  setenv("SOFTVERBS_RDS_MR_VA", "1", 1);
   Victim v;
   const uint64_t answered = counter(v.fd, "rdma_base_answered");
   Attacker a(random_gen());
@@ -469,13 +472,14 @@ TEST(RdsHostilePeer, BaseLookupsAboutNothingAndForgedAnswersChangeNothing) {
   EXPECT_EQ(std::string(got.data(), 4), "good");
   EXPECT_EQ(counter(v.fd, "rdma_base_answered"), answered + 1);
   EXPECT_NE(a.wait(200), RDMA_CM_EVENT_DISCONNECTED);
+  unsetenv("SOFTVERBS_RDS_MR_VA");
 }
 
 // A victim whose regions are by virtual address (SOFTVERBS_RDS_MR_VA=1, as on Linux siw)
 // answers with the address its region was registered at (the cookie's offset counts from it).
 TEST(RdsHostilePeer, ABaseLookupIsAnsweredWithTheRegionsAddress) {
   PrivateRegistry own;
-  setenv("SOFTVERBS_RDS_MR_VA", "1", 1);  // read when the stack starts (the first get_mr)
+  setenv("SOFTVERBS_RDS_MR_VA", "1", 1);  // read when the stack starts, as the victim binds
   Victim v;
   std::vector<char> region(3 * 4096);
   char* at = region.data() + 10;
