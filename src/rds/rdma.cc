@@ -122,7 +122,6 @@ void mr_base_ask(Conn* c, uint32_t rkey) {
   if (c->mr_ask_sent) return;
   if (c->mr_ask != rkey) {
     c->mr_ask = rkey;
-    c->mr_ask_sent = false;
     count(Ctr::rdma_base_asked);
   }
   mr_base_flush(c);
