@@ -775,6 +775,39 @@ void tx_post_locked(Qp* qp) {
   if (window) qp->tx_window_end_ns = now + window;
 }
 
+namespace {
+// The unrequested ack's timer. While the peer's stream keeps placing messages (the count to
+// ack moved since the timer was armed) it waits again, up to kLazyAckMaxWait in all: a
+// requester that needs an ack asks for it (mark_ack_request), so on a busy stream the lazy
+// ack only costs both ends a wakeup and the sender a receive (ib_write_bw 1 MiB: one per
+// 200 us, a context switch per MiB at the sender). IB's responder coalesces the same way
+// (an ACK may cover many requests, IBA 9.7.5.1.1); the bound keeps a quiet stream's last
+// messages from waiting longer than that for their ack.
+constexpr uint64_t kLazyAckDelayUs = 200;
+constexpr uint32_t kLazyAckMaxRearms = 10;  // kLazyAckMaxWait: 11 x 200 us
+
+void arm_lazy_ack_locked(Qp* qp) {
+  qp->lazy_ack_armed_at = qp->conn.ack_to_send;
+  Progress::get().post_after(std::chrono::microseconds(kLazyAckDelayUs), [ref = QpRef(qp)] {
+    if (!ref.live()) return;  // destroyed meanwhile
+    Qp* qp = ref.get();
+    std::lock_guard lk(qp->tx_mu);
+    const Conn& c = qp->conn;
+    if (c.ack_to_send == c.ack_sent) {
+      qp->lazy_ack_timer = false;  // something else carried it
+      return;
+    }
+    if (c.ack_to_send != qp->lazy_ack_armed_at && qp->lazy_ack_rearms < kLazyAckMaxRearms) {
+      ++qp->lazy_ack_rearms;
+      arm_lazy_ack_locked(qp);
+      return;
+    }
+    qp->lazy_ack_timer = false;
+    tx_run_locked(qp);
+  });
+}
+}  // namespace
+
 // A Placement Ack after a receive pass. One the peer asked for (a signaled WR, or its window
 // nearing its end) after a pass that placed one message waits for the application's
 // answer, posted next, to carry it (one sendmsg, not two), whoever ran the pass: a Send's
@@ -783,14 +816,13 @@ void tx_post_locked(Qp* qp) {
 // in a row, an arm or block of the CQ, an rdma_cm call of the process (perftest -R:
 // qp_flush_deferred_all), or the hold's timer (tx_defer_locked). A pass that placed a stream
 // (several messages) has no one answer: its ack leaves at once, as an IB responder's. An ack nobody
-// asked for is lazy: it rides with whatever leaves next, or with the timer kLazyAckDelay later,
+// asked for is lazy: it rides with whatever leaves next, or with the timer (arm_lazy_ack_locked),
 // never alone at a flush point; a WQE that needs it asked (mark_ack_request), so a stream of small
 // messages costs the responder one ack per request, not one sendmsg per receive pass. One pass's
 // messages share one ack.
 void tx_ack_locked(Qp* qp, bool requested, bool no_one_answer) {
   // SOFTVERBS_ACK_HOLD_US (default 50, 0: never held): how long that ack waits for the answer.
   static const uint64_t hold_ns = sv::setting_us_as_ns(SV_SETTING("SOFTVERBS_ACK_HOLD_US"));
-  constexpr uint64_t kLazyAckDelay = 200 * 1000;  // ns
   if (requested && (hold_ns == 0 || no_one_answer)) {
     tx_run_locked(qp);
     return;
@@ -801,13 +833,8 @@ void tx_ack_locked(Qp* qp, bool requested, bool no_one_answer) {
   }
   if (qp->lazy_ack_timer) return;
   qp->lazy_ack_timer = true;
-  Progress::get().post_after(std::chrono::microseconds(kLazyAckDelay / 1000), [ref = QpRef(qp)] {
-    if (!ref.live()) return;  // destroyed meanwhile
-    Qp* qp = ref.get();
-    std::lock_guard lk(qp->tx_mu);
-    qp->lazy_ack_timer = false;
-    if (qp->conn.ack_to_send != qp->conn.ack_sent) tx_run_locked(qp);
-  });
+  qp->lazy_ack_rearms = 0;
+  arm_lazy_ack_locked(qp);
 }
 
 // try_lock: a thread that holds a QP's tx_mu is sending (its frames carry what was held), or

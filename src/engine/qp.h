@@ -301,6 +301,8 @@ struct Qp {
   uint32_t tx_turns_seen = 0;               // tx_mu: rx_turns at the last post
   std::atomic<bool> tx_flush_timer{false};  // the safety flush is scheduled
   bool lazy_ack_timer = false;              // an unrequested Placement Ack's timer is pending
+  uint32_t lazy_ack_armed_at = 0;           // tx_mu: Conn::ack_to_send when that timer was armed
+  uint32_t lazy_ack_rearms = 0;             // tx_mu: times it waited again for a busy stream
   std::atomic<bool> tx_deferred{false};     // WQEs wait for a flush
   uint64_t tx_defer_due = 0;                // tx_mu: when what is deferred now must leave (mono ns)
   uint32_t orq_used = 0;                    // outstanding Read/Atomic requests (<= ORD)
