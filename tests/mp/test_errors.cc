@@ -469,6 +469,45 @@ TEST_F(IbCompletion, WriteCompletionMeansTheBytesArePlaced) {
   }
 }
 
+// A Placement Ack nobody asked for (unsignaled Writes, fewer than the window's end, so none
+// asks: qp_requester.cc mark_ack_request) still comes once the stream is quiet: the
+// responder's lazy timer sends it (qp.cc arm_lazy_ack_locked), and it is the only FPDU the
+// requester receives. Without it an unsignaled WR's slot would wait for a later request.
+// On TCP: a shared-memory set-up's messages would arrive too and could pass for the ack.
+TEST_F(IbCompletion, AnAckNobodyAskedForComesOnceTheStreamIsQuiet) {
+  setenv("SOFTVERBS_SHM", "0", 1);
+  g_child_env.push_back("SOFTVERBS_SHM=0");
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  unsetenv("SOFTVERBS_SHM");
+  const uint32_t qpn = local->qp->qp_num;
+  constexpr uint32_t kWrites = 3, kLen = 256;
+  ASSERT_GT(local->cap.max_send_wr * 3 / 4, kWrites);
+  // What arrived while connecting (the peer-to-peer RTR, RFC 6581) is not the ack.
+  std::this_thread::sleep_for(Ms(50));
+  uint64_t before = qp_counter(getpid(), qpn, sv::wire::Ctr::rcvd_pkts);
+  if (before == ~0ull) before = 0;  // not published yet
+  for (uint32_t i = 0; i < kWrites; ++i) {
+    local->fill(0, i * kLen, kLen, 700 + i);
+    ASSERT_EQ(local->post_send(make_rdma(IBV_WR_RDMA_WRITE, i, {sge(i * kLen, kLen)},
+                                         ri.addr + i * kLen, ri.rkey, 0)),
+              0);
+  }
+  bool placed = false;
+  for (int t = 0; t < 1000 && !placed; ++t) {
+    placed = remote->check(0, (kWrites - 1) * kLen, kLen, 700 + kWrites - 1) == -1;
+    if (!placed) std::this_thread::sleep_for(Ms(5));
+  }
+  ASSERT_TRUE(placed) << "the Writes never landed";
+  uint64_t pkts = 0;
+  for (int t = 0; t < 1000 && (pkts <= before || pkts == ~0ull); ++t) {
+    std::this_thread::sleep_for(Ms(5));
+    pkts = qp_counter(getpid(), qpn, sv::wire::Ctr::rcvd_pkts);
+  }
+  EXPECT_NE(pkts, ~0ull) << "the QP's counters were never published";
+  EXPECT_GT(pkts, before) << "no ack came for the unsignaled Writes";
+  ibv_wc wc;
+  EXPECT_EQ(ibv_poll_cq(local->scq, 1, &wc), 0) << "an unsignaled WR completed: " << wc_str(wc);
+}
 // The SEND that found no receive is the one that fails (IB spec 9.7.5.2.8), not the READ.
 TEST_F(IbCompletion, RnrRetryExcErrLandsOnTheSend) {
   PeerConfig rc;
