@@ -303,10 +303,11 @@ struct Qp {
   bool lazy_ack_timer = false;              // an unrequested Placement Ack's timer is pending
   uint32_t lazy_ack_armed_at = 0;           // tx_mu: Conn::ack_to_send when that timer was armed
   uint32_t lazy_ack_rearms = 0;             // tx_mu: times it waited again for a busy stream
-  std::atomic<bool> tx_deferred{false};     // WQEs wait for a flush
-  uint64_t tx_defer_due = 0;                // tx_mu: when what is deferred now must leave (mono ns)
-  uint32_t orq_used = 0;                    // outstanding Read/Atomic requests (<= ORD)
-  std::vector<IrqEntry> irq;                // ring, size IRD
+  uint8_t ack_answers = 0;  // tx_mu: held acks in a row an answer carried (tx_ack_locked)
+  std::atomic<bool> tx_deferred{false};  // WQEs wait for a flush
+  uint64_t tx_defer_due = 0;             // tx_mu: when what is deferred now must leave (mono ns)
+  uint32_t orq_used = 0;                 // outstanding Read/Atomic requests (<= ORD)
+  std::vector<IrqEntry> irq;             // ring, size IRD
   uint32_t irq_head = 0, irq_count = 0;
 
   // RQ ring (rq_mu)

@@ -254,6 +254,47 @@ TEST_F(XProcIbPeer, BusyPollAHeldAckLeavesWhenThePollerStopsWithoutArming) {
   EXPECT_TRUE(wc_is(s[0], 5, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE));
 }
 
+// A ping-pong's answers carried its held acks (ib_send_lat's pattern), so its hold's timer
+// is a wider net (qp.cc tx_ack_locked: 1 ms, or the hold if longer, 200 ms in this run);
+// the turn that gets no answer, the poller having stopped without arming, is still acked
+// by it, and the requester's Write completes. On TCP: the net is widened there (through
+// shared memory a timer per hold time is 25 round trips, and no syscall is saved).
+TEST_F(XProcIbPeer, BusyPollAPingPongsLastHeldAckLeavesWhenThePollerStopsWithoutArming) {
+  setenv("SOFTVERBS_SHM", "0", 1);
+  g_child_env = {"SOFTVERBS_IB_COMPLETION=1", "SOFTVERBS_SHM=0"};
+  Connect();
+  g_child_env.clear();
+  unsetenv("SOFTVERBS_SHM");
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);
+  constexpr uint64_t kTurns = 12;  // more than the streak that widens the net (8)
+  for (uint64_t i = 0; i <= kTurns; ++i) {
+    const uint32_t seed = 300 + static_cast<uint32_t>(i);
+    remote->fill(0, 0, 64, seed);
+    if (i < kTurns) {
+      ASSERT_EQ(remote->post_recv(i, {sge(8192, 64)}), 0);
+    }
+    ASSERT_EQ(remote->post_send(make_rdma(IBV_WR_RDMA_WRITE, i, {sge(0, 64)}, li.addr, li.rkey)),
+              0);
+    ibv_wc wc{};
+    const auto until = Clock::now() + kWait;
+    while (local->check(0, 0, 64, seed) != -1 && Clock::now() < until)
+      ASSERT_EQ(ibv_poll_cq(local->rcq, 1, &wc), 0);
+    ASSERT_EQ(local->check(0, 0, 64, seed), -1) << "turn " << i << ": the Write was not placed";
+    // The answer, but not to the last turn: this thread polls its CQ no more.
+    if (i < kTurns) {
+      ASSERT_EQ(local->post_send(make_send(100 + i, {sge(0, 16)})), 0);
+    }
+    auto s = remote->poll(CqSel::send, 1, Ms(5000));
+    ASSERT_EQ(s.size(), 1u) << "turn " << i << ": the Write never completed";
+    EXPECT_TRUE(wc_is(s[0], i, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE));
+    if (i < kTurns) {
+      ASSERT_EQ(remote->poll(CqSel::recv, 1).size(), 1u) << "turn " << i;
+    }
+  }
+  EXPECT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);
+}
+
 // RDS's fenced Write: a Write and a Send behind it, placed by one pass of the poller (a
 // stream: nobody answers both), whose requester asked for the Placement Ack. It leaves at
 // once, not after the hold (30 s in this run), whether or not the poller polls again.
