@@ -647,6 +647,11 @@ int qp_post_send(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad, bool all_or_nothing
 }
 
 namespace {
+// A ping-pong's held acks (tx_ack_locked): after this many answers in a row carried one,
+// the hold's timer is kPingPongAckHold wide.
+constexpr uint8_t kPingPongAnswers = 8;
+constexpr uint64_t kPingPongAckHold = 1'000'000;  // ns
+
 // SOFTVERBS_TX_BATCH_US (default 10, 0: off): the doorbell batching window.
 uint64_t tx_batch_ns() {
   static const uint64_t ns = sv::setting_us_as_ns(SV_SETTING("SOFTVERBS_TX_BATCH_US"));
@@ -738,12 +743,23 @@ void tx_defer_locked(Qp* qp, uint64_t window) {
 // its ack alone before the answer can carry it. tx_flush_timer is cleared before each look,
 // so a deferral racing it either sees the flag clear and sets a timer of its own, or is seen
 // here.
+//
+// In a ping-pong over TCP (Qp::ack_answers, tx_ack_locked) the timer that finds nothing held
+// waits another kPingPongAckHold if the QP held an ack since it last looked: the ping-pong
+// goes on, and its next hold then posts no timer from an application thread (the wake-up
+// that pre-empts a spinner). A QP that held nothing for that long lets it lapse.
 void post_flush_timer(Qp* qp, uint64_t delay_ns) {
   Progress::get().post_after(std::chrono::microseconds(delay_ns / 1000 + 1), [ref = QpRef(qp)] {
     if (!ref.live()) return;  // destroyed meanwhile
     Qp* qp = ref.get();
     qp->tx_flush_timer.store(false);
-    if (!qp->tx_deferred.load()) return;
+    if (!qp->tx_deferred.load()) {
+      std::lock_guard lk(qp->tx_mu);
+      if (qp->ack_answers < kPingPongAnswers || qp->holds == qp->holds_seen) return;
+      qp->holds_seen = qp->holds;
+      if (!qp->tx_flush_timer.exchange(true)) post_flush_timer(qp, kPingPongAckHold);
+      return;
+    }
     std::lock_guard lk(qp->tx_mu);
     const uint64_t now = sv::mono_ns();
     if (qp->tx_deferred.load() && now < qp->tx_defer_due) {
@@ -844,8 +860,7 @@ void tx_ack_locked(Qp* qp, bool requested, bool no_one_answer) {
     // kPingPongAckHold wide: a turn that gets none acks up to that late, once; its flush
     // (tx_flush_locked) ends the streak. (IB's responder acks at once, in hardware: what
     // this saves is our sendmsg of an ack alone, the cost IB does not have.)
-    constexpr uint8_t kPingPongAnswers = 8;
-    constexpr uint64_t kPingPongAckHold = 1'000'000;  // ns
+    ++qp->holds;
     const uint64_t hold =
         qp->ack_answers >= kPingPongAnswers ? std::max(hold_ns, kPingPongAckHold) : hold_ns;
     tx_defer_locked(qp, hold);
