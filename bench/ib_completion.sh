@@ -16,12 +16,15 @@
 #   -R failures: of RACE runs each of ib_send_lat -R and ib_write_lat -R (rdma_cm), how many
 #   did not finish with exit 0 on both sides (perftest's server listens for the test QP only
 #   after its last handshake Send completes; a client that connects first is refused).
-# Usage: bench/ib_completion.sh [libdir] [rounds] [race runs]   (default build/lib, 2, 20)
+# Each row is PAIRS pairs of runs, one under each rule, in alternating order: the medians of
+# each rule and of the pairs' ratios. (One pair per row swung 0.76x-1.21x on 8 B latency.)
+# Usage: bench/ib_completion.sh [libdir] [rounds] [race runs] [pairs]   (build/lib, 2, 20, 6)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 LIB=${1:-$ROOT/build/lib}
 ROUNDS=${2:-2}
 RACE=${3:-20}
+PAIRS=${4:-6}
 export LD_LIBRARY_PATH=$LIB SOFTVERBS_NETDEV=lo
 # The TCP path, as between hosts: same-host peers would otherwise use shared memory
 # (bench/shm_compare.sh measures that). SOFTVERBS_SHM=1 in the caller's environment wins.
@@ -43,26 +46,37 @@ run() {
   res "$field" <"$T/cli"
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (b > 0 && a > 0) printf "%.2fx", a / b; else print "n/a" }'; }
-# sides <label> <field> <tool> <args...>: one run per rule, two rows: the sender's result and
-# the receiver's (ib_send_bw's server), from the same pair of processes.
-sides() {
-  local label=$1 field=$2 dc ds ic is
-  shift 2
-  dc=$(run 0 "$field" "$@")
-  ds=$(res "$field" <"$T/srv")
-  ic=$(run 1 "$field" "$@")
-  is=$(res "$field" <"$T/srv")
-  printf '%-36s %12s %12s %8s\n' "$label" "${dc:-n/a}" "${ic:-n/a}" "$(ratio "${ic:-0}" "${dc:-0}")"
-  printf '%-36s %12s %12s %8s\n' "  the same, received" "${ds:-n/a}" "${is:-n/a}" \
-    "$(ratio "${is:-0}" "${ds:-0}")"
+fmtx() { awk -v a="$1" 'BEGIN{ if (a ~ /^[0-9.]+$/) printf "%.2fx", a; else print "n/a" }'; }
+# median <numbers...>: their median ("n/a" for none).
+median() {
+  printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g |
+    awk '{a[NR] = $1} END {if (!NR) print "n/a"; else if (NR % 2) print a[(NR + 1) / 2];
+                          else printf "%g\n", (a[NR / 2] + a[NR / 2 + 1]) / 2}'
 }
-row() { # row <label> <field> <tool> <args...>
-  local label=$1 field=$2
-  shift 2
-  local d i
-  d=$(run 0 "$field" "$@")
-  i=$(run 1 "$field" "$@")
-  printf '%-36s %12s %12s %8s\n' "$label" "${d:-n/a}" "${i:-n/a}" "$(ratio "${i:-0}" "${d:-0}")"
+# pairs <label> <field> <sides 0|1> <tool> <args...>: PAIRS pairs of runs, one per rule, the
+# order alternating; prints each rule's median and the median of the pairs' ratios (a pair
+# shares the machine's mood, so its ratio is steadier than a ratio of medians). sides=1
+# adds the receiver's row (ib_send_bw's server), from the same pairs of processes.
+pairs() {
+  local label=$1 field=$2 sides=$3 i a b ar br
+  shift 3
+  local -a d=() e=() rs=() dr=() er=() rr=()
+  for i in $(seq 1 "$PAIRS"); do
+    if ((i % 2)); then
+      a=$(run 0 "$field" "$@"); ar=$(res "$field" <"$T/srv")
+      b=$(run 1 "$field" "$@"); br=$(res "$field" <"$T/srv")
+    else
+      b=$(run 1 "$field" "$@"); br=$(res "$field" <"$T/srv")
+      a=$(run 0 "$field" "$@"); ar=$(res "$field" <"$T/srv")
+    fi
+    d+=("${a:-x}") e+=("${b:-x}") rs+=("$(ratio "${b:-0}" "${a:-0}" | tr -d x)")
+    dr+=("${ar:-x}") er+=("${br:-x}") rr+=("$(ratio "${br:-0}" "${ar:-0}" | tr -d x)")
+  done
+  printf '%-36s %12s %12s %8s\n' "$label" "$(median "${d[@]}")" "$(median "${e[@]}")" \
+    "$(fmtx "$(median "${rs[@]}")")"
+  ((sides)) && printf '%-36s %12s %12s %8s\n' "  the same, received" "$(median "${dr[@]}")" \
+    "$(median "${er[@]}")" "$(fmtx "$(median "${rr[@]}")")"
+  return 0
 }
 # syscalls <mode>: syscalls per message, both processes of ib_send_bw -s 8 -n 100000.
 syscalls() {
@@ -95,10 +109,10 @@ command -v perf >/dev/null || apt-get install -y -qq --no-install-recommends lin
 for r in $(seq 1 "$ROUNDS"); do
   echo "round $r"
   printf '%-36s %12s %12s %8s\n' measure rfc5040 ib_rule ratio
-  row "ib_send_lat 8 B typical (us)" 5 ib_send_lat -s 8 -n 20000
-  row "ib_write_lat 8 B typical (us)" 5 ib_write_lat -s 8 -n 20000
-  row "ib_write_bw 1 MiB (MB/s)" 4 ib_write_bw -s 1048576 -n 2000
-  sides "ib_send_bw 8 B, -t 128 -Q 100 (Mpps)" 5 ib_send_bw -s 8 -t 128 -Q 100 -n 1000000
+  pairs "ib_send_lat 8 B typical (us)" 5 0 ib_send_lat -s 8 -n 20000
+  pairs "ib_write_lat 8 B typical (us)" 5 0 ib_write_lat -s 8 -n 20000
+  pairs "ib_write_bw 1 MiB (MB/s)" 4 0 ib_write_bw -s 1048576 -n 2000
+  pairs "ib_send_bw 8 B, -t 128 -Q 100 (Mpps)" 5 1 ib_send_bw -s 8 -t 128 -Q 100 -n 1000000
   d=$(syscalls 0)
   i=$(syscalls 1)
   printf '%-36s %12s %12s %8s\n' "ib_send_bw 8 B syscalls/msg" "${d:-n/a}" "${i:-n/a}" "$(ratio "${i:-0}" "${d:-0}")"
