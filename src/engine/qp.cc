@@ -718,56 +718,75 @@ void flush_all_at_exit() {
   wait_unsent_at_exit();
 }
 
-// Leaves the batch for the next flush point: a post, a poll or arm of either CQ (a caller
-// may wait for the answer on its receive CQ), or the timer `window` ns from now.
-// The flush timer for what tx_defer_locked holds (window ns after it was first held).
-void post_flush_timer(Qp* qp, uint64_t delay_ns);
+// The flush timer for what tx_defer_locked holds, due at `at` (mono ns). Caller holds tx_mu.
+void post_flush_timer_locked(Qp* qp, uint64_t at, uint64_t now);
 
+// Leaves the batch for the next flush point: a post, a poll or arm of either CQ (a caller
+// may wait for the answer on its receive CQ), or the timer `window` ns from now. A pending
+// timer due by then serves; one due later (a ping-pong's wide net) does not, and a sooner
+// one takes over from it (Qp::flush_timer_at).
 void tx_defer_locked(Qp* qp, uint64_t window) {
-  if (!qp->tx_deferred.load(std::memory_order_relaxed)) qp->tx_defer_due = sv::mono_ns() + window;
-  qp->tx_deferred.store(true);  // seq_cst: read by the timer after it clears tx_flush_timer
+  const uint64_t now = sv::mono_ns();
+  if (!qp->tx_deferred.load(std::memory_order_relaxed)) qp->tx_defer_due = now + window;
+  qp->tx_deferred.store(true);
   qp->scq->tx_deferred.store(true, std::memory_order_release);
   qp->rcq->tx_deferred.store(true, std::memory_order_release);
-  if (qp->tx_flush_timer.exchange(true)) return;
-  post_flush_timer(qp, window);
+  if (qp->flush_timer_at && qp->flush_timer_at <= qp->tx_defer_due) return;
+  post_flush_timer_locked(qp, qp->tx_defer_due, now);
 }
 
 // Usually the answer or a poll takes what was held long before the timer is due. The timer
 // is kept all the same, to its due time: while it is pending, the holds that follow post
-// none (tx_flush_timer), and a post from an application thread is what costs: it wakes the
-// progress thread to shorten its sleep, and on a small machine that wake-up pre-empts a
-// spinner. Dropping a moot timer before the sleep saved its run but left that wake-up, one
-// per message of a ping-pong; kept, a busy ping-pong pays one post and one run per hold
-// time (50 us: 25 round trips of 8 B through shared memory). A timer that finds a newer hold
-// waits for the newer one's due time (from the progress thread: no wake-up) rather than send
-// its ack alone before the answer can carry it. tx_flush_timer is cleared before each look,
-// so a deferral racing it either sees the flag clear and sets a timer of its own, or is seen
-// here.
+// none, and a post from an application thread is what costs: it wakes the progress thread
+// to shorten its sleep, and on a small machine that wake-up pre-empts a spinner. Dropping a
+// moot timer before the sleep saved its run but left that wake-up, one per message of a
+// ping-pong; kept, a busy ping-pong pays one post and one run per hold time (50 us: 25
+// round trips of 8 B through shared memory). A timer that finds a newer hold waits for the
+// newer one's due time (from the progress thread: no wake-up) rather than send its ack
+// alone before the answer can carry it.
 //
 // In a ping-pong over TCP (Qp::ack_answers, tx_ack_locked) the timer that finds nothing held
 // waits another kPingPongAckHold if the QP held an ack since it last looked: the ping-pong
-// goes on, and its next hold then posts no timer from an application thread (the wake-up
-// that pre-empts a spinner). A QP that held nothing for that long lets it lapse.
-void post_flush_timer(Qp* qp, uint64_t delay_ns) {
-  Progress::get().post_after(std::chrono::microseconds(delay_ns / 1000 + 1), [ref = QpRef(qp)] {
-    if (!ref.live()) return;  // destroyed meanwhile
-    Qp* qp = ref.get();
-    qp->tx_flush_timer.store(false);
-    if (!qp->tx_deferred.load()) {
-      std::lock_guard lk(qp->tx_mu);
-      if (qp->ack_answers < kPingPongAnswers || qp->holds == qp->holds_seen) return;
-      qp->holds_seen = qp->holds;
-      if (!qp->tx_flush_timer.exchange(true)) post_flush_timer(qp, kPingPongAckHold);
-      return;
-    }
-    std::lock_guard lk(qp->tx_mu);
-    const uint64_t now = sv::mono_ns();
-    if (qp->tx_deferred.load() && now < qp->tx_defer_due) {
-      if (!qp->tx_flush_timer.exchange(true)) post_flush_timer(qp, qp->tx_defer_due - now);
-      return;
-    }
-    tx_flush_locked(qp);
-  });
+// goes on, and its next hold then posts no timer from an application thread. A QP that held
+// nothing for that long lets it lapse.
+//
+// Only the timer due at Qp::flush_timer_at acts: one a sooner timer took over from finds
+// another time there and does nothing. tx_mu is only tried: its holder may be sending a
+// large batch (a 1 MiB sendmsg takes a millisecond) or draining for a Terminate, and the
+// progress thread must not wait for it; the timer looks again, sooner than a hold time.
+void flush_timer_fired(QpRef ref, uint64_t at, uint32_t retry_us) {
+  if (!ref.live()) return;  // destroyed meanwhile
+  Qp* qp = ref.get();
+  if (!qp->tx_mu.try_lock()) {
+    Progress::get().post_after(
+        std::chrono::microseconds(retry_us), [ref = std::move(ref), at, retry_us]() mutable {
+          flush_timer_fired(std::move(ref), at, std::min(retry_us * 2, 1000u));
+        });
+    return;
+  }
+  std::lock_guard lk(qp->tx_mu, std::adopt_lock);
+  if (qp->flush_timer_at != at) return;  // a sooner timer took over
+  qp->flush_timer_at = 0;
+  const uint64_t now = sv::mono_ns();
+  if (qp->tx_deferred.load(std::memory_order_relaxed)) {
+    if (now < qp->tx_defer_due)
+      post_flush_timer_locked(qp, qp->tx_defer_due, now);
+    else
+      tx_flush_locked(qp);
+    return;
+  }
+  if (qp->ack_answers >= kPingPongAnswers && qp->holds != qp->holds_seen &&
+      !qp->tx_ring.load(std::memory_order_relaxed)) {
+    qp->holds_seen = qp->holds;
+    post_flush_timer_locked(qp, now + kPingPongAckHold, now);
+  }
+}
+
+void post_flush_timer_locked(Qp* qp, uint64_t at, uint64_t now) {
+  qp->flush_timer_at = at;
+  Progress::get().post_after(
+      std::chrono::microseconds((at > now ? at - now : 0) / 1000 + 1),
+      [ref = QpRef(qp), at]() mutable { flush_timer_fired(std::move(ref), at, 20); });
 }
 }  // namespace
 
@@ -820,8 +839,7 @@ void arm_lazy_ack_locked(Qp* qp) {
       qp->lazy_ack_timer = false;  // something else carried it
       return;
     }
-    if (c.ack_to_send != qp->lazy_ack_armed_at &&
-        qp->lazy_ack_rearms < (getenv("XOLD") ? 0u : kLazyAckMaxRearms)) {
+    if (c.ack_to_send != qp->lazy_ack_armed_at && qp->lazy_ack_rearms < kLazyAckMaxRearms) {
       ++qp->lazy_ack_rearms;
       arm_lazy_ack_locked(qp);
       return;
@@ -861,8 +879,9 @@ void tx_ack_locked(Qp* qp, bool requested, bool no_one_answer) {
     // (tx_flush_locked) ends the streak. (IB's responder acks at once, in hardware: what
     // this saves is our sendmsg of an ack alone, the cost IB does not have.)
     ++qp->holds;
-    const uint64_t hold =
-        qp->ack_answers >= kPingPongAnswers ? std::max(hold_ns, kPingPongAckHold) : hold_ns;
+    const bool ping_pong =
+        qp->ack_answers >= kPingPongAnswers && !qp->tx_ring.load(std::memory_order_relaxed);
+    const uint64_t hold = ping_pong ? std::max(hold_ns, kPingPongAckHold) : hold_ns;
     tx_defer_locked(qp, hold);
     return;
   }

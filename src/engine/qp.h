@@ -298,12 +298,12 @@ struct Qp {
   // follows one answers it, a turn of a ping-pong rather than part of a stream: it is never
   // held back, however soon after the last post it comes (tx_post_locked).
   std::atomic<uint32_t> rx_turns{0};
-  uint32_t tx_turns_seen = 0;               // tx_mu: rx_turns at the last post
-  std::atomic<bool> tx_flush_timer{false};  // the safety flush is scheduled
-  bool lazy_ack_timer = false;              // an unrequested Placement Ack's timer is pending
-  uint32_t lazy_ack_armed_at = 0;           // tx_mu: Conn::ack_to_send when that timer was armed
-  uint32_t lazy_ack_rearms = 0;             // tx_mu: times it waited again for a busy stream
-  uint8_t ack_answers = 0;  // tx_mu: held acks in a row an answer carried (tx_ack_locked)
+  uint32_t tx_turns_seen = 0;   // tx_mu: rx_turns at the last post
+  uint64_t flush_timer_at = 0;  // tx_mu: when the flush timer that acts is due (mono ns), 0: none
+  bool lazy_ack_timer = false;  // an unrequested Placement Ack's timer is pending
+  uint32_t lazy_ack_armed_at = 0;  // tx_mu: Conn::ack_to_send when that timer was armed
+  uint32_t lazy_ack_rearms = 0;    // tx_mu: times it waited again for a busy stream
+  uint8_t ack_answers = 0;         // tx_mu: held acks in a row an answer carried (tx_ack_locked)
   uint32_t holds = 0, holds_seen = 0;    // tx_mu: acks held, and as the flush timer last saw
   std::atomic<bool> tx_deferred{false};  // WQEs wait for a flush
   uint64_t tx_defer_due = 0;             // tx_mu: when what is deferred now must leave (mono ns)

@@ -255,10 +255,12 @@ TEST_F(XProcIbPeer, BusyPollAHeldAckLeavesWhenThePollerStopsWithoutArming) {
 }
 
 // A ping-pong's answers carried its held acks (ib_send_lat's pattern), so its hold's timer
-// is a wider net (qp.cc tx_ack_locked: 1 ms, or the hold if longer, 200 ms in this run);
-// the turn that gets no answer, the poller having stopped without arming, is still acked
-// by it, and the requester's Write completes. On TCP: the net is widened there (through
-// shared memory a timer per hold time is 25 round trips, and no syscall is saved).
+// is a wider net (qp.cc tx_ack_locked: 1 ms, or the hold if longer: 200 ms in the
+// busy_poll_ack_without_timer run, 1 ms in busy_poll_ping_pong_ack's, where the timer also
+// re-arms itself between turns); the turn that gets no answer, the poller having stopped
+// without arming, is still acked by it, and the requester's Write completes. On TCP: the net is
+// widened there (through shared memory a timer per hold time is 25 round trips, and no syscall is
+// saved).
 TEST_F(XProcIbPeer, BusyPollAPingPongsLastHeldAckLeavesWhenThePollerStopsWithoutArming) {
   setenv("SOFTVERBS_SHM", "0", 1);
   g_child_env = {"SOFTVERBS_IB_COMPLETION=1", "SOFTVERBS_SHM=0"};

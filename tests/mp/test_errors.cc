@@ -482,10 +482,22 @@ TEST_F(IbCompletion, AnAckNobodyAskedForComesOnceTheStreamIsQuiet) {
   const uint32_t qpn = local->qp->qp_num;
   constexpr uint32_t kWrites = 3, kLen = 256;
   ASSERT_GT(local->cap.max_send_wr * 3 / 4, kWrites);
-  // What arrived while connecting (the peer-to-peer RTR, RFC 6581) is not the ack.
-  std::this_thread::sleep_for(Ms(50));
-  uint64_t before = qp_counter(getpid(), qpn, sv::wire::Ctr::rcvd_pkts);
-  if (before == ~0ull) before = 0;  // not published yet
+  // A signaled Write first: its completion is its ack, so the connection is up and all the
+  // peer sends while connecting (its RTR, RFC 6581) has arrived; nothing else comes from it
+  // until the ack counted below. It also starts the requester's count towards the window's
+  // end from zero (mark_ack_request).
+  local->fill(0, 0, 64, 699);
+  ASSERT_EQ(local->post_send(make_rdma(IBV_WR_RDMA_WRITE, 99, {sge(0, 64)}, ri.addr, ri.rkey)), 0);
+  auto first = local->poll(CqSel::send, 1);
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_TRUE(wc_is(first[0], 99, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE));
+  uint64_t before = ~0ull;
+  for (int t = 0; t < 1000 && before == ~0ull; ++t) {
+    before = qp_counter(getpid(), qpn, sv::wire::Ctr::rcvd_pkts);
+    if (before == ~0ull) std::this_thread::sleep_for(Ms(5));
+  }
+  ASSERT_NE(before, ~0ull) << "the QP's counters were never published";
+  ASSERT_GT(before, 0u) << "the first Write's ack was not counted";
   for (uint32_t i = 0; i < kWrites; ++i) {
     local->fill(0, i * kLen, kLen, 700 + i);
     ASSERT_EQ(local->post_send(make_rdma(IBV_WR_RDMA_WRITE, i, {sge(i * kLen, kLen)},
@@ -503,11 +515,12 @@ TEST_F(IbCompletion, AnAckNobodyAskedForComesOnceTheStreamIsQuiet) {
     std::this_thread::sleep_for(Ms(5));
     pkts = qp_counter(getpid(), qpn, sv::wire::Ctr::rcvd_pkts);
   }
-  EXPECT_NE(pkts, ~0ull) << "the QP's counters were never published";
+  EXPECT_NE(pkts, ~0ull);
   EXPECT_GT(pkts, before) << "no ack came for the unsignaled Writes";
   ibv_wc wc;
   EXPECT_EQ(ibv_poll_cq(local->scq, 1, &wc), 0) << "an unsignaled WR completed: " << wc_str(wc);
 }
+
 // The SEND that found no receive is the one that fails (IB spec 9.7.5.2.8), not the READ.
 TEST_F(IbCompletion, RnrRetryExcErrLandsOnTheSend) {
   PeerConfig rc;
