@@ -658,12 +658,18 @@ uint64_t tx_batch_ns() {
   return ns;
 }
 
+// When a held ack last left without an answer (qp_give_flushed_acks_a_head_start), mono ns.
+std::atomic<uint64_t> g_acks_flushed_at{0};
+
 // Sends what doorbell batching deferred. Caller holds tx_mu. A held Placement Ack that
 // leaves here left without an answer to carry it: the ping-pong, if there was one, is over
 // (tx_ack_locked).
 void tx_flush_locked(Qp* qp) {
   if (!qp->tx_deferred.exchange(false)) return;
-  if (qp->conn.ack_to_send != qp->conn.ack_sent) qp->ack_answers = 0;
+  if (qp->conn.ack_to_send != qp->conn.ack_sent) {
+    qp->ack_answers = 0;
+    g_acks_flushed_at.store(sv::mono_ns(), std::memory_order_relaxed);
+  }
   tx_run_locked(qp);
 }
 
@@ -899,6 +905,15 @@ void qp_flush_deferred_all() {
     tx_flush_locked(qp);
     qp->tx_mu.unlock();
   });
+}
+
+void qp_give_flushed_acks_a_head_start() {
+  constexpr uint64_t kHeadStartNs = 3'000'000;
+  const uint64_t at = g_acks_flushed_at.load(std::memory_order_relaxed);
+  if (!at) return;
+  const uint64_t now = sv::mono_ns();
+  if (now - at < kHeadStartNs)
+    std::this_thread::sleep_for(std::chrono::nanoseconds(at + kHeadStartNs - now));
 }
 
 bool qp_tx_flush(Qp* qp, bool with_acks) {

@@ -530,6 +530,14 @@ bool qp_tx_flush(Qp* qp, bool with_acks = true);
 // right after the handshake Send it received, and its ack, held, let the server, waiting
 // for that Send to complete before it listens, lose the race and refuse it).
 void qp_flush_deferred_all();
+// Before a connect request: if a held ack left without an answer (at its hold's end, a
+// flush point or an rdma_cm call) less than 3 ms ago, waits out the rest. IB's responder
+// acks a message microseconds after it arrived, long before its application turns to
+// rdma_cm; ours waited for an answer, and a peer that completes that Send only on the ack
+// and listens only after it (perftest -R's server: the handshake's last Send, then
+// rdma_listen, about 100 us later here) refused the connect that followed (1-3 in 40 runs
+// of ib_write_lat -R; none under RFC 5040's rule, whose Send completes on transmit).
+void qp_give_flushed_acks_a_head_start();
 // Sends a Terminate (best effort) and no more FPDUs afterwards. Caller holds tx_mu.
 void tx_terminate_locked(Qp* qp, const wire::Terminate& t);
 
