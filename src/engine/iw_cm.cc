@@ -19,6 +19,7 @@
 #include "engine/log.h"
 #include "engine/peer_guard.h"
 #include "engine/qp.h"
+#include "util/clock.h"
 #include "util/fork_local.h"
 #include "util/settings.h"
 #include "wire/be.h"
@@ -212,30 +213,69 @@ void Endpoint::accept_failed(int fd, int err) {
   keep_spare();
 }
 
+// A connect refused (no listener) within kRefusedRetryNs of a Placement Ack that this
+// process held for an answer and sent without one is tried again, every kRefusedRetryGap,
+// until then. IB's responder acks a message microseconds after it arrives; ours waited for
+// an answer, so a peer that completes its Send only on that ack and listens only after it
+// (perftest -R's server: the handshake's last Send, then rdma_listen, about 100 us after the
+// ack here) refused the connect that followed (1-3 in 40 runs of ib_write_lat -R; none
+// under RFC 5040's rule, whose Send completes on transmit). A connect that succeeds costs
+// nothing, and one refused for good reports it up to kRefusedRetryNs later.
+constexpr uint64_t kRefusedRetryNs = 3'000'000;
+constexpr std::chrono::microseconds kRefusedRetryGap{250};
+
 Endpoint* Endpoint::connect(const transport::SockAddr& to, const transport::SockAddr* from,
                             MpaOffer offer, std::function<void(Endpoint*, int)> on_done) {
   auto* ep = new Endpoint();
   ep->role_ = Role::active;
   ep->offer_ = std::move(offer);
   ep->on_done_ = std::move(on_done);
-  transport::SockAddr src;
-  if (from) src = *from;
-  Progress::get().post([ep, to, src] {
-    int fd = transport::tcp_connect_nb(to, src.len ? &src : nullptr);
-    if (fd < 0) {
-      ep->fail(fd);
-      return;
-    }
-    ep->fd_ = fd;
-    ep->st_ = State::connecting;
-    Progress::get().add(fd, EPOLLOUT, ep);
+  ep->to_ = to;
+  if (from) ep->from_ = *from;
+  const uint64_t acked = held_ack_flushed_at();
+  if (acked && sv::mono_ns() - acked < kRefusedRetryNs)
+    ep->refused_retry_until_ = acked + kRefusedRetryNs;
+  Progress::get().post([ep] {
     ep->arm_timeout();
-    // Often connected already (a local peer): the Request goes now, not one epoll round
-    // later, so the responder does not accept a connection whose Request is still here.
-    pollfd p{fd, POLLOUT, 0};
-    if (::poll(&p, 1, 0) == 1) ep->on_event(static_cast<uint32_t>(p.revents));
+    ep->start_connect();
   });
   return ep;
+}
+
+void Endpoint::start_connect() {
+  int fd = transport::tcp_connect_nb(to_, from_.len ? &from_ : nullptr);
+  if (fd < 0) {
+    if (fd == -ECONNREFUSED && retry_refused()) return;
+    fail(fd);
+    return;
+  }
+  fd_ = fd;
+  st_ = State::connecting;
+  Progress::get().add(fd, EPOLLOUT, this);
+  // Often connected already (a local peer): the Request goes now, not one epoll round
+  // later, so the responder does not accept a connection whose Request is still here.
+  pollfd p{fd, POLLOUT, 0};
+  if (::poll(&p, 1, 0) == 1) on_event(static_cast<uint32_t>(p.revents));
+}
+
+bool Endpoint::retry_refused() {
+  if (role_ != Role::active || sv::mono_ns() >= refused_retry_until_) return false;
+  if (fd_ >= 0) {
+    Progress::get().del(fd_);
+    close(fd_);
+    fd_ = -1;
+  }
+  st_ = State::connecting;
+  SV_DBG("connect to %s refused soon after a held ack left: trying again", to_.str().c_str());
+  // By serial, as the handshake's timeout: the owner may dispose of it meanwhile.
+  Progress::get().post_after(kRefusedRetryGap, [serial = serial_] {
+    auto& l = g_live.get();
+    auto it = l.by_serial.find(serial);
+    if (it == l.by_serial.end()) return;
+    Endpoint* ep = it->second;
+    if (ep->st_ == State::connecting && ep->fd_ < 0) ep->start_connect();
+  });
+  return true;
 }
 
 Endpoint* Endpoint::passive(int fd, std::function<void(Endpoint*)> on_request,
@@ -363,6 +403,7 @@ void Endpoint::on_event(uint32_t events) {
   if (st_ == State::connecting) {
     int r = transport::tcp_connect_result(fd_);
     if (r != 0 || (events & (EPOLLERR | EPOLLHUP))) {
+      if ((r == 0 || r == -ECONNREFUSED) && retry_refused()) return;
       fail(r ? r : -ECONNREFUSED);
       return;
     }

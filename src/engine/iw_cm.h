@@ -153,6 +153,8 @@ class Endpoint : public Progress::Handler {
  private:
   Endpoint() = default;
   void arm_timeout();
+  void start_connect();  // active, progress thread: the TCP connect, again after a retry
+  bool retry_refused();  // active: a refused connect is tried again (connect's comment)
   void fail(int err);
   void stop_waiting();                  // leaves wait_request's count
   bool read_frame(wire::MpaKind kind);  // true once a whole frame is in in_
@@ -174,6 +176,8 @@ class Endpoint : public Progress::Handler {
   std::array<uint8_t, 16> addr_key_{};  // source address, counted per address in wait_request
   bool parked_ = false;                 // initiator: the park notice arrived
   bool rejected_ = false;               // initiator: the Reply said Reject
+  transport::SockAddr to_, from_;       // initiator: where to, and from (len 0: any)
+  uint64_t refused_retry_until_ = 0;    // initiator: a refused connect is retried until (ns)
 };
 
 // Whether a connection of qp (null: one whose QP is not known yet) asks softverbs peers for

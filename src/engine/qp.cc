@@ -658,8 +658,10 @@ uint64_t tx_batch_ns() {
   return ns;
 }
 
-// When a held ack last left without an answer (qp_give_flushed_acks_a_head_start), mono ns.
+}  // namespace
+// When a held ack last left without an answer (held_ack_flushed_at), mono ns.
 std::atomic<uint64_t> g_acks_flushed_at{0};
+namespace {
 
 // Sends what doorbell batching deferred. Caller holds tx_mu. A held Placement Ack that
 // leaves here left without an answer to carry it: the ping-pong, if there was one, is over
@@ -668,8 +670,9 @@ void tx_flush_locked(Qp* qp) {
   if (!qp->tx_deferred.exchange(false)) return;
   if (qp->conn.ack_to_send != qp->conn.ack_sent) {
     qp->ack_answers = 0;
-    g_acks_flushed_at.store(sv::mono_ns(), std::memory_order_relaxed);
+    if (qp->ack_held) g_acks_flushed_at.store(sv::mono_ns(), std::memory_order_relaxed);
   }
+  qp->ack_held = false;
   tx_run_locked(qp);
 }
 
@@ -733,7 +736,9 @@ void post_flush_timer_locked(Qp* qp, uint64_t at, uint64_t now);
 // one takes over from it (Qp::flush_timer_at).
 void tx_defer_locked(Qp* qp, uint64_t window) {
   const uint64_t now = sv::mono_ns();
-  if (!qp->tx_deferred.load(std::memory_order_relaxed)) qp->tx_defer_due = now + window;
+  qp->tx_defer_due = qp->tx_deferred.load(std::memory_order_relaxed)
+                         ? std::min(qp->tx_defer_due, now + window)
+                         : now + window;
   qp->tx_deferred.store(true);
   qp->scq->tx_deferred.store(true, std::memory_order_release);
   qp->rcq->tx_deferred.store(true, std::memory_order_release);
@@ -759,14 +764,14 @@ void tx_defer_locked(Qp* qp, uint64_t window) {
 // Only the timer due at Qp::flush_timer_at acts: one a sooner timer took over from finds
 // another time there and does nothing. tx_mu is only tried: its holder may be sending a
 // large batch (a 1 MiB sendmsg takes a millisecond) or draining for a Terminate, and the
-// progress thread must not wait for it; the timer looks again, sooner than a hold time.
+// progress thread must not wait for it; the timer looks again, 20 us on, doubling to 200.
 void flush_timer_fired(QpRef ref, uint64_t at, uint32_t retry_us) {
   if (!ref.live()) return;  // destroyed meanwhile
   Qp* qp = ref.get();
   if (!qp->tx_mu.try_lock()) {
     Progress::get().post_after(
         std::chrono::microseconds(retry_us), [ref = std::move(ref), at, retry_us]() mutable {
-          flush_timer_fired(std::move(ref), at, std::min(retry_us * 2, 1000u));
+          flush_timer_fired(std::move(ref), at, std::min(retry_us * 2, 200u));
         });
     return;
   }
@@ -819,6 +824,7 @@ void tx_post_locked(Qp* qp) {
   if (answers && qp->conn.ack_to_send != qp->conn.ack_sent && qp->ack_answers < UINT8_MAX)
     ++qp->ack_answers;
   qp->tx_deferred.store(false, std::memory_order_relaxed);
+  qp->ack_held = false;
   tx_run_locked(qp);
   if (window) qp->tx_window_end_ns = now + window;
 }
@@ -888,6 +894,7 @@ void tx_ack_locked(Qp* qp, bool requested, bool no_one_answer) {
     const bool ping_pong =
         qp->ack_answers >= kPingPongAnswers && !qp->tx_ring.load(std::memory_order_relaxed);
     const uint64_t hold = ping_pong ? std::max(hold_ns, kPingPongAckHold) : hold_ns;
+    qp->ack_held = true;
     tx_defer_locked(qp, hold);
     return;
   }
@@ -907,13 +914,8 @@ void qp_flush_deferred_all() {
   });
 }
 
-void qp_give_flushed_acks_a_head_start() {
-  constexpr uint64_t kHeadStartNs = 3'000'000;
-  const uint64_t at = g_acks_flushed_at.load(std::memory_order_relaxed);
-  if (!at) return;
-  const uint64_t now = sv::mono_ns();
-  if (now - at < kHeadStartNs)
-    std::this_thread::sleep_for(std::chrono::nanoseconds(at + kHeadStartNs - now));
+uint64_t held_ack_flushed_at() {
+  return g_acks_flushed_at.load(std::memory_order_relaxed);
 }
 
 bool qp_tx_flush(Qp* qp, bool with_acks) {

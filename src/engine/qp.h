@@ -303,6 +303,7 @@ struct Qp {
   bool lazy_ack_timer = false;  // an unrequested Placement Ack's timer is pending
   uint32_t lazy_ack_armed_at = 0;  // tx_mu: Conn::ack_to_send when that timer was armed
   uint32_t lazy_ack_rearms = 0;    // tx_mu: times it waited again for a busy stream
+  bool ack_held = false;           // tx_mu: an ack the peer asked for waits for an answer
   uint8_t ack_answers = 0;         // tx_mu: held acks in a row an answer carried (tx_ack_locked)
   uint32_t holds = 0, holds_seen = 0;    // tx_mu: acks held, and as the flush timer last saw
   std::atomic<bool> tx_deferred{false};  // WQEs wait for a flush
@@ -530,14 +531,10 @@ bool qp_tx_flush(Qp* qp, bool with_acks = true);
 // right after the handshake Send it received, and its ack, held, let the server, waiting
 // for that Send to complete before it listens, lose the race and refuse it).
 void qp_flush_deferred_all();
-// Before a connect request: if a held ack left without an answer (at its hold's end, a
-// flush point or an rdma_cm call) less than 3 ms ago, waits out the rest. IB's responder
-// acks a message microseconds after it arrived, long before its application turns to
-// rdma_cm; ours waited for an answer, and a peer that completes that Send only on the ack
-// and listens only after it (perftest -R's server: the handshake's last Send, then
-// rdma_listen, about 100 us later here) refused the connect that followed (1-3 in 40 runs
-// of ib_write_lat -R; none under RFC 5040's rule, whose Send completes on transmit).
-void qp_give_flushed_acks_a_head_start();
+// When a Placement Ack held for an answer last left without one (at its hold's end, a flush
+// point or an rdma_cm call), mono ns; 0: never. Endpoint::connect retries a refused connect
+// for a while after it (iw_cm.h).
+uint64_t held_ack_flushed_at();
 // Sends a Terminate (best effort) and no more FPDUs afterwards. Caller holds tx_mu.
 void tx_terminate_locked(Qp* qp, const wire::Terminate& t);
 

@@ -1174,7 +1174,6 @@ SV_EXPORT void rdma_destroy_qp(rdma_cm_id* i) {
 SV_EXPORT int rdma_connect(rdma_cm_id* i, rdma_conn_param* param) {
   if (!i) return fail(EINVAL);
   qp_flush_deferred_all();  // this thread answers nothing on a QP now (qp.h)
-  qp_give_flushed_acks_a_head_start();
   CmId* id = cmid(i);
   if (i->ps == RDMA_PS_UDP) return sidr_connect(id, param);
   if (id->ep || id->connected) return fail(EISCONN);
