@@ -113,9 +113,18 @@ for r in $(seq 1 "$ROUNDS"); do
   pairs "ib_write_lat 8 B typical (us)" 5 0 ib_write_lat -s 8 -n 20000
   pairs "ib_write_bw 1 MiB (MB/s)" 4 0 ib_write_bw -s 1048576 -n 2000
   pairs "ib_send_bw 8 B, -t 128 -Q 100 (Mpps)" 5 1 ib_send_bw -s 8 -t 128 -Q 100 -n 1000000
-  d=$(syscalls 0)
-  i=$(syscalls 1)
-  printf '%-36s %12s %12s %8s\n' "ib_send_bw 8 B syscalls/msg" "${d:-n/a}" "${i:-n/a}" "$(ratio "${i:-0}" "${d:-0}")"
+  # Pairs too: one run's RFC 5040 anchor swung 0.19-1.68 syscalls/msg between rounds.
+  sd=() si=() sr=()
+  for p in $(seq 1 "$PAIRS"); do
+    if ((p % 2)); then
+      d=$(syscalls 0) i=$(syscalls 1)
+    else
+      i=$(syscalls 1) d=$(syscalls 0)
+    fi
+    sd+=("${d:-x}") si+=("${i:-x}") sr+=("$(ratio "${i:-0}" "${d:-0}" | tr -d x)")
+  done
+  printf '%-36s %12s %12s %8s\n' "ib_send_bw 8 B syscalls/msg" "$(median "${sd[@]}")" \
+    "$(median "${si[@]}")" "$(fmtx "$(median "${sr[@]}")")"
 done
 printf '%-36s %12s %12s\n' "ib_send_lat -R failures" "$(race 0 ib_send_lat)" "$(race 1 ib_send_lat)"
 printf '%-36s %12s %12s\n' "ib_write_lat -R failures" "$(race 0 ib_write_lat)" "$(race 1 ib_write_lat)"
