@@ -658,10 +658,8 @@ uint64_t tx_batch_ns() {
   return ns;
 }
 
-}  // namespace
 // When a held ack last left without an answer (held_ack_flushed_at), mono ns.
 std::atomic<uint64_t> g_acks_flushed_at{0};
-namespace {
 
 // Sends what doorbell batching deferred. Caller holds tx_mu. A held Placement Ack that
 // leaves here left without an answer to carry it: the ping-pong, if there was one, is over
