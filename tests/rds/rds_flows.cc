@@ -1,20 +1,23 @@
 // rds_flows: exactly-once, in-order delivery check for RDS under loss and connection
 // resets (the kernel selftest tools/testing/selftests/net/rds/test.py, reworked).
 //   rds_flows --local IP --peer IP[,IP...] --port P --sockets N --messages M --seed S
-//             [--timeout s]
+//             [--timeout s] [--spread s]
 // Each side binds N sockets (P..P+N-1 on its address) and sends M messages to each peer
 // (in turn), each from a pseudo-random socket to a pseudo-random socket of that peer, with
 // a pseudo-random size. Every message carries its flow's sequence number and a hash chain
 // over the flow so far; the receiver recomputes both, so a lost, duplicated, reordered or
 // corrupted message fails the run. Every side sends M to every other, so each knows when
 // it has everything; it then listens two more seconds for anything extra. Exit 0 and
-// "flows: ... OK" when all checks hold.
+// "flows: ... OK" when all checks hold. --spread s paces the sends over s seconds, so a
+// run that must see a fault schedule (tests/tools/rds_cluster.sh) cannot end before it on a
+// fast machine, whatever M is.
 #include <arpa/inet.h>
 #include <getopt.h>
 #include <poll.h>
 #include <softverbs/rds.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -64,13 +67,13 @@ struct FlowState {
 
 int main(int argc, char** argv) {
   std::string local, peer;
-  int port = 6000, nsock = 4, timeout_s = 120;
+  int port = 6000, nsock = 4, timeout_s = 120, spread_s = 0;
   long messages = 1000;
   uint64_t seed = 1;
-  static option opts[] = {{"local", 1, nullptr, 'l'},    {"peer", 1, nullptr, 'p'},
-                          {"port", 1, nullptr, 'P'},     {"sockets", 1, nullptr, 'n'},
-                          {"messages", 1, nullptr, 'm'}, {"seed", 1, nullptr, 's'},
-                          {"timeout", 1, nullptr, 't'},  {nullptr, 0, nullptr, 0}};
+  static option opts[] = {
+      {"local", 1, nullptr, 'l'},   {"peer", 1, nullptr, 'p'},     {"port", 1, nullptr, 'P'},
+      {"sockets", 1, nullptr, 'n'}, {"messages", 1, nullptr, 'm'}, {"seed", 1, nullptr, 's'},
+      {"timeout", 1, nullptr, 't'}, {"spread", 1, nullptr, 'S'},   {nullptr, 0, nullptr, 0}};
   for (int o; (o = getopt_long(argc, argv, "", opts, nullptr)) != -1;) {
     switch (o) {
       case 'l':
@@ -93,6 +96,9 @@ int main(int argc, char** argv) {
         break;
       case 't':
         timeout_s = std::atoi(optarg);
+        break;
+      case 'S':
+        spread_s = std::atoi(optarg);
         break;
       default:
         return 2;
@@ -153,8 +159,15 @@ int main(int argc, char** argv) {
                    received, messages);
       return 1;
     }
-    // Send as much as the sockets take.
-    while (sent < messages) {
+    // Send as much as the sockets take, and (with --spread) the pace allows.
+    long allowed = messages;
+    if (spread_s > 0) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now() - start)
+                          .count();
+      allowed = std::min(messages, messages * ms / (spread_s * 1000L) + 1);
+    }
+    while (sent < allowed) {
       if (cur_src < 0) {
         cur_src = static_cast<int>(rng.next() % nsock);
         cur_dst = static_cast<int>(rng.next() % nsock);
@@ -188,7 +201,7 @@ int main(int argc, char** argv) {
     }
     std::vector<pollfd> pf;
     for (int fd : fds)
-      pf.push_back({fd, static_cast<short>(POLLIN | (sent < messages ? POLLOUT : 0)), 0});
+      pf.push_back({fd, static_cast<short>(POLLIN | (sent < allowed ? POLLOUT : 0)), 0});
     poll(pf.data(), pf.size(), 50);
     for (int k = 0; k < nsock; ++k) {
       for (int burst = 0; burst < 64; ++burst) {
