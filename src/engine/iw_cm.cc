@@ -112,8 +112,11 @@ void Endpoint::arm_timeout() {
     auto it = l.by_serial.find(serial);
     if (it == l.by_serial.end()) return;
     Endpoint* ep = it->second;
-    if (ep->st_ == State::connecting || ep->st_ == State::wait_reply ||
-        ep->st_ == State::wait_request) {
+    // A connect between two refused attempts (retry_refused) was refused, not unanswered.
+    if (ep->st_ == State::connecting && ep->fd_ < 0) {
+      ep->fail(-ECONNREFUSED);
+    } else if (ep->st_ == State::connecting || ep->st_ == State::wait_reply ||
+               ep->st_ == State::wait_request) {
       SV_WARN("MPA handshake timed out (fd %d)", ep->fd_);
       ep->fail(-ETIMEDOUT);
     }
@@ -213,16 +216,33 @@ void Endpoint::accept_failed(int fd, int err) {
   keep_spare();
 }
 
-// A connect refused (no listener) within kRefusedRetryNs of a Placement Ack that this
-// process held for an answer and sent without one is tried again, every kRefusedRetryGap,
-// until then. IB's responder acks a message microseconds after it arrives; ours waited for
-// an answer, so a peer that completes its Send only on that ack and listens only after it
-// (perftest -R's server: the handshake's last Send, then rdma_listen, about 100 us after the
-// ack here) refused the connect that followed (1-3 in 40 runs of ib_write_lat -R; none
-// under RFC 5040's rule, whose Send completes on transmit). A connect that succeeds costs
-// nothing, and one refused for good reports it up to kRefusedRetryNs later.
-constexpr uint64_t kRefusedRetryNs = 3'000'000;
+// A connect refused (no listener) within SOFTVERBS_REFUSED_RETRY_US (default 3 ms) of a
+// Placement Ack that this process held for an answer and sent without one is tried again,
+// every kRefusedRetryGap, until then. IB's responder acks a message microseconds after it
+// arrives; ours waited for an answer, so a peer that completes its Send only on that ack and
+// listens only after it (perftest -R's server: the handshake's last Send, then rdma_listen,
+// about 100 us after the ack here) refused the connect that followed (1-3 in 40 runs of
+// ib_write_lat -R; none under RFC 5040's rule, whose Send completes on transmit). A connect
+// that succeeds costs nothing, and one refused for good reports it at most twice the window
+// after its first attempt.
 constexpr std::chrono::microseconds kRefusedRetryGap{250};
+
+namespace {
+uint64_t refused_retry_ns() {
+  static const uint64_t ns = sv::setting_us_as_ns(SV_SETTING("SOFTVERBS_REFUSED_RETRY_US"));
+  return ns;
+}
+}  // namespace
+
+// The retry window's end: it follows an ack held and flushed after the first attempt too (a
+// QP whose tx_mu was busy at the flush sends it late), up to twice the window in all.
+void Endpoint::extend_refused_window(uint64_t now) {
+  const uint64_t window = refused_retry_ns();
+  const uint64_t acked = held_ack_flushed_at();
+  if (!window || !acked || now - acked >= window) return;
+  refused_retry_until_ =
+      std::min(std::max(refused_retry_until_, acked + window), first_attempt_ns_ + 2 * window);
+}
 
 Endpoint* Endpoint::connect(const transport::SockAddr& to, const transport::SockAddr* from,
                             MpaOffer offer, std::function<void(Endpoint*, int)> on_done) {
@@ -232,9 +252,8 @@ Endpoint* Endpoint::connect(const transport::SockAddr& to, const transport::Sock
   ep->on_done_ = std::move(on_done);
   ep->to_ = to;
   if (from) ep->from_ = *from;
-  const uint64_t acked = held_ack_flushed_at();
-  if (acked && sv::mono_ns() - acked < kRefusedRetryNs)
-    ep->refused_retry_until_ = acked + kRefusedRetryNs;
+  ep->first_attempt_ns_ = sv::mono_ns();
+  ep->extend_refused_window(ep->first_attempt_ns_);
   Progress::get().post([ep] {
     ep->arm_timeout();
     ep->start_connect();
@@ -259,7 +278,10 @@ void Endpoint::start_connect() {
 }
 
 bool Endpoint::retry_refused() {
-  if (role_ != Role::active || sv::mono_ns() >= refused_retry_until_) return false;
+  if (role_ != Role::active) return false;
+  const uint64_t now = sv::mono_ns();
+  extend_refused_window(now);
+  if (now >= refused_retry_until_) return false;
   if (fd_ >= 0) {
     Progress::get().del(fd_);
     close(fd_);
@@ -403,7 +425,7 @@ void Endpoint::on_event(uint32_t events) {
   if (st_ == State::connecting) {
     int r = transport::tcp_connect_result(fd_);
     if (r != 0 || (events & (EPOLLERR | EPOLLHUP))) {
-      if ((r == 0 || r == -ECONNREFUSED) && retry_refused()) return;
+      if (r == -ECONNREFUSED && retry_refused()) return;
       fail(r ? r : -ECONNREFUSED);
       return;
     }

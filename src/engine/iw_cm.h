@@ -155,6 +155,7 @@ class Endpoint : public Progress::Handler {
   void arm_timeout();
   void start_connect();  // active, progress thread: the TCP connect, again after a retry
   bool retry_refused();  // active: a refused connect is tried again (connect's comment)
+  void extend_refused_window(uint64_t now);  // active: refused_retry_until_ after a held ack
   void fail(int err);
   void stop_waiting();                  // leaves wait_request's count
   bool read_frame(wire::MpaKind kind);  // true once a whole frame is in in_
@@ -178,6 +179,7 @@ class Endpoint : public Progress::Handler {
   bool rejected_ = false;               // initiator: the Reply said Reject
   transport::SockAddr to_, from_;       // initiator: where to, and from (len 0: any)
   uint64_t refused_retry_until_ = 0;    // initiator: a refused connect is retried until (ns)
+  uint64_t first_attempt_ns_ = 0;       // initiator: when connect() was called (mono ns)
 };
 
 // Whether a connection of qp (null: one whose QP is not known yet) asks softverbs peers for

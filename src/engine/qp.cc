@@ -666,9 +666,13 @@ std::atomic<uint64_t> g_acks_flushed_at{0};
 // (tx_ack_locked).
 void tx_flush_locked(Qp* qp) {
   if (!qp->tx_deferred.exchange(false)) return;
-  if (qp->conn.ack_to_send != qp->conn.ack_sent) {
+  const Conn& c = qp->conn;
+  if (c.ack_to_send != c.ack_sent) {
     qp->ack_answers = 0;
-    if (qp->ack_held) g_acks_flushed_at.store(sv::mono_ns(), std::memory_order_relaxed);
+    // Only if the ack held is among those leaving now: it may have gone meanwhile with the
+    // lazy timer, an RTR or the shm ring, and what leaves now was never held.
+    if (qp->ack_held && static_cast<int32_t>(qp->ack_held_to - c.ack_sent) > 0)
+      g_acks_flushed_at.store(sv::mono_ns(), std::memory_order_relaxed);
   }
   qp->ack_held = false;
   tx_run_locked(qp);
@@ -893,6 +897,7 @@ void tx_ack_locked(Qp* qp, bool requested, bool no_one_answer) {
         qp->ack_answers >= kPingPongAnswers && !qp->tx_ring.load(std::memory_order_relaxed);
     const uint64_t hold = ping_pong ? std::max(hold_ns, kPingPongAckHold) : hold_ns;
     qp->ack_held = true;
+    qp->ack_held_to = qp->conn.ack_to_send;
     tx_defer_locked(qp, hold);
     return;
   }

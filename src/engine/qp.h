@@ -304,6 +304,7 @@ struct Qp {
   uint32_t lazy_ack_armed_at = 0;  // tx_mu: Conn::ack_to_send when that timer was armed
   uint32_t lazy_ack_rearms = 0;    // tx_mu: times it waited again for a busy stream
   bool ack_held = false;           // tx_mu: an ack the peer asked for waits for an answer
+  uint32_t ack_held_to = 0;        // tx_mu: Conn::ack_to_send when it was held (tx_flush_locked)
   uint8_t ack_answers = 0;         // tx_mu: held acks in a row an answer carried (tx_ack_locked)
   uint32_t holds = 0, holds_seen = 0;    // tx_mu: acks held, and as the flush timer last saw
   std::atomic<bool> tx_deferred{false};  // WQEs wait for a flush

@@ -179,7 +179,8 @@ bool conn_transition_locked(Qp* qp, ConnEvent ev) {
         qp->rx_ring.store(false);
         qp->shm_gone.store(false);
         qp->ud_tx_failed = false;
-        qp->ack_answers = 0;  // a new connection's ping-pong starts over (qp.cc tx_ack_locked)
+        qp->ack_answers = 0;   // a new connection's ping-pong starts over (qp.cc tx_ack_locked)
+        qp->ack_held = false;  // the old stream's hold (tx_flush_locked)
       }
       break;
   }

@@ -53,6 +53,7 @@ inline constexpr Setting kAll[] = {
     // The wire (engine/iw_cm.cc, rdmacm/cma.cc).
     {"SOFTVERBS_MPA_CRC", Kind::flag, 0, 0, 1, 0},
     {"SOFTVERBS_MPA_TIMEOUT_MS", Kind::uint, 10000, 1, 3600000, 0},
+    {"SOFTVERBS_REFUSED_RETRY_US", Kind::uint, 3000, 0, kUsMax, 0},
     {"SOFTVERBS_RFC7306", Kind::flag, 1, 0, 1, 0},
     {"SOFTVERBS_IB_COMPLETION", Kind::flag, 1, 0, 1, 0},
     {"SOFTVERBS_SHM", Kind::flag, 1, 0, 1, 0},

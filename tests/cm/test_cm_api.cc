@@ -710,3 +710,111 @@ TEST(CmConnect, AQpMovedToErrWhileConnectingStaysThereAndTheConnectFails) {
   rdma_destroy_event_channel(ch);
   rdma_destroy_ep(listen);
 }
+
+namespace {
+uint64_t env_or(const char* name, uint64_t dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::strtoull(v, nullptr, 10) : dflt;
+}
+// One completion from cq within 5 s (busy-polled).
+bool poll_one(ibv_cq* cq, ibv_wc& wc) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < end)
+    if (ibv_poll_cq(cq, 1, &wc) == 1) return true;
+  return false;
+}
+}  // namespace
+
+// A TCP connect refused shortly after this process sent a Placement Ack it had held for an
+// answer, and without one, is tried again for SOFTVERBS_REFUSED_RETRY_US (engine/iw_cm.cc
+// Endpoint::connect): perftest -R's server listens only once its last Send completes on
+// that ack. Here the server side of an in-process pair gets one signaled Send and never
+// answers, so its ack is held and then flushed; the client at once connects to a port where
+// a listener appears 300 ms later. The outcome depends on the process's settings, so each
+// ctest run asserts one case exactly:
+//  - the default window (3 ms) ends long before the listener: REJECTED;
+//  - a 5 s window (ctest cm_refused_retry): the connect waits it out and is ESTABLISHED;
+//  - a 5 s window but a 100 ms handshake timeout (cm_refused_retry_timeout): the timeout
+//    ends the retries, and the connect reports REJECTED (it was refused), not UNREACHABLE.
+TEST(CmConnect, ARefusedConnectJustAfterAHeldAckIsRetriedWithinTheWindow) {
+  const uint64_t window_us = env_or("SOFTVERBS_REFUSED_RETRY_US", 3000);
+  const uint64_t mpa_ms = env_or("SOFTVERBS_MPA_TIMEOUT_MS", 10000);
+  constexpr int kListenAfterMs = 300;
+  const bool waits_it_out = window_us >= 2'000'000 && mpa_ms >= 2000;
+  // 1. A pair, and one signaled Send the server never answers: its ack is held, then flushed.
+  const uint16_t port = test_port(8);
+  rdma_cm_id* listen = listening_ep(port, 4);
+  ASSERT_NE(listen, nullptr) << strerror(errno);
+  rdma_event_channel* ch = rdma_create_event_channel();
+  ASSERT_NE(ch, nullptr);
+  std::promise<rdma_cm_id*> accepted;
+  std::thread server([&] {
+    rdma_cm_id* child = nullptr;
+    if (rdma_get_request(listen, &child)) return accepted.set_value(nullptr);
+    static char rbuf[64];
+    ibv_mr* mr = ibv_reg_mr(child->pd, rbuf, sizeof rbuf, IBV_ACCESS_LOCAL_WRITE);
+    if (!mr || rdma_post_recv(child, nullptr, rbuf, sizeof rbuf, mr) ||
+        rdma_accept(child, nullptr)) {
+      rdma_destroy_ep(child);
+      return accepted.set_value(nullptr);
+    }
+    child->context = mr;
+    accepted.set_value(child);
+  });
+  rdma_cm_id* id = ready_to_connect(ch, port);
+  ASSERT_NE(id, nullptr) << strerror(errno);
+  ASSERT_EQ(rdma_connect(id, nullptr), 0);
+  expect_event(ch, id, RDMA_CM_EVENT_ESTABLISHED);
+  rdma_cm_id* child = accepted.get_future().get();
+  server.join();
+  ASSERT_NE(child, nullptr);
+  char sbuf[16] = "held ack";
+  ASSERT_EQ(
+      rdma_post_send(id, nullptr, sbuf, sizeof sbuf, nullptr, IBV_SEND_INLINE | IBV_SEND_SIGNALED),
+      0);
+  ibv_wc wc{};
+  ASSERT_TRUE(poll_one(id->send_cq, wc));  // IB's rule: on the server's ack
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  ASSERT_TRUE(poll_one(child->recv_cq, wc));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  // 2. A connect to a port with no listener yet; the listener comes kListenAfterMs later.
+  const uint16_t late = test_port(9);
+  rdma_event_channel* ch2 = rdma_create_event_channel();
+  ASSERT_NE(ch2, nullptr);
+  rdma_cm_id* late_id = ready_to_connect(ch2, late);
+  ASSERT_NE(late_id, nullptr) << strerror(errno);
+  std::thread late_server([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(kListenAfterMs));
+    rdma_cm_id* l = listening_ep(late, 4);
+    if (!l) return;
+    rdma_cm_id* c = nullptr;
+    // Only a connect that waited gets here; take it in and end it when the client does.
+    if (waits_it_out && rdma_get_request(l, &c) == 0) {
+      if (rdma_accept(c, nullptr) == 0 && readable(c->channel->fd, 5000)) {
+        rdma_cm_event* ev = nullptr;
+        if (rdma_get_cm_event(c->channel, &ev) == 0) rdma_ack_cm_event(ev);
+      }
+      rdma_destroy_ep(c);
+    }
+    rdma_destroy_ep(l);
+  });
+  ASSERT_EQ(rdma_connect(late_id, nullptr), 0);
+  const rdma_cm_event_type got = next_event(ch2, late_id);
+  if (waits_it_out) {
+    EXPECT_EQ(got, RDMA_CM_EVENT_ESTABLISHED) << rdma_event_str(got);
+    rdma_disconnect(late_id);
+  } else {
+    EXPECT_EQ(got, RDMA_CM_EVENT_REJECTED) << rdma_event_str(got);
+  }
+  late_server.join();
+  rdma_destroy_qp(late_id);
+  rdma_destroy_id(late_id);
+  rdma_destroy_event_channel(ch2);
+  rdma_disconnect(id);
+  rdma_destroy_qp(id);
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(ch);
+  ibv_dereg_mr(static_cast<ibv_mr*>(child->context));
+  rdma_destroy_ep(child);
+  rdma_destroy_ep(listen);
+}
