@@ -112,8 +112,9 @@ void Endpoint::arm_timeout() {
     auto it = l.by_serial.find(serial);
     if (it == l.by_serial.end()) return;
     Endpoint* ep = it->second;
-    // A connect between two refused attempts (retry_refused) was refused, not unanswered.
-    if (ep->st_ == State::connecting && ep->fd_ < 0) {
+    // A connect whose attempts were refused (retry_refused) was refused, not unanswered,
+    // whether it times out between two attempts or during one.
+    if (ep->st_ == State::connecting && ep->refused_once_) {
       ep->fail(-ECONNREFUSED);
     } else if (ep->st_ == State::connecting || ep->st_ == State::wait_reply ||
                ep->st_ == State::wait_request) {
@@ -236,9 +237,10 @@ uint64_t refused_retry_ns() {
 
 // The retry window's end: it follows an ack held and flushed after the first attempt too (a
 // QP whose tx_mu was busy at the flush sends it late), up to twice the window in all.
-void Endpoint::extend_refused_window(uint64_t now) {
+void Endpoint::extend_refused_window() {
   const uint64_t window = refused_retry_ns();
-  const uint64_t acked = held_ack_flushed_at();
+  const uint64_t acked = held_ack_flushed_at();  // before the clock: acked <= now
+  const uint64_t now = sv::mono_ns();
   if (!window || !acked || now - acked >= window) return;
   refused_retry_until_ =
       std::min(std::max(refused_retry_until_, acked + window), first_attempt_ns_ + 2 * window);
@@ -253,7 +255,7 @@ Endpoint* Endpoint::connect(const transport::SockAddr& to, const transport::Sock
   ep->to_ = to;
   if (from) ep->from_ = *from;
   ep->first_attempt_ns_ = sv::mono_ns();
-  ep->extend_refused_window(ep->first_attempt_ns_);
+  ep->extend_refused_window();
   Progress::get().post([ep] {
     ep->arm_timeout();
     ep->start_connect();
@@ -279,16 +281,17 @@ void Endpoint::start_connect() {
 
 bool Endpoint::retry_refused() {
   if (role_ != Role::active) return false;
-  const uint64_t now = sv::mono_ns();
-  extend_refused_window(now);
-  if (now >= refused_retry_until_) return false;
+  extend_refused_window();
+  if (sv::mono_ns() >= refused_retry_until_) return false;
   if (fd_ >= 0) {
     Progress::get().del(fd_);
     close(fd_);
     fd_ = -1;
   }
   st_ = State::connecting;
-  SV_DBG("connect to %s refused soon after a held ack left: trying again", to_.str().c_str());
+  if (!refused_once_)
+    SV_DBG("connect to %s refused soon after a held ack left: trying again", to_.str().c_str());
+  refused_once_ = true;
   // By serial, as the handshake's timeout: the owner may dispose of it meanwhile.
   Progress::get().post_after(kRefusedRetryGap, [serial = serial_] {
     auto& l = g_live.get();

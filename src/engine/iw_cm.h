@@ -118,7 +118,8 @@ class Endpoint : public Progress::Handler {
 
   // MPA handshakes are bounded (RFC 5044 §7 leaves it to the implementation; siw gives a
   // Request or Reply 10 s): an endpoint still connecting, or waiting for a Request or a
-  // Reply after this long, fails with -ETIMEDOUT. SOFTVERBS_MPA_TIMEOUT_MS overrides it.
+  // Reply after this long, fails with -ETIMEDOUT (-ECONNREFUSED if it was connecting and an
+  // attempt was refused: retry_refused). SOFTVERBS_MPA_TIMEOUT_MS overrides it.
   static std::chrono::milliseconds handshake_timeout();
   // Passive handshakes waiting for their Request are bounded, in total and per source
   // address, without refusing a prompt legitimate peer (issue 28 item 1):
@@ -153,9 +154,9 @@ class Endpoint : public Progress::Handler {
  private:
   Endpoint() = default;
   void arm_timeout();
-  void start_connect();  // active, progress thread: the TCP connect, again after a retry
-  bool retry_refused();  // active: a refused connect is tried again (connect's comment)
-  void extend_refused_window(uint64_t now);  // active: refused_retry_until_ after a held ack
+  void start_connect();          // active, progress thread: the TCP connect, again after a retry
+  bool retry_refused();          // active: a refused connect is tried again (connect's comment)
+  void extend_refused_window();  // active: refused_retry_until_ after a held ack
   void fail(int err);
   void stop_waiting();                  // leaves wait_request's count
   bool read_frame(wire::MpaKind kind);  // true once a whole frame is in in_
@@ -180,6 +181,7 @@ class Endpoint : public Progress::Handler {
   transport::SockAddr to_, from_;       // initiator: where to, and from (len 0: any)
   uint64_t refused_retry_until_ = 0;    // initiator: a refused connect is retried until (ns)
   uint64_t first_attempt_ns_ = 0;       // initiator: when connect() was called (mono ns)
+  bool refused_once_ = false;           // initiator: an attempt was refused and retried
 };
 
 // Whether a connection of qp (null: one whose QP is not known yet) asks softverbs peers for
