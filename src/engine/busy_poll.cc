@@ -1,5 +1,7 @@
 #include "engine/busy_poll.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -164,7 +166,13 @@ bool cq_owned_elsewhere(const Cq* cq, uint64_t now) {
 }
 
 void cq_busy_poll_armed(Cq* cq) {
-  if (cq->busy_owner.load(std::memory_order_relaxed) == thread_token()) cq_busy_poll_end(cq);
+  const uintptr_t me = thread_token();
+  // A thread that sleeps in ibv_get_cq_event arms between two sleeps there (channel_block):
+  // handing the sockets back would cost the progress thread a wake-up per message, and the
+  // next sleep takes them again. If it sleeps elsewhere instead, the recheck takes them back
+  // within a hold time (at most kMaxRecheckNs).
+  if (cq_channel_sleeper_is_me(cq)) return;
+  if (cq->busy_owner.load(std::memory_order_relaxed) == me) cq_busy_poll_end(cq);
 }
 
 uint64_t spin_yield_ns() {
@@ -279,7 +287,11 @@ namespace {
 // Empties the kick eventfd. errno is kept: softverbs_cq_block runs right around the caller's
 // own poll(), whose errno (EINTR) the caller reads after it (the RDS shim's poll returns it
 // to rds-stress, which retries on EINTR and dies on the EAGAIN an empty eventfd would leave).
-void drain_kick(int kick) {
+// Only if kicked since the last drain: a read per sleep and per wake of each CQ was 4 system
+// calls per message of an event-driven ping-pong (ib_send_lat -e, whose channel has 2 CQs).
+void drain_kick(Cq* cq) {
+  const int kick = cq->kick_fd.load();
+  if (kick < 0 || !cq->kicked.exchange(false)) return;
   const int saved = errno;
   uint64_t v;
   (void)!read(kick, &v, sizeof v);
@@ -297,8 +309,7 @@ void cq_block_begin(Cq* cq) {
   // Shared-memory rings a spinner told not to ring: this thread is about to sleep, so they
   // ring again, and what came meanwhile wakes it at once (qp_shm.cc). After counting itself
   // a blocker: a step-back that quiets a ring then sees it and turns bells back on.
-  const int kick = cq->kick_fd.load();
-  if (kick >= 0) drain_kick(kick);
+  drain_kick(cq);
   // Only if a ring may have been quieted since the last blocker looked: a CQ of thousands of
   // QPs (RDS with as many peers) is not visited, each under its rx_mu, on every sleep.
   if (!cq->quiet_rings.exchange(false)) return;
@@ -317,12 +328,15 @@ void cq_kick(Cq* cq) {
     const uint64_t one = 1;
     (void)!write(kick, &one, sizeof one);
     errno = saved;
+    // After the write: a drain that misses this flag leaves one stale wake-up (harmless: the
+    // sleeper finds nothing and drains on waking), never a count nobody will read.
+    cq->kicked.store(true);
   }
 }
 
 void cq_block_end(Cq* cq) {
   if (!busy_poll_hold_ns()) return;
-  if (const int kick = cq->kick_fd.load(); kick >= 0) drain_kick(kick);  // it is taken in next
+  drain_kick(cq);         // what it woke for is taken in next
   cq_busy_poll_mark(cq);  // it takes in what woke it, then ownership decays as a spinner's
   const uint64_t since = cq->block_since.load(std::memory_order_relaxed);
   if (cq->blockers.fetch_sub(1) != 1 || !cq->recheck_parked.exchange(false)) return;
@@ -364,6 +378,104 @@ void qp_wait_sync(Qp* qp) {
 void qp_wait_drop(Qp* qp) {
   if (qp->wait_sets && qp->conn.fd >= 0) wait_set(qp, false);
   qp->wait_sets = 0;
+}
+
+bool cq_channel_sleeper_is_me(const Cq* cq) {
+  return cq->channel_owner.load(std::memory_order_relaxed) == thread_token();
+}
+
+void channel_cq_add(CompChannel* ch, Cq* cq) {
+  std::lock_guard lk(ch->mu);
+  ch->cqs.push_back(cq);
+}
+
+void channel_cq_remove(CompChannel* ch, Cq* cq) {
+  std::unique_lock lk(ch->mu);
+  ch->cqs.erase(std::remove(ch->cqs.begin(), ch->cqs.end(), cq), ch->cqs.end());
+  // A sleeper holding it wakes on its kick (it has no QP left: ibv_destroy_cq refuses a CQ
+  // with QPs) and lets go.
+  while (cq->channel_sleepers > 0) {
+    cq_kick(cq);
+    ch->cv.wait_for(lk, std::chrono::milliseconds(1));
+  }
+}
+
+namespace {
+constexpr size_t kMaxChannelCqs = 8;  // perftest and rping have 1 or 2; more: no ownership
+
+// The CQs a channel_block sleep holds. Undone in the destructor, so that a thread cancelled
+// in its poll (rping cancels its CQ thread there) leaves no blocker and no sleeper count: glibc
+// cancels by unwinding, which runs destructors.
+struct ChannelSleep {
+  CompChannel* ch;
+  Cq* cqs[kMaxChannelCqs];
+  size_t n = 0;
+  bool blocking = false;
+  void end_blocks() {
+    if (!blocking) return;
+    blocking = false;
+    for (size_t i = 0; i < n; ++i) cq_block_end(cqs[i]);
+  }
+  ~ChannelSleep() {
+    end_blocks();
+    if (!n) return;
+    std::lock_guard lk(ch->mu);
+    for (size_t i = 0; i < n; ++i) --cqs[i]->channel_sleepers;
+    ch->cv.notify_all();
+  }
+};
+}  // namespace
+
+int channel_block(CompChannel* ch) {
+  if (!busy_poll_hold_ns() || ch->events.queued()) return 0;
+  const int fd = ch->events.fd();
+  const int fl = fd >= 0 ? fcntl(fd, F_GETFL) : -1;
+  if (fl < 0 || (fl & O_NONBLOCK)) return 0;
+  const uintptr_t me = thread_token();
+  while (!ch->events.queued()) {
+    ChannelSleep s{ch};
+    {
+      std::lock_guard lk(ch->mu);
+      if (ch->cqs.empty() || ch->cqs.size() > kMaxChannelCqs) return 0;
+      for (Cq* cq : ch->cqs) {
+        std::lock_guard clk(cq->mu);
+        if (cq->comp_handler) return 0;
+      }
+      for (Cq* cq : ch->cqs) {
+        s.cqs[s.n++] = cq;
+        ++cq->channel_sleepers;
+      }
+    }
+    pollfd p[kMaxChannelCqs + 1];
+    p[0] = {fd, POLLIN, 0};
+    for (size_t i = 0; i < s.n; ++i) {
+      const int wfd = cq_wait_fd(s.cqs[i]);
+      if (wfd < 0) return 0;  // no wait set: the progress thread receives, as before
+      p[i + 1] = {wfd, POLLIN, 0};
+    }
+    // A thread about to sleep posts no answer: what waits for one (a Placement Ack held for
+    // it, doorbell-batched posts) leaves now (softverbs_cq_block does the same).
+    for (size_t i = 0; i < s.n; ++i) s.cqs[i]->flush_deferred_tx();
+    s.blocking = true;
+    for (size_t i = 0; i < s.n; ++i) {
+      s.cqs[i]->channel_owner.store(me, std::memory_order_relaxed);
+      cq_block_begin(s.cqs[i]);
+    }
+    const int r = ::poll(p, s.n + 1, -1);
+    if (r < 0) {
+      const int e = errno;
+      s.end_blocks();
+      errno = e;
+      return e == EINTR ? -1 : 0;
+    }
+    s.end_blocks();
+    if (p[0].revents) return 0;  // an event (or the channel went away: the read says so)
+    // The peer's bytes: run the receive path here; a completion's notification goes to the
+    // channel (no completion handler), and the loop finds it queued.
+    for (size_t i = 0; i < s.n; ++i)
+      if (p[i + 1].revents) s.cqs[i]->progress_qps();
+  }
+  return 0;
 }
 
 int cq_wait_fd(Cq* cq) {

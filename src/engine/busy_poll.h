@@ -93,6 +93,25 @@ void cq_kick(Cq* cq);
 // The calling thread is about to block on the CQ's wait set; it woke (for whatever reason).
 void cq_block_begin(Cq* cq);
 void cq_block_end(Cq* cq);
+// Blocking ownership through a completion channel (issue 31): a thread that blocks in
+// ibv_get_cq_event with nothing queued sleeps on the channel's descriptor and on the wait
+// sets of the channel's CQs at once, as if it had called softverbs_cq_block on each; the
+// peer's bytes wake it, it runs the receive path itself, and the completion's notification
+// lands on the channel it is about to read. One wake-up per message instead of two (the
+// progress thread's, then the waiter's): what a blocking TCP recv costs. Not for a channel
+// whose descriptor is non-blocking, or with an event already queued (a program that polls the
+// descriptor itself: it sleeps elsewhere, so the progress thread must keep receiving), nor
+// for CQs with a completion handler (RDS: its handler runs on the progress thread).
+//   channel_block: returns 0 when the caller's read will find an event (or ownership does
+//   not apply: the caller reads as before), -1 with errno (EINTR) when the sleep was
+//   interrupted.
+int channel_block(CompChannel* ch);
+// The calling thread last slept on cq in ibv_get_cq_event (channel_block).
+bool cq_channel_sleeper_is_me(const Cq* cq);
+// A CQ created on ch, or being destroyed (waits until no thread in channel_block holds it).
+void channel_cq_add(CompChannel* ch, Cq* cq);
+void channel_cq_remove(CompChannel* ch, Cq* cq);
+
 // Progress thread: puts qp's socket in its CQs' wait sets while it can receive (connected,
 // a receive buffer posted, not in error), takes it out otherwise. A readable socket the
 // receive path cannot consume must not be in a set: its sleeper would spin.

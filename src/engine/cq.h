@@ -5,6 +5,7 @@
 #include <infiniband/verbs.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <vector>
 
@@ -17,12 +18,18 @@ namespace sv::engine {
 struct Context;
 struct Qp;
 
+struct Cq;
 struct CompChannel {
   ibv_comp_channel ch;  // first; ch.fd is events.fd()
   EventQueue<ibv_cq*> events;
+  // The CQs created on it, for a thread that blocks in ibv_get_cq_event to own their receive
+  // paths while it sleeps (busy_poll.h channel_block). A CQ is destroyed only once no such
+  // thread holds it (Cq::channel_sleepers, under mu; cv signals their going).
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Cq*> cqs;
 };
 
-struct Cq;
 // The CQ whose ibv_poll_cq this thread is running the receive path for (verbs.cc), if any.
 extern thread_local Cq* tl_polling;
 // The CQ whose notifications this thread holds back (softverbs_cq_quiet), and how many
@@ -90,6 +97,12 @@ struct Cq {
   // ring whose producer was told not to ring (a spinner owned the QP, engine/qp_shm.cc), so a
   // thread that blocks finds the set readable. Drained by cq_block_begin.
   std::atomic<int> kick_fd{-1};
+  std::atomic<bool> kicked{false};  // written since the last drain (busy_poll.cc cq_kick)
+  // Threads in ibv_get_cq_event that own this CQ's receive path right now (channel->mu).
+  int channel_sleepers = 0;
+  // The thread that last slept on it in ibv_get_cq_event: its arm does not hand the sockets
+  // back, since it is about to sleep there again (busy_poll.h cq_busy_poll_armed).
+  std::atomic<uintptr_t> channel_owner{0};
 
   // Extended CQ (ibv_create_cq_ex, verbs/cq_ex.cc): the completion times, per ring slot, when
   // its wc_flags ask for them (ns; CLOCK_MONOTONIC is the device's "HCA clock", CLOCK_REALTIME

@@ -40,6 +40,12 @@ class EventQueue {
     (void)r;
   }
 
+  // Whether a record is queued (a pop then does not block, unless another thread takes it).
+  bool queued() {
+    std::lock_guard lk(mu_);
+    return !q_.empty();
+  }
+
   // Blocks (unless the fd is O_NONBLOCK) until an event is there. 0 or -1 with errno.
   int pop(T& out) {
     uint64_t v;

@@ -92,7 +92,11 @@ int op_poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) {
 
 int op_req_notify_cq(ibv_cq* ibcq, int solicited) {
   Cq* cq = Cq::from(ibcq);
-  flush_deferred_tx(cq);
+  // A thread that sleeps in ibv_get_cq_event arms between an event and its answer (perftest's
+  // ctx_notify_events: get, ack, arm; then poll and post): a Placement Ack held for that
+  // answer stays held for it, or the ack leaves alone, a sendmsg per message (ib_send_lat -e:
+  // 2 per message, not 1). If the thread sleeps again instead, channel_block sends it.
+  cq->flush_deferred_tx(!cq_channel_sleeper_is_me(cq));
   const int r = cq->arm(solicited != 0);
   // A poller that arms will wait for an event: the progress thread must receive for it.
   // After the arm, so that what the progress thread then receives raises the event.
@@ -540,7 +544,10 @@ Cq* cq_new(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channe
   c->cqe = cqe;
   pthread_mutex_init(&c->mutex, nullptr);
   pthread_cond_init(&c->cond, nullptr);
-  if (channel) ++channel->refcnt;
+  if (channel) {
+    ++channel->refcnt;
+    channel_cq_add(cq->channel, cq);
+  }
   return cq;
 }
 }  // namespace sv::verbs
@@ -645,6 +652,7 @@ SV_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {
   if (const int e = handle_take(HKind::cq, ibcq)) return e;
   // A notification the progress thread deferred must not outlive the CQ.
   if (cq->comp_handler) Progress::get().run_sync([cq] { Progress::get().forget_cq(cq); });
+  if (cq->channel) channel_cq_remove(cq->channel, cq);
   if (ibcq->channel) --ibcq->channel->refcnt;
   if (const int fd = cq->wait_epfd.load(); fd >= 0) close(fd);  // no QP is attached any more
   if (const int fd = cq->kick_fd.load(); fd >= 0) close(fd);
@@ -663,7 +671,10 @@ SV_EXPORT int ibv_resize_cq(ibv_cq* ibcq, int cqe) {
 
 SV_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
   ibv_cq* p = nullptr;
-  if (reinterpret_cast<CompChannel*>(channel)->events.pop(p)) return -1;
+  auto* ch = reinterpret_cast<CompChannel*>(channel);
+  // The sleep owns the channel's CQs' receive paths (engine/busy_poll.h channel_block).
+  if (channel_block(ch)) return -1;
+  if (ch->events.pop(p)) return -1;
   *cq = p;
   *cq_context = p->cq_context;
   return 0;

@@ -9,7 +9,9 @@
 // Both run under RFC 5040's completion rule (SOFTVERBS_IB_COMPLETION=0): the peer's Sends
 // complete on transmit, so a test can wait for them before the poller has received them.
 // The Placement Ack cases ask for IB's rule in the peer's environment.
+#include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 
 #include <atomic>
@@ -474,6 +476,129 @@ TEST_F(XProc, BusyPollShortHoldABlockerKeepsItsSocketsPastTheHoldAndGivesThemBac
   EXPECT_TRUE(calls.n.load() >= 2 || more.size() == 1u) << "the second message was lost";
   EXPECT_EQ(remote->poll(CqSel::send, 2).size(), 2u);
   ASSERT_EQ(softverbs_cq_set_comp_handler(local->rcq, nullptr, nullptr), 0);
+}
+
+// ibv_get_cq_event with nothing queued, on a blocking channel: it sleeps on the channel and
+// on its CQs' wait sets, so the peer's bytes wake it and it receives itself (busy_poll.h
+// channel_block; issue 31: one wake-up per message for event-driven programs). With the 30 s
+// hold, what the progress thread stepped back from stays the waiter's: a message that comes
+// after the waiter left raises no event until a thread waits again, and then only that
+// thread's own receive can raise it.
+TEST_F(XProc, BusyPollAThreadInGetCqEventReceivesItself) {
+  ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
+  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
+  ASSERT_EQ(local->post_recv(1, {sge(0, 4096)}), 0);
+  ASSERT_EQ(local->post_recv(2, {sge(0, 4096)}), 0);
+  auto wait_event = [this] {
+    ibv_cq* cq = nullptr;
+    void* ctx = nullptr;
+    const int r = ibv_get_cq_event(local->channel, &cq, &ctx);
+    if (r == 0) ibv_ack_cq_events(cq, 1);
+    return r == 0 && cq == local->rcq;
+  };
+  std::atomic<int> got{0};
+  std::thread waiter([&] { got = wait_event() ? 1 : -1; });
+  std::this_thread::sleep_for(Ms(50));  // asleep in ibv_get_cq_event
+  ASSERT_EQ(remote->post_send(make_send(1, {sge(0, 64)})), 0);
+  const auto until = Clock::now() + kWait;
+  while (!got.load() && Clock::now() < until) std::this_thread::sleep_for(Ms(1));
+  if (!got.load()) {
+    ASSERT_EQ(remote->post_send(make_send(2, {sge(0, 64)})), 0);  // unblock it
+  }
+  waiter.join();
+  ASSERT_EQ(got.load(), 1) << "no event for the first message";
+  auto r = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 1, IBV_WC_SUCCESS, IBV_WC_RECV));
+
+  // The waiter left, and another thread arms: the socket stays the waiter's (30 s hold).
+  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
+  ASSERT_EQ(remote->post_send(make_send(2, {sge(0, 64)})), 0);
+  ASSERT_EQ(remote->poll(CqSel::send, 2).size(), 2u);
+  EXPECT_FALSE(readable_within(local->channel->fd, kQuiet))
+      << "the progress thread received for a thread that waited in ibv_get_cq_event";
+  // A thread waits again: only its own receive pass can take the message in and raise it.
+  got = 0;
+  std::thread again([&] { got = wait_event() ? 1 : -1; });
+  const auto until2 = Clock::now() + kWait;
+  while (!got.load() && Clock::now() < until2) std::this_thread::sleep_for(Ms(1));
+  if (!got.load()) {
+    ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);  // hand back, so it can end
+    ASSERT_EQ(local->post_recv(3, {sge(0, 4096)}), 0);
+    ASSERT_EQ(remote->post_send(make_send(3, {sge(0, 64)})), 0);
+  }
+  again.join();
+  ASSERT_EQ(got.load(), 1) << "the waiter did not receive the message itself";
+  r = local->poll(CqSel::recv, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_is(r[0], 2, IBV_WC_SUCCESS, IBV_WC_RECV));
+  ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);
+}
+
+// A CQ of the channel destroyed while a thread sleeps in ibv_get_cq_event holding it: the
+// destroy wakes the sleeper, which lets go of it and sleeps on; a thread cancelled in its
+// sleep (rping cancels its CQ thread) lets go too; a non-blocking channel still says EAGAIN.
+TEST_F(XProc, BusyPollGetCqEventLetsGoOfADestroyedCqAndOfACancelledSleep) {
+  ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
+  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
+  ASSERT_EQ(local->post_recv(1, {sge(0, 4096)}), 0);
+  ibv_cq* extra = ibv_create_cq(local->ctx, 4, nullptr, local->channel, 0);
+  ASSERT_NE(extra, nullptr);
+  std::atomic<int> got{0};
+  std::thread waiter([&] {
+    ibv_cq* cq = nullptr;
+    void* ctx = nullptr;
+    const int r = ibv_get_cq_event(local->channel, &cq, &ctx);
+    if (r == 0) ibv_ack_cq_events(cq, 1);
+    got = r == 0 && cq == local->rcq ? 1 : -1;
+  });
+  std::this_thread::sleep_for(Ms(50));
+  EXPECT_EQ(ibv_destroy_cq(extra), 0);
+  std::this_thread::sleep_for(Ms(50));
+  EXPECT_EQ(got.load(), 0) << "the sleep ended with the other CQ's destruction";
+  ASSERT_EQ(remote->post_send(make_send(1, {sge(0, 64)})), 0);
+  waiter.join();
+  EXPECT_EQ(got.load(), 1);
+  EXPECT_EQ(local->poll(CqSel::recv, 1).size(), 1u);
+
+  ibv_cq* extra2 = ibv_create_cq(local->ctx, 4, nullptr, local->channel, 0);
+  ASSERT_NE(extra2, nullptr);
+  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
+  std::atomic<bool> entered{false};
+  pthread_t t;
+  struct Arg {
+    ibv_comp_channel* ch;
+    std::atomic<bool>* entered;
+  } arg{local->channel, &entered};
+  ASSERT_EQ(pthread_create(
+                &t, nullptr,
+                [](void* p) -> void* {
+                  auto* a = static_cast<Arg*>(p);
+                  a->entered->store(true);
+                  ibv_cq* cq = nullptr;
+                  void* ctx = nullptr;
+                  ibv_get_cq_event(a->ch, &cq, &ctx);
+                  return nullptr;
+                },
+                &arg),
+            0);
+  while (!entered.load()) std::this_thread::sleep_for(Ms(1));
+  std::this_thread::sleep_for(Ms(50));
+  ASSERT_EQ(pthread_cancel(t), 0);
+  void* ret = nullptr;
+  ASSERT_EQ(pthread_join(t, &ret), 0);
+  EXPECT_EQ(ret, PTHREAD_CANCELED);
+  EXPECT_EQ(ibv_destroy_cq(extra2), 0) << "a cancelled sleep kept its hold on the CQ";
+
+  const int fl = fcntl(local->channel->fd, F_GETFL);
+  ASSERT_EQ(fcntl(local->channel->fd, F_SETFL, fl | O_NONBLOCK), 0);
+  ibv_cq* cq = nullptr;
+  void* ctx = nullptr;
+  errno = 0;
+  EXPECT_EQ(ibv_get_cq_event(local->channel, &cq, &ctx), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  ASSERT_EQ(fcntl(local->channel->fd, F_SETFL, fl), 0);
+  ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);
 }
 
 }  // namespace
