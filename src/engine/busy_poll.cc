@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -403,18 +404,18 @@ void channel_cq_remove(CompChannel* ch, Cq* cq) {
 namespace {
 constexpr size_t kMaxChannelCqs = 8;  // perftest and rping have 1 or 2; more: no ownership
 
-// The CQs a channel_block sleep holds. Undone in the destructor, so that a thread cancelled
-// in its poll (rping cancels its CQ thread there) leaves no blocker and no sleeper count: glibc
-// cancels by unwinding, which runs destructors.
+// The CQs a channel_block sleep holds, undone in the destructor. Cancellation is off in
+// channel_block but for its poll (rping cancels its CQ thread there): glibc cancels by
+// unwinding, which runs this, and no other cancellation point can leave a CQ half begun or
+// a receive pass's rx_mu held.
 struct ChannelSleep {
   CompChannel* ch;
   Cq* cqs[kMaxChannelCqs];
-  size_t n = 0;
-  bool blocking = false;
+  size_t n = 0;      // held (channel_sleepers counted)
+  size_t begun = 0;  // cq_block_begin'd
   void end_blocks() {
-    if (!blocking) return;
-    blocking = false;
-    for (size_t i = 0; i < n; ++i) cq_block_end(cqs[i]);
+    for (size_t i = 0; i < begun; ++i) cq_block_end(cqs[i]);
+    begun = 0;
   }
   ~ChannelSleep() {
     end_blocks();
@@ -424,23 +425,46 @@ struct ChannelSleep {
     ch->cv.notify_all();
   }
 };
+
+struct NoCancel {
+  int old = PTHREAD_CANCEL_ENABLE;
+  NoCancel() { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old); }
+  ~NoCancel() { pthread_setcancelstate(old, nullptr); }
+  // A poll that may be cancelled if the caller allowed it.
+  int poll(pollfd* p, nfds_t n) {
+    pthread_setcancelstate(old, nullptr);
+    const int r = ::poll(p, n, -1);
+    const int e = errno;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, nullptr);
+    errno = e;
+    return r;
+  }
+};
+
+// Ownership for this sleep? Not with a completion handler (RDS's runs on the progress
+// thread), nor with a UD QP: its socket is in no wait set, so it would wait for the progress
+// thread, which steps back from an owned CQ's QPs (up to a hold time per datagram).
+bool channel_cq_ownable(Cq* cq) {
+  if (cq->nud.load(std::memory_order_relaxed)) return false;
+  std::lock_guard lk(cq->mu);
+  return cq->comp_handler == nullptr;
+}
 }  // namespace
 
-int channel_block(CompChannel* ch) {
-  if (!busy_poll_hold_ns() || ch->events.queued()) return 0;
+void channel_block(CompChannel* ch) {
+  if (!busy_poll_hold_ns() || ch->events.queued()) return;
   const int fd = ch->events.fd();
   const int fl = fd >= 0 ? fcntl(fd, F_GETFL) : -1;
-  if (fl < 0 || (fl & O_NONBLOCK)) return 0;
+  if (fl < 0 || (fl & O_NONBLOCK)) return;
+  NoCancel nc;
   const uintptr_t me = thread_token();
   while (!ch->events.queued()) {
     ChannelSleep s{ch};
     {
       std::lock_guard lk(ch->mu);
-      if (ch->cqs.empty() || ch->cqs.size() > kMaxChannelCqs) return 0;
-      for (Cq* cq : ch->cqs) {
-        std::lock_guard clk(cq->mu);
-        if (cq->comp_handler) return 0;
-      }
+      if (ch->cqs.empty() || ch->cqs.size() > kMaxChannelCqs) return;
+      for (Cq* cq : ch->cqs)
+        if (!channel_cq_ownable(cq)) return;
       for (Cq* cq : ch->cqs) {
         s.cqs[s.n++] = cq;
         ++cq->channel_sleepers;
@@ -450,32 +474,33 @@ int channel_block(CompChannel* ch) {
     p[0] = {fd, POLLIN, 0};
     for (size_t i = 0; i < s.n; ++i) {
       const int wfd = cq_wait_fd(s.cqs[i]);
-      if (wfd < 0) return 0;  // no wait set: the progress thread receives, as before
+      if (wfd < 0) return;  // no wait set: the progress thread receives, as before
       p[i + 1] = {wfd, POLLIN, 0};
     }
     // A thread about to sleep posts no answer: what waits for one (a Placement Ack held for
     // it, doorbell-batched posts) leaves now (softverbs_cq_block does the same).
     for (size_t i = 0; i < s.n; ++i) s.cqs[i]->flush_deferred_tx();
-    s.blocking = true;
-    for (size_t i = 0; i < s.n; ++i) {
-      s.cqs[i]->channel_owner.store(me, std::memory_order_relaxed);
-      cq_block_begin(s.cqs[i]);
+    for (; s.begun < s.n; ++s.begun) {
+      s.cqs[s.begun]->channel_owner.store(me, std::memory_order_relaxed);
+      cq_block_begin(s.cqs[s.begun]);
     }
-    const int r = ::poll(p, s.n + 1, -1);
-    if (r < 0) {
-      const int e = errno;
-      s.end_blocks();
-      errno = e;
-      return e == EINTR ? -1 : 0;
-    }
+    const int r = nc.poll(p, s.n + 1);
     s.end_blocks();
-    if (p[0].revents) return 0;  // an event (or the channel went away: the read says so)
+    if (r < 0) {
+      // A signal: the read that follows sleeps again, and is restarted or not as the
+      // handler's SA_RESTART says (poll never is), exactly as before this sleep. It sleeps
+      // unowned, so the sockets go back to the progress thread now, not after a hold.
+      const int e = errno;
+      for (size_t i = 0; i < s.n; ++i) cq_busy_poll_end(s.cqs[i]);
+      errno = e;
+      return;
+    }
+    if (p[0].revents) return;  // an event (or the channel went: the read says so)
     // The peer's bytes: run the receive path here; a completion's notification goes to the
     // channel (no completion handler), and the loop finds it queued.
     for (size_t i = 0; i < s.n; ++i)
       if (p[i + 1].revents) s.cqs[i]->progress_qps();
   }
-  return 0;
 }
 
 int cq_wait_fd(Cq* cq) {

@@ -102,10 +102,9 @@ void cq_block_end(Cq* cq);
 // whose descriptor is non-blocking, or with an event already queued (a program that polls the
 // descriptor itself: it sleeps elsewhere, so the progress thread must keep receiving), nor
 // for CQs with a completion handler (RDS: its handler runs on the progress thread).
-//   channel_block: returns 0 when the caller's read will find an event (or ownership does
-//   not apply: the caller reads as before), -1 with errno (EINTR) when the sleep was
-//   interrupted.
-int channel_block(CompChannel* ch);
+// Nor with a UD QP on a CQ (its socket is in no wait set). On return the caller's read finds
+// an event, or sleeps as before (ownership did not apply, or a signal came).
+void channel_block(CompChannel* ch);
 // The calling thread last slept on cq in ibv_get_cq_event (channel_block).
 bool cq_channel_sleeper_is_me(const Cq* cq);
 // A CQ created on ch, or being destroyed (waits until no thread in channel_block holds it).

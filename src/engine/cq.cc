@@ -134,13 +134,18 @@ int Cq::arm(bool solicited) {
 
 void Cq::attach(Qp* qp) {
   std::lock_guard lk(qps_mu);
-  if (std::find(qps.begin(), qps.end(), qp) == qps.end()) qps.push_back(qp);
+  if (std::find(qps.begin(), qps.end(), qp) != qps.end()) return;
+  qps.push_back(qp);
+  if (qp->ud) nud.fetch_add(1);
   nqps.store(static_cast<int>(qps.size()), std::memory_order_release);
 }
 
 void Cq::detach(Qp* qp) {
   std::lock_guard lk(qps_mu);
-  qps.erase(std::remove(qps.begin(), qps.end(), qp), qps.end());
+  const auto it = std::remove(qps.begin(), qps.end(), qp);
+  if (it == qps.end()) return;
+  qps.erase(it, qps.end());
+  if (qp->ud) nud.fetch_sub(1);
   nqps.store(static_cast<int>(qps.size()), std::memory_order_release);
 }
 

@@ -22,6 +22,9 @@ struct Cq;
 struct CompChannel {
   ibv_comp_channel ch;  // first; ch.fd is events.fd()
   EventQueue<ibv_cq*> events;
+  // The handle's reference and each ibv_get_cq_event's: a thread still in one when the
+  // channel is destroyed (woken by its last CQ's destruction) reads no freed memory.
+  std::atomic<int> refs{1};
   // The CQs created on it, for a thread that blocks in ibv_get_cq_event to own their receive
   // paths while it sleeps (busy_poll.h channel_block). A CQ is destroyed only once no such
   // thread holds it (Cq::channel_sleepers, under mu; cv signals their going).
@@ -29,6 +32,11 @@ struct CompChannel {
   std::condition_variable cv;
   std::vector<Cq*> cqs;
 };
+
+// Drops a reference (CompChannel::refs); the last one frees the channel.
+inline void channel_put(CompChannel* ch) {
+  if (ch->refs.fetch_sub(1) == 1) delete ch;
+}
 
 // The CQ whose ibv_poll_cq this thread is running the receive path for (verbs.cc), if any.
 extern thread_local Cq* tl_polling;
@@ -63,6 +71,7 @@ struct Cq {
   std::mutex qps_mu;
   std::vector<Qp*> qps;
   std::atomic<int> nqps{0};
+  std::atomic<int> nud{0};  // of them UD: their sockets are in no wait set (busy_poll.h)
   // A QP using this CQ has deferred WQEs (doorbell batching): polling or arming this CQ
   // flushes them first, so their completions, or the answers to them, can show up.
   std::atomic<bool> tx_deferred{false};

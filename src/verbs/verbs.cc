@@ -511,7 +511,7 @@ SV_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   if (ch->ch.refcnt) return EBUSY;
   handle_remove(HKind::channel, channel);
   ch->events.close_fd();
-  delete ch;
+  channel_put(ch);
   return 0;
 }
 
@@ -672,9 +672,12 @@ SV_EXPORT int ibv_resize_cq(ibv_cq* ibcq, int cqe) {
 SV_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
   ibv_cq* p = nullptr;
   auto* ch = reinterpret_cast<CompChannel*>(channel);
+  ch->refs.fetch_add(1);
   // The sleep owns the channel's CQs' receive paths (engine/busy_poll.h channel_block).
-  if (channel_block(ch)) return -1;
-  if (ch->events.pop(p)) return -1;
+  channel_block(ch);
+  const int r = ch->events.pop(p);
+  channel_put(ch);
+  if (r) return -1;
   *cq = p;
   *cq_context = p->cq_context;
   return 0;

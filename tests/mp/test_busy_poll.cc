@@ -537,7 +537,8 @@ TEST_F(XProc, BusyPollAThreadInGetCqEventReceivesItself) {
 
 // A CQ of the channel destroyed while a thread sleeps in ibv_get_cq_event holding it: the
 // destroy wakes the sleeper, which lets go of it and sleeps on; a thread cancelled in its
-// sleep (rping cancels its CQ thread) lets go too; a non-blocking channel still says EAGAIN.
+// sleep (rping cancels its CQ thread) lets go too; a channel destroyed under a waiter; a
+// restartable signal; a non-blocking channel still says EAGAIN.
 TEST_F(XProc, BusyPollGetCqEventLetsGoOfADestroyedCqAndOfACancelledSleep) {
   ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
   ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
@@ -589,6 +590,68 @@ TEST_F(XProc, BusyPollGetCqEventLetsGoOfADestroyedCqAndOfACancelledSleep) {
   ASSERT_EQ(pthread_join(t, &ret), 0);
   EXPECT_EQ(ret, PTHREAD_CANCELED);
   EXPECT_EQ(ibv_destroy_cq(extra2), 0) << "a cancelled sleep kept its hold on the CQ";
+
+  // A channel destroyed right after its last CQ, while a thread waits on it: the thread,
+  // woken by the CQ's destruction, reads nothing freed (ASan); it then fails its read on the
+  // closed channel, or stays in it as in the kernel's file, whence a cancel takes it.
+  {
+    ibv_comp_channel* ch2 = ibv_create_comp_channel(local->ctx);
+    ASSERT_NE(ch2, nullptr);
+    ibv_cq* lone = ibv_create_cq(local->ctx, 4, nullptr, ch2, 0);
+    ASSERT_NE(lone, nullptr);
+    std::atomic<bool> done{false};
+    struct Arg2 {
+      ibv_comp_channel* ch;
+      std::atomic<bool>* done;
+    } arg2{ch2, &done};
+    pthread_t t2;
+    ASSERT_EQ(pthread_create(
+                  &t2, nullptr,
+                  [](void* p) -> void* {
+                    auto* a = static_cast<Arg2*>(p);
+                    ibv_cq* cq = nullptr;
+                    void* ctx = nullptr;
+                    ibv_get_cq_event(a->ch, &cq, &ctx);
+                    a->done->store(true);
+                    return nullptr;
+                  },
+                  &arg2),
+              0);
+    std::this_thread::sleep_for(Ms(50));
+    EXPECT_EQ(ibv_destroy_cq(lone), 0);
+    EXPECT_EQ(ibv_destroy_comp_channel(ch2), 0);
+    std::this_thread::sleep_for(Ms(100));
+    if (!done.load()) pthread_cancel(t2);
+    ASSERT_EQ(pthread_join(t2, nullptr), 0);
+  }
+
+  // A signal whose handler says SA_RESTART does not end the wait (poll() is never restarted,
+  // the read it fell back to is): the event still comes.
+  struct sigaction sa {
+  }, old_sa{};
+  sa.sa_handler = [](int) {};
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  ASSERT_EQ(sigaction(SIGUSR2, &sa, &old_sa), 0);
+  ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
+  ASSERT_EQ(local->post_recv(2, {sge(0, 4096)}), 0);
+  got = 0;
+  std::thread sig_waiter([&] {
+    ibv_cq* cq = nullptr;
+    void* ctx = nullptr;
+    const int r = ibv_get_cq_event(local->channel, &cq, &ctx);
+    if (r == 0) ibv_ack_cq_events(cq, 1);
+    got = r == 0 && cq == local->rcq ? 1 : -1;
+  });
+  std::this_thread::sleep_for(Ms(50));
+  ASSERT_EQ(pthread_kill(sig_waiter.native_handle(), SIGUSR2), 0);
+  std::this_thread::sleep_for(Ms(50));
+  EXPECT_EQ(got.load(), 0) << "a restartable signal ended ibv_get_cq_event";
+  ASSERT_EQ(remote->post_send(make_send(2, {sge(0, 64)})), 0);
+  sig_waiter.join();
+  EXPECT_EQ(got.load(), 1);
+  EXPECT_EQ(local->poll(CqSel::recv, 1).size(), 1u);
+  sigaction(SIGUSR2, &old_sa, nullptr);
 
   const int fl = fcntl(local->channel->fd, F_GETFL);
   ASSERT_EQ(fcntl(local->channel->fd, F_SETFL, fl | O_NONBLOCK), 0);
