@@ -19,6 +19,7 @@
 #include "engine/iw_cm.h"
 #include "engine/progress.h"
 #include "engine/qp.h"
+#include "util/cancel_unwind.h"
 #include "util/clock.h"
 #include "util/settings.h"
 
@@ -433,7 +434,7 @@ struct NoCancel {
   // A poll that may be cancelled if the caller allowed it.
   int poll(pollfd* p, nfds_t n) {
     pthread_setcancelstate(old, nullptr);
-    const int r = ::poll(p, n, -1);
+    const int r = util::cancellation_point([&] { return ::poll(p, n, -1); });
     const int e = errno;
     pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, nullptr);
     errno = e;

@@ -12,6 +12,8 @@
 #include <deque>
 #include <mutex>
 
+#include "util/cancel_unwind.h"
+
 namespace sv::engine {
 
 template <typename T>
@@ -49,7 +51,7 @@ class EventQueue {
   // Blocks (unless the fd is O_NONBLOCK) until an event is there. 0 or -1 with errno.
   int pop(T& out) {
     uint64_t v;
-    ssize_t n = read(fd_, &v, sizeof v);
+    const ssize_t n = util::cancellation_point([&] { return read(fd_, &v, sizeof v); });
     if (n != sizeof v) {
       if (n >= 0) errno = EIO;
       return -1;

@@ -673,11 +673,13 @@ SV_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq
   ibv_cq* p = nullptr;
   auto* ch = reinterpret_cast<CompChannel*>(channel);
   ch->refs.fetch_add(1);
+  struct Put {  // on return, and on a cancel's unwinding
+    CompChannel* ch;
+    ~Put() { channel_put(ch); }
+  } put{ch};
   // The sleep owns the channel's CQs' receive paths (engine/busy_poll.h channel_block).
   channel_block(ch);
-  const int r = ch->events.pop(p);
-  channel_put(ch);
-  if (r) return -1;
+  if (ch->events.pop(p)) return -1;
   *cq = p;
   *cq_context = p->cq_context;
   return 0;
