@@ -12,6 +12,7 @@
 namespace sv::engine {
 
 thread_local Cq* tl_polling = nullptr;
+thread_local CompChannel* tl_channel_self = nullptr;
 thread_local Cq* tl_quiet = nullptr;
 thread_local int tl_quiet_made = 0;
 
@@ -56,6 +57,8 @@ bool Cq::push(const ibv_wc& wc, bool solicited) {
   // driving RX holds rx_mu): the handler would run under it, so the channel gets it.
   if (handler && Progress::get().on_thread())
     Progress::get().defer_cq(this);
+  else if (channel && channel == tl_channel_self)
+    channel->events.push_for_self(ibcq());
   else if (channel)
     channel->events.push(ibcq());
   return true;

@@ -40,6 +40,9 @@ inline void channel_put(CompChannel* ch) {
 
 // The CQ whose ibv_poll_cq this thread is running the receive path for (verbs.cc), if any.
 extern thread_local Cq* tl_polling;
+// The channel whose sleeper this thread is while it runs the receive pass it woke for
+// (busy_poll.cc channel_block): notifications to it are for this thread to read next.
+extern thread_local CompChannel* tl_channel_self;
 // The CQ whose notifications this thread holds back (softverbs_cq_quiet), and how many
 // completions it made on it meanwhile.
 extern thread_local Cq* tl_quiet;

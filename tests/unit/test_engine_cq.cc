@@ -1,6 +1,11 @@
 // The completion ring of engine/cq.h without verbs: cleaning one QP's completions (a QP moved
-// to RESET) keeps everyone else's, in order, with their timestamps.
+// to RESET) keeps everyone else's, in order, with their timestamps; a completion channel's
+// event queue.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+
+#include <cerrno>
 
 #include "engine/cq.h"
 
@@ -57,4 +62,50 @@ TEST(CqRing, CleanKeepsReceivesWhenAskedAndDropsTheSends) {
   EXPECT_EQ(out[1].wr_id, 4u);
   EXPECT_EQ(out[2].wr_id, 3u);
   EXPECT_EQ(out[2].status, IBV_WC_WR_FLUSH_ERR);
+}
+
+// A completion channel's records raised by its own sleeper for itself (channel_block's
+// receive pass, EventQueue::push_for_self) have no count on the eventfd: a reader takes them
+// without a read, the counter stays the number of the others (what poll on the descriptor
+// sees), and take_if removes them without reading a count that is not there. The descriptor
+// is non-blocking here, so a wrong count fails (EAGAIN) rather than hangs.
+TEST(EventQueue, RecordsPushedForSelfCarryNoCountAndTheCounterStaysTheOthers) {
+  EventQueue<int> q;
+  ASSERT_GE(q.open(), 0);
+  ASSERT_EQ(fcntl(q.fd(), F_SETFL, fcntl(q.fd(), F_GETFL) | O_NONBLOCK), 0);
+  auto readable = [&] {
+    pollfd p{q.fd(), POLLIN, 0};
+    return poll(&p, 1, 0) == 1;
+  };
+  EXPECT_FALSE(readable());
+  q.push_for_self(1);
+  EXPECT_TRUE(q.queued());
+  EXPECT_FALSE(readable()) << "a record for its own pusher made the descriptor readable";
+  q.push(2);
+  EXPECT_TRUE(readable());
+  int v = 0;
+  ASSERT_EQ(q.pop(v), 0);  // in order; the one without a count is taken without a read
+  EXPECT_EQ(v, 1);
+  EXPECT_TRUE(readable()) << "the other record's count was read";
+  ASSERT_EQ(q.pop(v), 0);
+  EXPECT_EQ(v, 2);
+  EXPECT_FALSE(readable());
+  EXPECT_FALSE(q.queued());
+  errno = 0;
+  EXPECT_EQ(q.pop(v), -1);
+  EXPECT_EQ(errno, EAGAIN);
+
+  // take_if: a removed record without a count reads none.
+  q.push_for_self(3);
+  q.push(4);
+  q.push_for_self(5);
+  const auto taken = q.take_if([](int x) { return x != 4; });
+  EXPECT_EQ(taken.size(), 2u);
+  EXPECT_TRUE(readable()) << "4's count was read for a record that had none";
+  ASSERT_EQ(q.pop(v), 0);
+  EXPECT_EQ(v, 4);
+  EXPECT_FALSE(readable());
+  EXPECT_EQ(q.pop(v), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  q.close_fd();
 }
