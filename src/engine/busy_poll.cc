@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -289,11 +290,13 @@ namespace {
 // Empties the kick eventfd. errno is kept: softverbs_cq_block runs right around the caller's
 // own poll(), whose errno (EINTR) the caller reads after it (the RDS shim's poll returns it
 // to rds-stress, which retries on EINTR and dies on the EAGAIN an empty eventfd would leave).
-// Only if kicked since the last drain: a read per sleep and per wake of each CQ was 4 system
-// calls per message of an event-driven ping-pong (ib_send_lat -e, whose channel has 2 CQs).
+// Every drain reads: a flag saying "kicked since the last drain" saved 4 reads per message of
+// an event-driven ping-pong, but a drain that ran between a kick's write and its flag left
+// the set readable after the sleeper took everything (WaitFdWakesTheBlockerWhoseOwnPollReceives
+// saw it under ctest -j2).
 void drain_kick(Cq* cq) {
   const int kick = cq->kick_fd.load();
-  if (kick < 0 || !cq->kicked.exchange(false)) return;
+  if (kick < 0) return;
   const int saved = errno;
   uint64_t v;
   (void)!read(kick, &v, sizeof v);
@@ -330,9 +333,6 @@ void cq_kick(Cq* cq) {
     const uint64_t one = 1;
     (void)!write(kick, &one, sizeof one);
     errno = saved;
-    // After the write: a drain that misses this flag leaves one stale wake-up (harmless: the
-    // sleeper finds nothing and drains on waking), never a count nobody will read.
-    cq->kicked.store(true);
   }
 }
 
@@ -460,6 +460,24 @@ struct NoCancel {
   }
 };
 
+// Whether some installed signal handler lacks SA_RESTART (a blocking read it interrupts fails
+// with EINTR). Asked only after a signal interrupted a sleep.
+bool some_handler_interrupts() {
+  for (int sig = 1; sig < NSIG; ++sig) {
+    // Faults are the thread's own and interrupt no sleep (sanitizers handle SIGSEGV so).
+    if (sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGTRAP ||
+        sig == SIGSYS)
+      continue;
+    struct sigaction sa {};
+    if (sigaction(sig, nullptr, &sa) != 0) continue;
+    const bool handled = (sa.sa_flags & SA_SIGINFO)
+                             ? sa.sa_sigaction != nullptr
+                             : sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN;
+    if (handled && !(sa.sa_flags & SA_RESTART)) return true;
+  }
+  return false;
+}
+
 // Ownership for this sleep? Not with a completion handler (RDS's runs on the progress
 // thread), nor with a UD QP: its socket is in no wait set, so it would wait for the progress
 // thread, which steps back from an owned CQ's QPs (up to a hold time per datagram).
@@ -470,20 +488,20 @@ bool channel_cq_ownable(Cq* cq) {
 }
 }  // namespace
 
-void channel_block(CompChannel* ch) {
-  if (!busy_poll_hold_ns() || ch->events.queued()) return;
+int channel_block(CompChannel* ch) {
+  if (!busy_poll_hold_ns() || ch->events.queued()) return 0;
   const int fd = ch->events.fd();
   const int fl = fd >= 0 ? fcntl(fd, F_GETFL) : -1;
-  if (fl < 0 || (fl & O_NONBLOCK)) return;
+  if (fl < 0 || (fl & O_NONBLOCK)) return 0;
   NoCancel nc;
   const uintptr_t me = thread_token();
   while (!ch->events.queued()) {
     ChannelSleep s{ch};
     {
       std::lock_guard lk(ch->mu);
-      if (ch->cqs.empty() || ch->cqs.size() > kMaxChannelCqs) return;
+      if (ch->cqs.empty() || ch->cqs.size() > kMaxChannelCqs) return 0;
       for (Cq* cq : ch->cqs)
-        if (!channel_cq_ownable(cq)) return;
+        if (!channel_cq_ownable(cq)) return 0;
       for (Cq* cq : ch->cqs) {
         s.cqs[s.n++] = cq;
         ++cq->channel_sleepers;
@@ -493,7 +511,7 @@ void channel_block(CompChannel* ch) {
     p[0] = {fd, POLLIN, 0};
     for (size_t i = 0; i < s.n; ++i) {
       const int wfd = cq_wait_fd(s.cqs[i]);
-      if (wfd < 0) return;  // no wait set: the progress thread receives, as before
+      if (wfd < 0) return 0;  // no wait set: the progress thread receives, as before
       p[i + 1] = {wfd, POLLIN, 0};
     }
     // A thread about to sleep posts no answer: what waits for one (a Placement Ack held for
@@ -506,21 +524,30 @@ void channel_block(CompChannel* ch) {
     const int r = nc.poll(p, s.n + 1);
     s.end_blocks();
     if (r < 0) {
-      // A signal: the read that follows sleeps again, and is restarted or not as the
-      // handler's SA_RESTART says (poll never is), exactly as before this sleep. It sleeps
-      // unowned, so the sockets go back to the progress thread now, not after a hold.
+      // A signal. The sleep this replaces, a read of the descriptor, would have been
+      // restarted if the handler said SA_RESTART, and failed with EINTR if not; poll never
+      // is restarted, and which signal came is not known here. So: EINTR if any handler
+      // lacks SA_RESTART (a program that installed one expects EINTR from a blocking call),
+      // else the plain read, which sleeps unowned: the sockets go back to the progress
+      // thread now, not after a hold.
       const int e = errno;
       for (size_t i = 0; i < s.n; ++i) cq_busy_poll_end(s.cqs[i]);
       errno = e;
-      return;
+      return e == EINTR && some_handler_interrupts() ? -1 : 0;
     }
-    if (p[0].revents) return;  // an event (or the channel went: the read says so)
+    if (p[0].revents) return 0;  // an event (or the channel went: the read says so)
     // The peer's bytes: run the receive path here; a completion's notification goes to the
     // channel (no completion handler), and the loop finds it queued.
-    tl_channel_self = ch;  // what it raises, it reads next (EventQueue::push_for_self)
-    run_receive_once(s.cqs, s.n, p + 1);
-    tl_channel_self = nullptr;
+    {
+      // What it raises first, it reads next (EventQueue::push_for_self).
+      struct Self {
+        explicit Self(CompChannel* c) { tl_channel_self = c; }
+        ~Self() { tl_channel_self = nullptr; }
+      } self(ch);
+      run_receive_once(s.cqs, s.n, p + 1);
+    }
   }
+  return 0;
 }
 
 int cq_wait_fd(Cq* cq) {

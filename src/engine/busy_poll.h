@@ -102,9 +102,10 @@ void cq_block_end(Cq* cq);
 // whose descriptor is non-blocking, or with an event already queued (a program that polls the
 // descriptor itself: it sleeps elsewhere, so the progress thread must keep receiving), nor
 // for CQs with a completion handler (RDS: its handler runs on the progress thread).
-// Nor with a UD QP on a CQ (its socket is in no wait set). On return the caller's read finds
-// an event, or sleeps as before (ownership did not apply, or a signal came).
-void channel_block(CompChannel* ch);
+// Nor with a UD QP on a CQ (its socket is in no wait set). Returns 0: the caller's read then
+// finds an event, or sleeps as before (ownership did not apply, or a restartable signal came);
+// -1 with errno EINTR for a signal whose handler may want it.
+int channel_block(CompChannel* ch);
 // The calling thread last slept on cq in ibv_get_cq_event (channel_block).
 bool cq_channel_sleeper_is_me(const Cq* cq);
 // A CQ created on ch, or being destroyed (waits until no thread in channel_block holds it).

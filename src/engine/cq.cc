@@ -55,12 +55,16 @@ bool Cq::push(const ibv_wc& wc, bool solicited) {
   if (!notify) return true;
   // Elsewhere than on the progress thread a caller may hold any engine lock (a poller
   // driving RX holds rx_mu): the handler would run under it, so the channel gets it.
-  if (handler && Progress::get().on_thread())
+  if (handler && Progress::get().on_thread()) {
     Progress::get().defer_cq(this);
-  else if (channel && channel == tl_channel_self)
+  } else if (channel && channel == tl_channel_self) {
+    // Only the pass's first: its sleeper reads one record next, and a second uncounted one
+    // would be invisible to poll and to a thread blocked reading the descriptor.
+    tl_channel_self = nullptr;
     channel->events.push_for_self(ibcq());
-  else if (channel)
+  } else if (channel) {
     channel->events.push(ibcq());
+  }
   return true;
 }
 

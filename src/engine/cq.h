@@ -109,7 +109,6 @@ struct Cq {
   // ring whose producer was told not to ring (a spinner owned the QP, engine/qp_shm.cc), so a
   // thread that blocks finds the set readable. Drained by cq_block_begin.
   std::atomic<int> kick_fd{-1};
-  std::atomic<bool> kicked{false};  // written since the last drain (busy_poll.cc cq_kick)
   // Threads in ibv_get_cq_event that own this CQ's receive path right now (channel->mu).
   int channel_sleepers = 0;
   // The thread that last slept on it in ibv_get_cq_event: its arm does not hand the sockets

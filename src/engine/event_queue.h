@@ -46,7 +46,7 @@ class EventQueue {
   // channel's sleeper ran the receive pass that raised it, and reads the channel now): no
   // eventfd write, and its read no eventfd read, 2 system calls of 9 per event-driven message.
   // The counter stays the number of the other records, so a poll on the descriptor sees only
-  // them (this one is taken before anyone could look).
+  // them. At most one such record at a time (Cq::push), which its pusher reads next.
   void push_for_self(const T& v) {
     std::lock_guard lk(mu_);
     q_.push_back(v);

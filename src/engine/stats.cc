@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -32,6 +33,7 @@ struct File {
   size_t len = 0;
   uint32_t nslots = 0;
   pid_t pid = 0;
+  int lock_fd = -1;  // the file, open and flock'ed while we live (remove_stale)
   std::string path;
   Slot local_retired{};  // slot 0 when nothing is published
 
@@ -46,7 +48,11 @@ struct File {
   }
 };
 
-ForkLocal<File> g_file;
+// A fork child closes its copy of the parent's locked descriptor: the lock stays the
+// parent's (flock(2): released when every duplicate is closed), and dies with it.
+ForkLocal<File> g_file{[](File& f) {
+  if (f.lock_fd >= 0) close(f.lock_fd);
+}};
 
 std::string stats_dir() {
   const char* d = settings::text_value(SV_SETTING("SOFTVERBS_STATS_DIR"));
@@ -64,7 +70,10 @@ std::string comm() {
   return s;
 }
 
-// Files of processes that are gone (killed before they could remove theirs).
+// Files of processes that are gone (killed before they could remove theirs). Each live
+// process holds its file's flock, and a file is unlinked only under that lock: with pids
+// reused (pid_max 32768), a process may create the file of a dead one's pid between our look
+// at /proc and our unlink, and lost its statistics that way (a test found no file).
 void remove_stale(const std::string& dir) {
   DIR* d = opendir(dir.c_str());
   if (!d) return;
@@ -74,9 +83,29 @@ void remove_stale(const std::string& dir) {
     if (pid <= 0 || *end != '\0') continue;
     char proc[32];
     std::snprintf(proc, sizeof proc, "/proc/%ld", pid);
-    if (access(proc, F_OK) != 0) unlinkat(dirfd(d), e->d_name, 0);
+    if (access(proc, F_OK) == 0) continue;
+    const int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) continue;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) unlinkat(dirfd(d), e->d_name, 0);
+    close(fd);
   }
   closedir(d);
+}
+
+// Our file at `path`, created or taken over (a dead process's of our pid), flock'ed, and still
+// named by `path` once locked (a remove_stale elsewhere may have unlinked it just before).
+int open_locked(const std::string& path) {
+  for (int tries = 0; tries < 8; ++tries) {
+    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return -1;
+    struct stat held {
+    }, named{};
+    if (flock(fd, LOCK_EX) == 0 && fstat(fd, &held) == 0 && stat(path.c_str(), &named) == 0 &&
+        held.st_ino == named.st_ino && held.st_dev == named.st_dev)
+      return fd;
+    close(fd);
+  }
+  return -1;
 }
 
 void remove_at_exit() {
@@ -96,16 +125,17 @@ File::File() {
   pid = getpid();
   path = dir + "/" + std::to_string(pid);
   const size_t want = wire::kStatsHeaderLen + size_t{qps + 1} * wire::kSlotSize;
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  const int fd = open_locked(path);
   if (fd < 0) return;
   void* m = MAP_FAILED;
-  if (ftruncate(fd, static_cast<off_t>(want)) == 0)
+  if (ftruncate(fd, 0) == 0 && ftruncate(fd, static_cast<off_t>(want)) == 0)
     m = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
   if (m == MAP_FAILED) {
     unlink(path.c_str());
+    close(fd);
     return;
   }
+  lock_fd = fd;
   map = static_cast<std::byte*>(m);
   len = want;
   nslots = qps + 1;

@@ -7,6 +7,13 @@
 #pragma once
 
 #if defined(__SANITIZE_ADDRESS__)
+#define SV_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SV_ASAN 1
+#endif
+#endif
+#ifdef SV_ASAN
 #include <sanitizer/asan_interface.h>
 #endif
 
@@ -17,7 +24,7 @@ auto cancellation_point(Fn fn) {
   try {
     return fn();
   } catch (...) {  // only a cancel (abi::__forced_unwind; not bound: UBSan sees no object)
-#if defined(__SANITIZE_ADDRESS__)
+#ifdef SV_ASAN
     __asan_handle_no_return();
 #endif
     throw;  // a cancel must go on unwinding

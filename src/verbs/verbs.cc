@@ -509,7 +509,8 @@ SV_EXPORT int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   if (!handle_ok(HKind::channel, channel)) return EINVAL;
   auto* ch = reinterpret_cast<CompChannel*>(channel);
   if (ch->ch.refcnt) return EBUSY;
-  handle_remove(HKind::channel, channel);
+  // Taken once: of two destroys racing, one frees (the other finds no handle).
+  if (!handle_remove(HKind::channel, channel)) return EINVAL;
   ch->events.close_fd();
   channel_put(ch);
   return 0;
@@ -678,8 +679,7 @@ SV_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq
     ~Put() { channel_put(ch); }
   } put{ch};
   // The sleep owns the channel's CQs' receive paths (engine/busy_poll.h channel_block).
-  channel_block(ch);
-  if (ch->events.pop(p)) return -1;
+  if (channel_block(ch) || ch->events.pop(p)) return -1;
   *cq = p;
   *cq_context = p->cq_context;
   return 0;

@@ -1,8 +1,11 @@
 // Per-QP counters as softverbs-stat reads them: this process's statistics file
 // (/dev/shm/softverbs-stats-<uid>/<pid>, wire/stats_file.h), read back after traffic and after
 // an error, and the destroyed QP's counts kept in the process totals.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -146,6 +149,38 @@ TEST_F(XProc, AnIdleConnectionGivesItsBuffersBackAndStillCarriesData) {
 }
 
 // SOFTVERBS_STATS=0: nothing published (counters still kept in memory).
+// A pid that was ours and is gone (a child, reaped).
+pid_t dead_pid() {
+  const pid_t c = fork();
+  if (c == 0) _exit(0);
+  int st = 0;
+  waitpid(c, &st, 0);
+  return c;
+}
+
+// A process that starts removes the statistics files of processes that are gone, but only a
+// file nobody holds locked: each live process holds its own's flock. pid_max is 32768, so a
+// new process may create the file of a dead one's pid between another's look at /proc and its
+// unlink; without the lock that removed a live process's file (a test found none).
+TEST_F(XProc, StaleStatsFilesGoButALockedOneStays) {
+  const std::string dir = "/dev/shm/softverbs-stats-" + std::to_string(geteuid());
+  const std::string stale = dir + "/" + std::to_string(dead_pid());
+  const std::string held = dir + "/" + std::to_string(dead_pid());
+  mkdir(dir.c_str(), 0700);
+  const int a = open(stale.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  const int b = open(held.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  close(a);
+  ASSERT_EQ(flock(b, LOCK_EX), 0);
+  ASSERT_NO_FATAL_FAILURE(Connect());  // the peer process starts, and looks
+  struct stat st;
+  EXPECT_NE(stat(stale.c_str(), &st), 0) << "a stale file stayed";
+  EXPECT_EQ(stat(held.c_str(), &st), 0) << "a locked file was removed";
+  unlink(held.c_str());
+  close(b);
+}
+
 TEST_F(XProc, StatsCanBeTurnedOff) {
   setenv("SOFTVERBS_STATS", "0", 1);
   ASSERT_NO_FATAL_FAILURE(Connect());

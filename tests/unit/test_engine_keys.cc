@@ -163,10 +163,14 @@ TEST(KeyTable, Type1WindowGivesAccessToItsRangeOnlyThroughItsNewKey) {
   Window w(&r.pd, IBV_MW_TYPE_1);
   auto& kt = KeyTable::get();
   std::byte* p = nullptr;
+  // Key bytes other than the window's own (random): a bind to the key it has would leave the
+  // old key working, and the test would fail 1 run in 256.
+  const uint8_t own = static_cast<uint8_t>(w.mw.mw.rkey & 0xFF);
+  const uint8_t kb1 = own == 0x42 ? 0x52 : 0x42, kb2 = own == 0x43 ? 0x53 : 0x43;
   // Bound to 1 KiB in the middle of the region, remote write only.
   ASSERT_TRUE(
-      kt.bind(&kQp1, &r.pd, bind_args(w, 0x42, r, 0x10000 + 1024, 1024, IBV_ACCESS_REMOTE_WRITE)));
-  const uint32_t k = w.key(0x42);
+      kt.bind(&kQp1, &r.pd, bind_args(w, kb1, r, 0x10000 + 1024, 1024, IBV_ACCESS_REMOTE_WRITE)));
+  const uint32_t k = w.key(kb1);
   EXPECT_EQ(check(r, k, &r.pd, 0x10000 + 1024, 1024, IBV_ACCESS_REMOTE_WRITE, true, &p),
             AccessResult::ok);
   EXPECT_EQ(p, r.mem.data() + 1024);
@@ -190,11 +194,11 @@ TEST(KeyTable, Type1WindowGivesAccessToItsRangeOnlyThroughItsNewKey) {
   // A zero-length bind unbinds it: the key stops working.
   BindArgs unbind;
   unbind.mw_rkey = k;
-  unbind.new_rkey = w.key(0x43);
+  unbind.new_rkey = w.key(kb2);
   ASSERT_TRUE(kt.bind(&kQp1, &r.pd, unbind));
-  EXPECT_EQ(check(r, w.key(0x43), &r.pd, 0x10000 + 1024, 1, IBV_ACCESS_REMOTE_WRITE, true, &p),
+  EXPECT_EQ(check(r, w.key(kb2), &r.pd, 0x10000 + 1024, 1, IBV_ACCESS_REMOTE_WRITE, true, &p),
             AccessResult::invalid_key);
-  EXPECT_FALSE(kt.invalidate(nullptr, &r.pd, w.key(0x43))) << "type 1 is never invalidated";
+  EXPECT_FALSE(kt.invalidate(nullptr, &r.pd, w.key(kb2))) << "type 1 is never invalidated";
 }
 
 TEST(KeyTable, BindRefusesWhatTheSpecForbids) {
