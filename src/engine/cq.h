@@ -75,6 +75,9 @@ struct Cq {
   std::vector<Qp*> qps;
   std::atomic<int> nqps{0};
   std::atomic<int> nud{0};  // of them UD: their sockets are in no wait set (busy_poll.h)
+  // Events ibv_get_cq_event returned for this CQ (uverbs' comp_events_reported): its destroy
+  // waits until as many were acked. Counted under the channel queue's lock (EventQueue::pop).
+  std::atomic<uint32_t> comp_events_reported{0};
   // A QP using this CQ has deferred WQEs (doorbell batching): polling or arming this CQ
   // flushes them first, so their completions, or the answers to them, can show up.
   std::atomic<bool> tx_deferred{false};

@@ -60,30 +60,51 @@ class EventQueue {
   }
 
   // Blocks (unless the fd is O_NONBLOCK) until an event is there. 0 or -1 with errno.
-  int pop(T& out) {
-    {
-      std::lock_guard lk(mu_);
+  // on_take(record) runs under the queue's lock as the record is taken: a count of what was
+  // handed out (the kernel's comp_events_reported, bumped as ib_uverbs_event_read dequeues)
+  // that take_if, under the same lock, then reads exactly.
+  template <typename OnTake = void (*)(const T&)>
+  int pop(
+      T& out, OnTake on_take = [](const T&) {}) {
+    std::unique_lock lk(mu_);
+    for (;;) {
       if (unsignalled_ > 0) {  // push_for_self's: nothing to read for it
         --unsignalled_;
-        out = q_.front();
-        q_.pop_front();
-        return 0;
+        return take_front(out, on_take);
       }
+      // Counted while the read runs unlocked: take_if reads a count only while the readers
+      // in flight cannot have taken the last ones (else it would block, holding mu_).
+      ++reading_;
+      lk.unlock();
+      struct Done {  // a cancel's unwinding: the read is over
+        EventQueue* q;
+        bool live = true;
+        ~Done() {
+          if (!live) return;
+          std::lock_guard l(q->mu_);
+          --q->reading_;
+        }
+      } done{this};
+      uint64_t v;
+      const ssize_t n = util::cancellation_point([&] { return read(fd_, &v, sizeof v); });
+      const int e = errno;
+      lk.lock();
+      done.live = false;
+      --reading_;
+      if (n != sizeof v) {
+        errno = n >= 0 ? EIO : e;
+        return -1;
+      }
+      if (owed_ > 0) {  // the count of a record take_if removed: not ours, read again
+        --owed_;
+        continue;
+      }
+      if (q_.empty()) {  // drained (a destroy under us)
+        errno = EAGAIN;
+        return -1;
+      }
+      return take_front(out, on_take);
     }
-    uint64_t v;
-    const ssize_t n = util::cancellation_point([&] { return read(fd_, &v, sizeof v); });
-    if (n != sizeof v) {
-      if (n >= 0) errno = EIO;
-      return -1;
-    }
-    std::lock_guard lk(mu_);
-    if (q_.empty()) {
-      errno = EAGAIN;
-      return -1;
-    }
-    out = q_.front();
-    q_.pop_front();
-    return 0;
   }
 
   // Removes queued records matching pred (and their counts). Returns them.
@@ -92,19 +113,25 @@ class EventQueue {
     std::deque<T> out;
     std::lock_guard lk(mu_);
     for (auto it = q_.begin(); it != q_.end();) {
-      if (pred(*it)) {
-        out.push_back(*it);
-        it = q_.erase(it);
-        if (unsignalled_ > 0) {  // the records outnumber the counter by this many
-          --unsignalled_;
-          continue;
-        }
+      if (!pred(*it)) {
+        ++it;
+        continue;
+      }
+      // Counts on the eventfd, plus those readers in flight have taken or may take.
+      const size_t counted = q_.size() - unsignalled_ + owed_;
+      out.push_back(*it);
+      it = q_.erase(it);
+      if (unsignalled_ > 0) {  // the records outnumber the counter by this many
+        --unsignalled_;
+      } else if (counted > reading_) {
+        // At least one count is left whatever the readers in flight took: this read
+        // cannot block. (A blocking read here, under mu_, would wait for a push, which
+        // waits for mu_.)
         uint64_t v;
-        // Non-blocking in effect: the counter is at least the queue length.
         ssize_t r = read(fd_, &v, sizeof v);
         (void)r;
       } else {
-        ++it;
+        ++owed_;  // a reader in flight may hold it: the next read to return pays it back
       }
     }
     return out;
@@ -113,6 +140,7 @@ class EventQueue {
   std::deque<T> drain() {
     std::lock_guard lk(mu_);
     std::deque<T> out;
+    owed_ += q_.size() - unsignalled_;  // their counts stay on the eventfd
     out.swap(q_);
     unsignalled_ = 0;
     return out;
@@ -123,6 +151,16 @@ class EventQueue {
   std::mutex mu_;
   std::deque<T> q_;
   size_t unsignalled_ = 0;  // records with no count on the eventfd (push_for_self)
+  size_t reading_ = 0;      // pops in their unlocked read
+  size_t owed_ = 0;         // counts on the eventfd whose records take_if or drain removed
+
+  template <typename OnTake>
+  int take_front(T& out, OnTake& on_take) {
+    out = q_.front();
+    q_.pop_front();
+    on_take(out);
+    return 0;
+  }
 };
 
 }  // namespace sv::engine

@@ -653,7 +653,18 @@ SV_EXPORT int ibv_destroy_cq(ibv_cq* ibcq) {
   if (const int e = handle_take(HKind::cq, ibcq)) return e;
   // A notification the progress thread deferred must not outlive the CQ.
   if (cq->comp_handler) Progress::get().run_sync([cq] { Progress::get().forget_cq(cq); });
-  if (cq->channel) channel_cq_remove(cq->channel, cq);
+  if (cq->channel) {
+    channel_cq_remove(cq->channel, cq);
+    // As uverbs' destroy (ib_uverbs_release_ucq): the CQ's events still queued go with it,
+    // so no ibv_get_cq_event returns a freed CQ; those already returned must be acked first
+    // (libibverbs' ibv_cmd_destroy_cq waits for comp_events_completed to reach the kernel's
+    // comp_events_reported).
+    cq->channel->events.take_if([ibcq](ibv_cq* c) { return c == ibcq; });
+    const uint32_t reported = cq->comp_events_reported.load();
+    pthread_mutex_lock(&ibcq->mutex);
+    while (ibcq->comp_events_completed != reported) pthread_cond_wait(&ibcq->cond, &ibcq->mutex);
+    pthread_mutex_unlock(&ibcq->mutex);
+  }
   if (ibcq->channel) --ibcq->channel->refcnt;
   if (const int fd = cq->wait_epfd.load(); fd >= 0) close(fd);  // no QP is attached any more
   if (const int fd = cq->kick_fd.load(); fd >= 0) close(fd);
@@ -679,7 +690,9 @@ SV_EXPORT int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq
     ~Put() { channel_put(ch); }
   } put{ch};
   // The sleep owns the channel's CQs' receive paths (engine/busy_poll.h channel_block).
-  if (channel_block(ch) || ch->events.pop(p)) return -1;
+  if (channel_block(ch) ||
+      ch->events.pop(p, [](ibv_cq* c) { Cq::from(c)->comp_events_reported.fetch_add(1); }))
+    return -1;
   *cq = p;
   *cq_context = p->cq_context;
   return 0;

@@ -98,6 +98,72 @@ TEST_F(XProc, CompChannelDeliversEventForArmedCqOnly) {
   EXPECT_EQ(remote->poll(CqSel::send, 3).size(), 3u);
 }
 
+// ibv_destroy_cq with events of that CQ still on its channel: they go with it (uverbs'
+// ib_uverbs_release_ucq), so ibv_get_cq_event never returns the freed CQ; an event already
+// returned must be acked first: the destroy waits for the ack, as libibverbs'
+// ibv_cmd_destroy_cq waits for comp_events_completed to reach comp_events_reported.
+TEST_F(XProc, DestroyCqDropsItsQueuedEventsAndWaitsForTheAckOfReturnedOnes) {
+  ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
+  // An event for cq: a receive flushed as its QP goes to ERR, on the armed CQ.
+  auto raise_event = [&](ibv_cq* cq) {
+    ibv_qp_init_attr ia{};
+    ia.send_cq = cq;
+    ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = ia.cap.max_recv_wr = 1;
+    ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+    ibv_qp* qp = ibv_create_qp(local->pd, &ia);
+    EXPECT_NE(qp, nullptr);
+    if (!qp) return;
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    EXPECT_EQ(
+        ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
+        0);
+    ibv_recv_wr wr{}, *bad = nullptr;
+    wr.wr_id = 7;
+    EXPECT_EQ(ibv_post_recv(qp, &wr, &bad), 0);
+    EXPECT_EQ(ibv_req_notify_cq(cq, 0), 0);
+    a.qp_state = IBV_QPS_ERR;
+    EXPECT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE), 0);
+    EXPECT_TRUE(readable_within_deadline(local->channel->fd));
+    ibv_wc wc{};
+    EXPECT_EQ(ibv_poll_cq(cq, 1, &wc), 1);
+    EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR);
+    EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  };
+  const int fd = local->channel->fd;
+  const int fl = fcntl(fd, F_GETFL);
+  ASSERT_EQ(fcntl(fd, F_SETFL, fl | O_NONBLOCK), 0);
+
+  ibv_cq* doomed = ibv_create_cq(local->ctx, 4, nullptr, local->channel, 0);
+  ASSERT_NE(doomed, nullptr);
+  ASSERT_NO_FATAL_FAILURE(raise_event(doomed));
+  ASSERT_EQ(ibv_destroy_cq(doomed), 0);  // its event still queued
+  EXPECT_FALSE(readable_now(fd)) << "the destroyed CQ's event is still counted on the channel";
+  ibv_cq* cq = nullptr;
+  void* cq_ctx = nullptr;
+  errno = 0;
+  EXPECT_EQ(ibv_get_cq_event(local->channel, &cq, &cq_ctx), -1) << "returned a destroyed CQ";
+  EXPECT_EQ(errno, EAGAIN);
+
+  // Returned but not acked: the destroy waits for the ack.
+  ibv_cq* held = ibv_create_cq(local->ctx, 4, nullptr, local->channel, 0);
+  ASSERT_NE(held, nullptr);
+  ASSERT_NO_FATAL_FAILURE(raise_event(held));
+  ASSERT_EQ(ibv_get_cq_event(local->channel, &cq, &cq_ctx), 0);
+  EXPECT_EQ(cq, held);
+  std::atomic<int> destroyed{-1};
+  std::thread destroyer([&] { destroyed = ibv_destroy_cq(held); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(destroyed.load(), -1) << "the CQ was destroyed with an event not acked";
+  ibv_ack_cq_events(cq, 1);
+  destroyer.join();
+  EXPECT_EQ(destroyed.load(), 0);
+  ASSERT_EQ(fcntl(fd, F_SETFL, fl), 0);
+}
+
 TEST_F(XProc, CompChannelNonBlockingGivesEagain) {
   ASSERT_NO_FATAL_FAILURE(Connect(with_channel()));
   const int fd = local->channel->fd;
