@@ -304,7 +304,15 @@ void drain_kick(Cq* cq) {
 }
 }  // namespace
 
-void cq_block_begin(Cq* cq) {
+int cq_kick_fd(const Cq* cq) {
+  return cq->kick_fd.load();
+}
+
+void cq_kick_drain(Cq* cq) {
+  drain_kick(cq);
+}
+
+void cq_block_begin(Cq* cq, bool drain) {
   if (!busy_poll_hold_ns()) return;
   set_owner(cq);
   if (cq->blockers.fetch_add(1) == 0) {
@@ -314,7 +322,7 @@ void cq_block_begin(Cq* cq) {
   // Shared-memory rings a spinner told not to ring: this thread is about to sleep, so they
   // ring again, and what came meanwhile wakes it at once (qp_shm.cc). After counting itself
   // a blocker: a step-back that quiets a ring then sees it and turns bells back on.
-  drain_kick(cq);
+  if (drain) drain_kick(cq);
   // Only if a ring may have been quieted since the last blocker looked: a CQ of thousands of
   // QPs (RDS with as many peers) is not visited, each under its rx_mu, on every sleep.
   if (!cq->quiet_rings.exchange(false)) return;
@@ -336,10 +344,10 @@ void cq_kick(Cq* cq) {
   }
 }
 
-void cq_block_end(Cq* cq) {
+void cq_block_end(Cq* cq, bool drain) {
   if (!busy_poll_hold_ns()) return;
-  drain_kick(cq);         // what it woke for is taken in next
-  cq_busy_poll_mark(cq);  // it takes in what woke it, then ownership decays as a spinner's
+  if (drain) drain_kick(cq);  // what it woke for is taken in next
+  cq_busy_poll_mark(cq);      // it takes in what woke it, then ownership decays as a spinner's
   const uint64_t since = cq->block_since.load(std::memory_order_relaxed);
   if (cq->blockers.fetch_sub(1) != 1 || !cq->recheck_parked.exchange(false)) return;
   // A short sleep leaves the recheck to the timer already set, at most kBlockRecheckNs out
@@ -415,7 +423,7 @@ struct ChannelSleep {
   size_t n = 0;      // held (channel_sleepers counted)
   size_t begun = 0;  // cq_block_begin'd
   void end_blocks() {
-    for (size_t i = 0; i < begun; ++i) cq_block_end(cqs[i]);
+    for (size_t i = 0; i < begun; ++i) cq_block_end(cqs[i], false);
     begun = 0;
   }
   ~ChannelSleep() {
@@ -507,22 +515,30 @@ int channel_block(CompChannel* ch) {
         ++cq->channel_sleepers;
       }
     }
-    pollfd p[kMaxChannelCqs + 1];
+    // The channel, each CQ's wait set, then each CQ's kick: the kick is in its wait set too,
+    // but polled on its own it says whether it fired, so it is read only then (a drain before
+    // and after every sleep was 4 reads per message, all but never finding a kick).
+    pollfd p[2 * kMaxChannelCqs + 1];
     p[0] = {fd, POLLIN, 0};
     for (size_t i = 0; i < s.n; ++i) {
       const int wfd = cq_wait_fd(s.cqs[i]);
       if (wfd < 0) return 0;  // no wait set: the progress thread receives, as before
       p[i + 1] = {wfd, POLLIN, 0};
+      p[s.n + i + 1] = {cq_kick_fd(s.cqs[i]), POLLIN, 0};
     }
     // A thread about to sleep posts no answer: what waits for one (a Placement Ack held for
     // it, doorbell-batched posts) leaves now (softverbs_cq_block does the same).
     for (size_t i = 0; i < s.n; ++i) s.cqs[i]->flush_deferred_tx();
     for (; s.begun < s.n; ++s.begun) {
       s.cqs[s.begun]->channel_owner.store(me, std::memory_order_relaxed);
-      cq_block_begin(s.cqs[s.begun]);
+      cq_block_begin(s.cqs[s.begun], false);
     }
-    const int r = nc.poll(p, s.n + 1);
+    const int r = nc.poll(p, 2 * s.n + 1);
     s.end_blocks();
+    // A kick that fired is read, whatever else woke the sleep: one left would wake the next.
+    if (r > 0)
+      for (size_t i = 0; i < s.n; ++i)
+        if (p[s.n + i + 1].revents) cq_kick_drain(s.cqs[i]);
     if (r < 0) {
       // A signal. The sleep this replaces, a read of the descriptor, would have been
       // restarted if the handler said SA_RESTART, and failed with EINTR if not; poll never

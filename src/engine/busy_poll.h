@@ -91,8 +91,15 @@ int cq_wait_fd(Cq* cq);
 // Makes the CQ's wait set readable (its kick eventfd), so a thread blocked on it wakes.
 void cq_kick(Cq* cq);
 // The calling thread is about to block on the CQ's wait set; it woke (for whatever reason).
-void cq_block_begin(Cq* cq);
-void cq_block_end(Cq* cq);
+// drain_kick: empty the kick eventfd (softverbs_cq_block's sleeper sees only the wait set, so
+// a kick left in it would wake its next sleep at once). false: the caller polls the kick's
+// descriptor itself and reads it only when poll says it fired (channel_block: exact, and no
+// read at all for a message the socket brought).
+void cq_block_begin(Cq* cq, bool drain_kick = true);
+void cq_block_end(Cq* cq, bool drain_kick = true);
+// The kick eventfd of cq's wait set (-1 if it has none yet), and emptying it.
+int cq_kick_fd(const Cq* cq);
+void cq_kick_drain(Cq* cq);
 // Blocking ownership through a completion channel (issue 31): a thread that blocks in
 // ibv_get_cq_event with nothing queued sleeps on the channel's descriptor and on the wait
 // sets of the channel's CQs at once, as if it had called softverbs_cq_block on each; the

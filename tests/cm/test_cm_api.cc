@@ -33,6 +33,24 @@ uint16_t test_port(int i) {
   return cmtest::test_port(20000, i);
 }
 
+// A loopback port no socket holds now, from the kernel's ephemeral range: for a test that
+// must find a port free even beside other tests (test_port's pid-derived ports collide
+// when two concurrent tests' pids agree modulo 250). 0 on failure.
+uint16_t free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  uint16_t port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  close(fd);  // never connected: no TIME_WAIT keeps it
+  return port;
+}
+
 // Next event on ch, which must be `want` for id; acked.
 void expect_event(rdma_event_channel* ch, rdma_cm_id* id, rdma_cm_event_type want) {
   ASSERT_TRUE(readable(ch->fd, 5000)) << "no " << rdma_event_str(want);
@@ -748,7 +766,8 @@ TEST(CmConnect, ARefusedConnectJustAfterAHeldAckIsRetriedWithinTheWindow) {
       << "settings too close to the late listener to tell the outcome";
   const bool times_out = !waits_it_out && mpa_ms < window_ms;
   // 1. A pair, and one signaled Send the server never answers: its ack is held, then flushed.
-  const uint16_t port = test_port(8);
+  const uint16_t port = free_port();
+  ASSERT_NE(port, 0) << strerror(errno);
   rdma_cm_id* listen = listening_ep(port, 4);
   ASSERT_NE(listen, nullptr) << strerror(errno);
   rdma_event_channel* ch = rdma_create_event_channel();
@@ -784,7 +803,8 @@ TEST(CmConnect, ARefusedConnectJustAfterAHeldAckIsRetriedWithinTheWindow) {
   ASSERT_TRUE(poll_one(child->recv_cq, wc));
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
   // 2. A connect to a port with no listener yet; the listener comes kListenAfterMs later.
-  const uint16_t late = test_port(9);
+  const uint16_t late = free_port();
+  ASSERT_NE(late, 0) << strerror(errno);
   rdma_event_channel* ch2 = rdma_create_event_channel();
   ASSERT_NE(ch2, nullptr);
   rdma_cm_id* late_id = ready_to_connect(ch2, late);
