@@ -536,9 +536,14 @@ int channel_block(CompChannel* ch) {
     const int r = nc.poll(p, 2 * s.n + 1);
     s.end_blocks();
     // A kick that fired is read, whatever else woke the sleep: one left would wake the next.
+    // Its CQ's receive pass runs too: poll may have looked at the wait set just before the
+    // kick made it readable, and the ring the kick is for rings no more.
     if (r > 0)
       for (size_t i = 0; i < s.n; ++i)
-        if (p[s.n + i + 1].revents) cq_kick_drain(s.cqs[i]);
+        if (p[s.n + i + 1].revents) {
+          cq_kick_drain(s.cqs[i]);
+          p[i + 1].revents |= POLLIN;
+        }
     if (r < 0) {
       // A signal. The sleep this replaces, a read of the descriptor, would have been
       // restarted if the handler said SA_RESTART, and failed with EINTR if not; poll never

@@ -5,6 +5,7 @@
 // with a spurious EOF (a pipe would: rping's CM thread exits on that).
 #pragma once
 #include <sys/eventfd.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -72,26 +73,15 @@ class EventQueue {
         --unsignalled_;
         return take_front(out, on_take);
       }
-      // Counted while the read runs unlocked: take_if reads a count only while the readers
-      // in flight cannot have taken the last ones (else it would block, holding mu_).
-      ++reading_;
       lk.unlock();
-      struct Done {  // a cancel's unwinding: the read is over
-        EventQueue* q;
-        bool live = true;
-        ~Done() {
-          if (!live) return;
-          std::lock_guard l(q->mu_);
-          --q->reading_;
-        }
-      } done{this};
       uint64_t v;
       const ssize_t n = util::cancellation_point([&] { return read(fd_, &v, sizeof v); });
       const int e = errno;
       lk.lock();
-      done.live = false;
-      --reading_;
       if (n != sizeof v) {
+        // A debt left to this read (take_if's) is paid now if its count is there, or the
+        // descriptor would say readable with nothing queued.
+        if (owed_ > 0 && take_count_nowait()) --owed_;
         errno = n >= 0 ? EIO : e;
         return -1;
       }
@@ -117,21 +107,15 @@ class EventQueue {
         ++it;
         continue;
       }
-      // Counts on the eventfd, plus those readers in flight have taken or may take.
-      const size_t counted = q_.size() - unsignalled_ + owed_;
       out.push_back(*it);
       it = q_.erase(it);
       if (unsignalled_ > 0) {  // the records outnumber the counter by this many
         --unsignalled_;
-      } else if (counted > reading_) {
-        // At least one count is left whatever the readers in flight took: this read
-        // cannot block. (A blocking read here, under mu_, would wait for a push, which
-        // waits for mu_.)
-        uint64_t v;
-        ssize_t r = read(fd_, &v, sizeof v);
-        (void)r;
-      } else {
-        ++owed_;  // a reader in flight may hold it: the next read to return pays it back
+      } else if (!take_count_nowait()) {
+        // Its count is not there now: a reader in its unlocked read took it, or its push has
+        // not written it yet. A blocking read here, under mu_, could wait for ever (the reader
+        // needs mu_ to take its record); so it is owed, and the next read to return pays it.
+        ++owed_;
       }
     }
     return out;
@@ -151,8 +135,15 @@ class EventQueue {
   std::mutex mu_;
   std::deque<T> q_;
   size_t unsignalled_ = 0;  // records with no count on the eventfd (push_for_self)
-  size_t reading_ = 0;      // pops in their unlocked read
   size_t owed_ = 0;         // counts on the eventfd whose records take_if or drain removed
+
+  // One count, never blocking whatever the descriptor's O_NONBLOCK (the application's to set):
+  // RWF_NOWAIT (eventfd honours it since Linux 5.13; before, EOPNOTSUPP and nothing is read).
+  bool take_count_nowait() {
+    uint64_t v;
+    iovec io{&v, sizeof v};
+    return preadv2(fd_, &io, 1, -1, RWF_NOWAIT) == static_cast<ssize_t>(sizeof v);
+  }
 
   template <typename OnTake>
   int take_front(T& out, OnTake& on_take) {
