@@ -2,9 +2,11 @@
 // queue -> transport -> retransmit list pipeline, RDS acks, and notifications.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <sys/uio.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 
 #include "rds/rds_impl.h"
@@ -239,9 +241,20 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   QuietPosts quiet;  // before lk is let go: its destructor takes in what our posts completed
   Sock* s = sock_of(fd);
   if (!s) return fail(no_sock(fd));
-  // 1. flags
-  // MSG_CMSG_COMPAT (0x80000000) is kernel-internal; user space can't pass it.
-  if (flags & ~(MSG_DONTWAIT | MSG_NOSIGNAL | MSG_ZEROCOPY)) return fail(EOPNOTSUPP);
+  // 0. The iovecs, as sendmsg(2) checks them before any protocol sees the call: more than
+  // UIO_MAXIOV is EMSGSIZE (copy_msghdr_from_user), a length past SSIZE_MAX is EINVAL
+  // (import_iovec). Their sum saturates: past RDS_MAX_MSG_SIZE it is EMSGSIZE below, and it
+  // must never wrap to a small size that a copy of the real lengths would overrun.
+  if (msg->msg_iovlen > UIO_MAXIOV) return fail(EMSGSIZE);
+  size_t len = 0;
+  for (size_t i = 0; i < msg->msg_iovlen; ++i) {
+    const size_t l = msg->msg_iov[i].iov_len;
+    if (l > static_cast<size_t>(SSIZE_MAX)) return fail(EINVAL);
+    len = std::min(len + l, kMaxMsgSize + 1);  // l < 2^63 and len <= 2^20 + 1: no wrap
+  }
+  // 1. flags: Linux RDS takes MSG_DONTWAIT and MSG_ZEROCOPY only (MSG_CMSG_COMPAT is the
+  // kernel's own); MSG_NOSIGNAL, MSG_MORE and the rest are EOPNOTSUPP (net/rds send.c).
+  if (flags & ~(MSG_DONTWAIT | MSG_ZEROCOPY)) return fail(EOPNOTSUPP);
   if (s->cong_poll) {  // the congestion-update POLLIN has been seen: this is the retry
     s->cong_poll = false;
     sock_update_poll(s);
@@ -273,10 +286,8 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
     return fail(ENOTCONN);
   }
   if (!s->bound) return fail(ENOTCONN);
-  // 3. size
-  size_t len = 0;
-  for (size_t i = 0; i < msg->msg_iovlen; ++i) len += msg->msg_iov[i].iov_len;
-  // 5. control messages
+  // 5. control messages, each inside the control buffer and at least a header long
+  // (CMSG_OK, net/rds send.c rds_rm_size: EINVAL, whatever its level).
   const rds_rdma_args* rdma = nullptr;
   const rds_atomic_args* atomic = nullptr;
   int atomic_kind = 0;
@@ -285,6 +296,9 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   const uint32_t* zcookie = nullptr;
   for (cmsghdr* cm = CMSG_FIRSTHDR(const_cast<msghdr*>(msg)); cm;
        cm = CMSG_NXTHDR(const_cast<msghdr*>(msg), cm)) {
+    const size_t room = static_cast<size_t>(static_cast<const char*>(msg->msg_control) +
+                                            msg->msg_controllen - reinterpret_cast<char*>(cm));
+    if (cm->cmsg_len < sizeof(cmsghdr) || cm->cmsg_len > room) return fail(EINVAL);
     if (cm->cmsg_level != SOL_RDS) continue;
     const size_t dlen = cm->cmsg_len - CMSG_LEN(0);
     switch (cm->cmsg_type) {
@@ -360,6 +374,12 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
       s->mr_flags.erase(rk);
     }
   };
+  // A message that goes no further: its mapped region and its ops' registrations go too (an
+  // RDMA or atomic send refused with EAGAIN kept them pinned, one set per retry).
+  auto abandon = [&] {
+    undo_map();
+    ops_release(m.get());
+  };
   if (rdma) {
     if (int r = build_rdma_op(*rdma, &m->op)) return fail(-r);
     m->h.ext_rdma_rkey = m->op->rkey;
@@ -402,22 +422,28 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
       if (s->cong_monitor) s->cong_mask |= RDS_CONG_MONITOR_MASK(dport);
       s->seen_congestion = true;
       count(Ctr::cong_send_error);
-      undo_map();
+      abandon();
       return fail(ENOBUFS);
     }
     count(Ctr::cong_send_blocked);
     G.mu.wait(s->cv);
-    if (s->closing) return fail(EBADF);
+    if (s->closing) {
+      ops_release(m.get());  // close() let go of the socket's regions, the mapped one too
+      return fail(EBADF);
+    }
   }
   // 9. send buffer: accepted while snd_bytes < sndbuf (the last one may overshoot).
   while (s->snd_bytes >= s->sndbuf) {
     if (nonblocking(s, flags)) {
       count(Ctr::send_queue_full);
-      undo_map();
+      abandon();
       return fail(EAGAIN);
     }
     G.mu.wait(s->cv);
-    if (s->closing) return fail(EBADF);
+    if (s->closing) {
+      ops_release(m.get());
+      return fail(EBADF);
+    }
   }
   if (zcopy) {
     m->zcopy = true;

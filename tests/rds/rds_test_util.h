@@ -280,8 +280,8 @@ inline uint64_t counter(int fd, const char* name) {
 // Sends `msg` with an RDMA op on `cookie` from the server socket.
 inline ssize_t send_rdma(int fd, uint16_t dport, uint64_t cookie, bool write,
                          std::vector<rds_iovec>& local, uint64_t remote_off, uint64_t bytes,
-                         uint64_t token, const char* msg,
-                         uint64_t extra_flags = RDS_RDMA_NOTIFY_ME) {
+                         uint64_t token, const char* msg, uint64_t extra_flags = RDS_RDMA_NOTIFY_ME,
+                         int send_flags = 0) {
   rds_rdma_args ra{};
   ra.cookie = cookie;
   ra.remote_vec = {remote_off, bytes};
@@ -304,7 +304,7 @@ inline ssize_t send_rdma(int fd, uint16_t dport, uint64_t cookie, bool write,
   cm->cmsg_type = RDS_CMSG_RDMA_ARGS;
   cm->cmsg_len = CMSG_LEN(sizeof ra);
   std::memcpy(CMSG_DATA(cm), &ra, sizeof ra);
-  return svrds_sendmsg(fd, &m, 0);
+  return svrds_sendmsg(fd, &m, send_flags);
 }
 
 }  // namespace rdstest

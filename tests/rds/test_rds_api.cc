@@ -4,6 +4,7 @@
 #include <linux/rds.h>
 
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 
 #include <atomic>
@@ -141,6 +142,62 @@ TEST(RdsSend, ErrorPrecedence) {
   cm->cmsg_len = CMSG_LEN(8);
   EXPECT_EQ(svrds_sendmsg(fd, &m, 0), -1);
   EXPECT_EQ(errno, EINVAL);
+  svrds_close(fd);
+}
+
+// What sendmsg(2) refuses before RDS sees the call, and the control messages RDS checks with
+// CMSG_OK: iovec lengths whose sum wraps a size_t were summed to a small size, and a copy of
+// the real lengths then ran past the payload; a control message longer than the control
+// buffer, or shorter than its own header, was read past its end. Flags RDS does not take,
+// MSG_NOSIGNAL among them, are EOPNOTSUPP as in net/rds.
+TEST(RdsSend, IovecsAndControlMessagesAreCheckedBeforeAnythingIsCopied) {
+  int fd = bound_socket(port(62));
+  char b[8] = {};
+  sockaddr_in d = addr(port(63));
+  msghdr m{};
+  m.msg_name = &d;
+  m.msg_namelen = sizeof d;
+  // Four lengths of 2^62: each is a valid ssize_t, their sum wraps to 0.
+  iovec wrap[4];
+  for (iovec& v : wrap) v = {b, size_t{1} << 62};
+  m.msg_iov = wrap;
+  m.msg_iovlen = 4;
+  errno = 0;
+  EXPECT_EQ(svrds_sendmsg(fd, &m, 0), -1);
+  EXPECT_EQ(errno, EMSGSIZE);
+  iovec huge[2] = {{b, SIZE_MAX}, {b, 2}};  // past SSIZE_MAX: import_iovec's EINVAL
+  m.msg_iov = huge;
+  m.msg_iovlen = 2;
+  EXPECT_EQ(svrds_sendmsg(fd, &m, 0), -1);
+  EXPECT_EQ(errno, EINVAL);
+  std::vector<iovec> many(UIO_MAXIOV + 1, iovec{b, 0});
+  m.msg_iov = many.data();
+  m.msg_iovlen = many.size();
+  EXPECT_EQ(svrds_sendmsg(fd, &m, 0), -1);
+  EXPECT_EQ(errno, EMSGSIZE) << "more iovecs than UIO_MAXIOV";
+  iovec v{b, sizeof b};
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  EXPECT_EQ(svrds_sendmsg(fd, &m, MSG_NOSIGNAL), -1);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  // A control message that claims more than the buffer holds, then one shorter than a header.
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(rds_rdma_args))] = {};
+  m.msg_control = ctl;
+  m.msg_controllen = CMSG_SPACE(8);
+  cmsghdr* cm = CMSG_FIRSTHDR(&m);
+  cm->cmsg_level = SOL_RDS;
+  cm->cmsg_type = RDS_CMSG_RDMA_ARGS;
+  cm->cmsg_len = CMSG_LEN(sizeof(rds_rdma_args));
+  EXPECT_EQ(svrds_sendmsg(fd, &m, 0), -1);
+  EXPECT_EQ(errno, EINVAL) << "a control message past the control buffer";
+  cm->cmsg_level = SOL_SOCKET;  // whatever the level
+  cm->cmsg_len = sizeof(cmsghdr) - 1;
+  EXPECT_EQ(svrds_sendmsg(fd, &m, 0), -1);
+  EXPECT_EQ(errno, EINVAL) << "a control message shorter than its header";
+  // The same message, well formed and without control data, goes.
+  m.msg_control = nullptr;
+  m.msg_controllen = 0;
+  EXPECT_EQ(svrds_sendmsg(fd, &m, 0), static_cast<ssize_t>(sizeof b));
   svrds_close(fd);
 }
 

@@ -2,6 +2,9 @@
 // RDS_CONG_MONITOR the relief arrives as POLLIN + RDS_CMSG_CONG_UPDATE with the port's bit.
 #include <linux/rds.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "rds_test_util.h"
 
 using namespace rdstest;
@@ -38,6 +41,42 @@ TEST(RdsCong, CongestedPortIsEnobufsAndReliefIsNotified) {
   ASSERT_TRUE(get_cong_update(tx, mask, 0)) << "an RDS_CMSG_CONG_UPDATE is queued";
   EXPECT_TRUE(mask & RDS_CONG_MONITOR_MASK(port(41)));
   EXPECT_EQ(send_to(tx, port(41), m.data(), m.size(), MSG_DONTWAIT), 1000);
+  svrds_close(tx);
+  svrds_close(rx);
+}
+
+// An RDMA send refused for congestion (ENOBUFS) lets go of the registration of its local
+// buffers: each refused retry kept one pinned until ibv_reg_mr failed for good. With the
+// device's regions capped (SOFTVERBS_MAX_MR, read when this process opens it), many more
+// refused sends than regions keep failing with ENOBUFS, never with the registration's error.
+TEST(RdsCong, ACongestionRefusedRdmaSendKeepsNoRegistration) {
+  setenv("SOFTVERBS_MAX_MR", "128", 1);  // before the stack opens the device
+  int tx = bound_socket(port(44)), rx = bound_socket(port(45));
+  int small = 4096, big = 1 << 20;
+  ASSERT_EQ(svrds_setsockopt(rx, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+  ASSERT_EQ(svrds_setsockopt(tx, SOL_SOCKET, SO_SNDBUF, &big, sizeof big), 0);
+  std::vector<char> m(1000, 'c');
+  bool enobufs = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!enobufs && std::chrono::steady_clock::now() < deadline) {
+    if (send_to(tx, port(45), m.data(), m.size(), MSG_DONTWAIT) == 1000) continue;
+    if (errno == ENOBUFS) {
+      enobufs = true;
+    } else {
+      ASSERT_EQ(errno, EAGAIN);
+      wait_for(tx, POLLOUT, 100);
+    }
+  }
+  ASSERT_TRUE(enobufs) << "the receiver's port never became congested";
+  std::vector<char> local(4096, 'l');
+  std::vector<rds_iovec> lv{{reinterpret_cast<uint64_t>(local.data()), local.size()}};
+  for (int i = 0; i < 400; ++i) {
+    errno = 0;
+    ASSERT_EQ(send_rdma(tx, port(45), 0x1234, true, lv, 0, local.size(), i, "w", RDS_RDMA_NOTIFY_ME,
+                        MSG_DONTWAIT),
+              -1);
+    ASSERT_EQ(errno, ENOBUFS) << "refused send " << i << ": " << strerror(errno);
+  }
   svrds_close(tx);
   svrds_close(rx);
 }
