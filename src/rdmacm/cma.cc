@@ -93,7 +93,10 @@ struct CmId {
   int sidr_reply_fd = -1;
   SockAddr sidr_peer;
   uint32_t sidr_req_id = 0;
-  int outstanding = 0;  // events not yet acked (rdma_destroy_id waits)
+  // Events handed out and not yet acked (rdma_destroy_id waits). Counted as an event is taken
+  // off its queue, under the queue's lock (EventQueue::pop), so a destroy that has purged the
+  // queue sees every one handed out before; dropped by rdma_ack_cm_event under mu.
+  std::atomic<int> outstanding{0};
   std::condition_variable cv;
   // Multicast groups joined (rdma_join_multicast), under mu.
   struct McJoin {
@@ -314,11 +317,17 @@ void on_passive_done(Endpoint* ep, int err) {
     return;
   }
   if (err) {
+    bool accepted;
     {
       std::lock_guard lk(child->mu);
       child->ep = nullptr;
+      accepted = child->accepted;
     }
     ep->dispose();
+    // An accepted connection that failed before it was established (the Reply could not be
+    // sent, the peer went): the application hears of it, as rdma_cm reports a passive
+    // side's failed establishment; a synchronous rdma_accept returns its error.
+    if (accepted) queue_event(child, RDMA_CM_EVENT_CONNECT_ERROR, err > 0 ? -err : err);
     return;
   }
   {
@@ -616,8 +625,19 @@ void sidr_close(CmId* id) {
   });
 }
 
+// Private data an MPA v2 Request or Reply carries whole: siw's 256 bytes less the word of
+// IRD/ORD in front of it. More is EINVAL, as a provider refuses it, rather than data cut short.
+bool pdata_fits(const rdma_conn_param* param) {
+  return !param || !param->private_data ||
+         param->private_data_len <= sv::wire::kMpaSiwMaxPrivData - sv::wire::kMpaV2WordLen;
+}
+
 int sidr_connect(CmId* id, const rdma_conn_param* param) {
   if (id->sidr || id->connected) return fail(EISCONN);
+  // More than a SIDR REQ carries beside rdma_cm's header: EINVAL (ib_send_cm_sidr_req), not
+  // data cut short.
+  if (param && param->private_data && param->private_data_len > wire::kSidrReqMaxPrivData)
+    return fail(EINVAL);
   const SockAddr dst = id_dst(id);
   if (!dst.len) return fail(EINVAL);
   const int fd = sv::raw_socket(dst.family(), SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -668,6 +688,7 @@ int sidr_connect(CmId* id, const rdma_conn_param* param) {
 int sidr_answer(CmId* id, uint8_t status, uint32_t qpn, uint32_t qkey, const void* pdata,
                 size_t pdata_len) {
   if (id->sidr_reply_fd < 0) return fail(EINVAL);
+  if (pdata && pdata_len > wire::kSidrRepMaxPrivData) return fail(EINVAL);  // sidr_rep's
   wire::Sidr m;
   m.kind = wire::SidrKind::rep;
   m.status = status;
@@ -716,16 +737,21 @@ SV_EXPORT void rdma_destroy_event_channel(rdma_event_channel* channel) {
   delete c;
 }
 
+// The id an event is counted against until it is acked: the listener for a connect request
+// (librdmacm acks it on the listen id, evt->id_priv, as the kernel reports it on the listen
+// context), else the event's id. So a program may reject and destroy the new id before it
+// acks the request (cmtime does) without waiting for itself.
+CmId* event_owner(const CmEvent* e) {
+  return cmid(e->ev.event == RDMA_CM_EVENT_CONNECT_REQUEST && e->ev.listen_id ? e->ev.listen_id
+                                                                              : e->ev.id);
+}
+
 SV_EXPORT int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
   if (!channel || !event) return fail(EINVAL);
   CmEvent* e = nullptr;
-  if (chan(channel)->events.pop(e)) return -1;  // errno from read (EAGAIN, EINTR)
-  {
-    // Counted once handed out: rdma_destroy_id waits for these to be acked.
-    CmId* id = cmid(e->ev.id);
-    std::lock_guard lk2(id->mu);
-    ++id->outstanding;
-  }
+  // errno from read (EAGAIN, EINTR)
+  if (chan(channel)->events.pop(e, [](CmEvent* t) { event_owner(t)->outstanding.fetch_add(1); }))
+    return -1;
   *event = &e->ev;
   return 0;
 }
@@ -733,7 +759,7 @@ SV_EXPORT int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** eve
 SV_EXPORT int rdma_ack_cm_event(rdma_cm_event* event) {
   if (!event) return fail(EINVAL);
   auto* e = reinterpret_cast<CmEvent*>(event);
-  CmId* id = cmid(event->id);
+  CmId* id = event_owner(e);
   {
     // Notify under the lock: rdma_destroy_id may free the id as soon as it sees zero.
     std::lock_guard lk(id->mu);
@@ -815,11 +841,6 @@ SV_EXPORT int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** out, void
 SV_EXPORT int rdma_destroy_id(rdma_cm_id* i) {
   if (!i) return fail(EINVAL);
   CmId* id = cmid(i);
-  {
-    // librdmacm: destroy waits until the id's events have been acknowledged.
-    std::unique_lock lk(id->mu);
-    id->cv.wait(lk, [id] { return id->outstanding == 0; });
-  }
   Endpoint* passive_ep = nullptr;
   {
     // Under g_live.get().mu the connect completion cannot be disposing of id->ep: it takes this
@@ -835,10 +856,23 @@ SV_EXPORT int rdma_destroy_id(rdma_cm_id* i) {
     if (id->ep && id->ep->role() == Endpoint::Role::passive && !id->accepted) passive_ep = id->ep;
     id->ep = nullptr;
   }
+  // Out of g_live, no more events are queued for it. Those queued but never retrieved die with
+  // it; a listener's connect requests take their new ids with them (refused, as the kernel's
+  // ucma_cleanup_ctx_events destroys a closing listener's pending requests).
+  std::vector<rdma_cm_id*> orphans;
+  for (auto* e : chan(id->id.channel)->events.take_if([i](CmEvent* e) {
+         return e->ev.id == i ||
+                (e->ev.event == RDMA_CM_EVENT_CONNECT_REQUEST && e->ev.listen_id == i);
+       })) {
+    if (e->ev.id != i) orphans.push_back(e->ev.id);
+    delete e;
+  }
+  for (rdma_cm_id* child : orphans) rdma_destroy_id(child);
   {
-    // Events queued for this id but never retrieved die with it.
-    for (auto* e : chan(id->id.channel)->events.take_if([i](CmEvent* e) { return e->ev.id == i; }))
-      delete e;
+    // librdmacm: destroy waits until the events handed out have been acknowledged. After the
+    // purge: an event taken meanwhile was counted under the queue's lock, before it.
+    std::unique_lock lk(id->mu);
+    id->cv.wait(lk, [id] { return id->outstanding.load() == 0; });
   }
   Progress::get().run_sync([id] {
     if (id->listener) {
@@ -1179,6 +1213,7 @@ SV_EXPORT int rdma_connect(rdma_cm_id* i, rdma_conn_param* param) {
   if (id->ep || id->connected) return fail(EISCONN);
   SockAddr dst = id_dst(id);
   if (!dst.len) return fail(EINVAL);
+  if (!pdata_fits(param)) return fail(EINVAL);
   if (int e = adopt_ext_qp(id, param)) return fail(e);
   MpaOffer o;
   o.crc = sv::engine::mpa_crc_wanted();
@@ -1191,9 +1226,7 @@ SV_EXPORT int rdma_connect(rdma_cm_id* i, rdma_conn_param* param) {
   }
   if (param && param->private_data && param->private_data_len) {
     const auto* p = static_cast<const std::byte*>(param->private_data);
-    size_t len = std::min<size_t>(param->private_data_len,
-                                  sv::wire::kMpaSiwMaxPrivData - sv::wire::kMpaV2WordLen);
-    o.pdata.assign(p, p + len);
+    o.pdata.assign(p, p + param->private_data_len);
   }
   SockAddr src = id_src(id);
   const SockAddr* from = (src.len && !is_any(src)) ? &src : nullptr;
@@ -1287,6 +1320,7 @@ SV_EXPORT int rdma_accept(rdma_cm_id* i, rdma_conn_param* param) {
   }
   Endpoint* ep = id->ep;
   if (!ep || ep->role() != Endpoint::Role::passive) return fail(EINVAL);
+  if (!pdata_fits(param)) return fail(EINVAL);
   if (int e = adopt_ext_qp(id, param)) return fail(e);
   MpaOffer o;
   o.crc = sv::engine::mpa_crc_wanted();
@@ -1298,9 +1332,7 @@ SV_EXPORT int rdma_accept(rdma_cm_id* i, rdma_conn_param* param) {
   }
   if (param && param->private_data && param->private_data_len) {
     const auto* p = static_cast<const std::byte*>(param->private_data);
-    size_t len = std::min<size_t>(param->private_data_len,
-                                  sv::wire::kMpaSiwMaxPrivData - sv::wire::kMpaV2WordLen);
-    o.pdata.assign(p, p + len);
+    o.pdata.assign(p, p + param->private_data_len);
   }
   {
     std::lock_guard lk(id->mu);
@@ -1427,7 +1459,7 @@ SV_EXPORT int rdma_migrate_id(rdma_cm_id* i, rdma_event_channel* channel) {
   }
   {
     std::unique_lock lk(id->mu);
-    id->cv.wait(lk, [id] { return id->outstanding == 0; });
+    id->cv.wait(lk, [id] { return id->outstanding.load() == 0; });
   }
   Channel* old_own = id->own_channel;
   {

@@ -852,3 +852,140 @@ TEST(CmConnect, ARefusedConnectJustAfterAHeldAckIsRetriedWithinTheWindow) {
   rdma_destroy_ep(child);
   rdma_destroy_ep(listen);
 }
+
+namespace {
+// An id on ch whose route to 127.0.0.1:port is resolved (no QP): ready for rdma_connect.
+rdma_cm_id* resolved_id(rdma_event_channel* ch, uint16_t port) {
+  rdma_cm_id* id = nullptr;
+  if (rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP)) return nullptr;
+  sockaddr_in a = loopback(port);
+  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&a), 1000) ||
+      next_event(ch, id) != RDMA_CM_EVENT_ADDR_RESOLVED || rdma_resolve_route(id, 1000) ||
+      next_event(ch, id) != RDMA_CM_EVENT_ROUTE_RESOLVED) {
+    rdma_destroy_id(id);
+    return nullptr;
+  }
+  return id;
+}
+
+// A listener on its own channel at 127.0.0.1:port; nullptr on failure.
+rdma_cm_id* async_listener(rdma_event_channel* ch, uint16_t port) {
+  rdma_cm_id* l = nullptr;
+  if (rdma_create_id(ch, &l, nullptr, RDMA_PS_TCP)) return nullptr;
+  sockaddr_in a = loopback(port);
+  if (rdma_bind_addr(l, reinterpret_cast<sockaddr*>(&a)) || rdma_listen(l, 4)) {
+    rdma_destroy_id(l);
+    return nullptr;
+  }
+  return l;
+}
+}  // namespace
+
+// A connect request is counted against the listener until acked, as librdmacm acks it on the
+// listen id: a program may reject and destroy the new id first and ack after (cmtime's
+// CONNECT_REQUEST handler does), which waited for itself for ever. The listener's destroy
+// then waits for that ack; one destroyed with a request still queued takes the request's
+// new id with it, refused, so the peer hears REJECTED instead of waiting.
+TEST(CmEvents, AConnectRequestIsTheListenersToAckAndGoesWithIt) {
+  const uint16_t port = free_port();
+  ASSERT_NE(port, 0);
+  rdma_event_channel* sch = rdma_create_event_channel();
+  rdma_event_channel* cch = rdma_create_event_channel();
+  ASSERT_TRUE(sch && cch);
+  rdma_cm_id* listen = async_listener(sch, port);
+  ASSERT_NE(listen, nullptr) << strerror(errno);
+  rdma_cm_id* id = resolved_id(cch, port);
+  ASSERT_NE(id, nullptr) << strerror(errno);
+  ASSERT_EQ(rdma_connect(id, nullptr), 0);
+  ASSERT_TRUE(readable(sch->fd, 5000));
+  rdma_cm_event* req = nullptr;
+  ASSERT_EQ(rdma_get_cm_event(sch, &req), 0);
+  ASSERT_EQ(req->event, RDMA_CM_EVENT_CONNECT_REQUEST);
+  EXPECT_EQ(req->listen_id, listen);
+  rdma_cm_id* child = req->id;
+  ASSERT_EQ(rdma_reject(child, nullptr, 0), 0);
+  std::atomic<bool> destroyed{false};
+  std::thread t([&] {
+    rdma_destroy_id(child);  // before the request is acked
+    destroyed = true;
+  });
+  for (int i = 0; i < 500 && !destroyed.load(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_TRUE(destroyed.load()) << "the new id's destroy waited for its listener's event";
+  if (!destroyed.load()) rdma_ack_cm_event(req);  // let it end, and fail
+  t.join();
+  if (destroyed.load()) rdma_ack_cm_event(req);
+  EXPECT_EQ(next_event(cch, id), RDMA_CM_EVENT_REJECTED);
+  rdma_destroy_id(id);
+
+  // A request left queued when the listener goes: the peer is refused.
+  rdma_cm_id* id2 = resolved_id(cch, port);
+  ASSERT_NE(id2, nullptr) << strerror(errno);
+  ASSERT_EQ(rdma_connect(id2, nullptr), 0);
+  ASSERT_TRUE(readable(sch->fd, 5000)) << "no request queued";
+  ASSERT_EQ(rdma_destroy_id(listen), 0);
+  EXPECT_FALSE(readable(sch->fd, 0)) << "the request outlived its listener";
+  EXPECT_EQ(next_event(cch, id2), RDMA_CM_EVENT_REJECTED);
+  rdma_destroy_id(id2);
+  rdma_destroy_event_channel(sch);
+  rdma_destroy_event_channel(cch);
+}
+
+// Private data a Request, a Reply or a SIDR REQ cannot carry whole is EINVAL (what a provider
+// and ib_send_cm_sidr_req return), not data cut short; what fits goes whole.
+TEST(CmEvents, PrivateDataTooLongIsEinvalAndWhatFitsArrivesWhole) {
+  const uint16_t port = free_port();
+  ASSERT_NE(port, 0);
+  rdma_event_channel* sch = rdma_create_event_channel();
+  rdma_event_channel* cch = rdma_create_event_channel();
+  ASSERT_TRUE(sch && cch);
+  rdma_cm_id* listen = async_listener(sch, port);
+  ASSERT_NE(listen, nullptr) << strerror(errno);
+  rdma_cm_id* id = resolved_id(cch, port);
+  ASSERT_NE(id, nullptr) << strerror(errno);
+  std::vector<uint8_t> pd(255);
+  for (size_t i = 0; i < pd.size(); ++i) pd[i] = static_cast<uint8_t>(i);
+  rdma_conn_param cp{};
+  cp.private_data = pd.data();
+  cp.private_data_len = 253;
+  errno = 0;
+  EXPECT_EQ(rdma_connect(id, &cp), -1);
+  EXPECT_EQ(errno, EINVAL);
+  cp.private_data_len = 252;
+  ASSERT_EQ(rdma_connect(id, &cp), 0) << strerror(errno);
+  ASSERT_TRUE(readable(sch->fd, 5000));
+  rdma_cm_event* req = nullptr;
+  ASSERT_EQ(rdma_get_cm_event(sch, &req), 0);
+  ASSERT_EQ(req->event, RDMA_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_GE(req->param.conn.private_data_len, 252);
+  EXPECT_EQ(std::memcmp(req->param.conn.private_data, pd.data(), 252), 0);
+  rdma_cm_id* child = req->id;
+  rdma_ack_cm_event(req);
+  rdma_conn_param ap{};
+  ap.private_data = pd.data();
+  ap.private_data_len = 255;
+  EXPECT_EQ(rdma_accept(child, &ap), -1);
+  EXPECT_EQ(errno, EINVAL);
+  rdma_reject(child, nullptr, 0);
+  rdma_destroy_id(child);
+  EXPECT_EQ(next_event(cch, id), RDMA_CM_EVENT_REJECTED);
+  rdma_destroy_id(id);
+
+  // UD: a SIDR REQ carries 180 bytes beside rdma_cm's header.
+  rdma_cm_id* ud = nullptr;
+  ASSERT_EQ(rdma_create_id(cch, &ud, nullptr, RDMA_PS_UDP), 0);
+  sockaddr_in a = loopback(port);
+  ASSERT_EQ(rdma_resolve_addr(ud, nullptr, reinterpret_cast<sockaddr*>(&a), 1000), 0);
+  ASSERT_EQ(next_event(cch, ud), RDMA_CM_EVENT_ADDR_RESOLVED);
+  ASSERT_EQ(rdma_resolve_route(ud, 1000), 0);
+  ASSERT_EQ(next_event(cch, ud), RDMA_CM_EVENT_ROUTE_RESOLVED);
+  rdma_conn_param up{};
+  up.private_data = pd.data();
+  up.private_data_len = 181;
+  EXPECT_EQ(rdma_connect(ud, &up), -1);
+  EXPECT_EQ(errno, EINVAL);
+  rdma_destroy_id(ud);
+  rdma_destroy_id(listen);
+  rdma_destroy_event_channel(sch);
+  rdma_destroy_event_channel(cch);
+}
