@@ -250,6 +250,7 @@ bool frame_irq(Qp* qp, Framer& f) {
       wire::encode_tagged_ref(h, RdmapOpcode::read_response, last, e.sink_stag, e.sink_to + e.sent,
                               reinterpret_cast<uintptr_t>(e.src + e.sent), chunk);
       if (!f.end()) return false;
+      stats::add(qp->stats, stats::Ctr::sent_bytes, chunk);  // the peer reads them (shm_pull)
       e.sent += chunk;
       if (!last) continue;
     } else if (e.atomic) {
@@ -267,6 +268,7 @@ bool frame_irq(Qp* qp, Framer& f) {
       wire::encode_tagged(h, RdmapOpcode::read_response, last, e.sink_stag, e.sink_to + e.sent);
       f.payload(e.src + e.sent, chunk);
       if (!f.end()) return false;
+      stats::add(qp->stats, stats::Ctr::sent_bytes, chunk);  // the peer reads them (shm_pull)
       e.sent += chunk;
       if (!last) continue;
     }
@@ -424,6 +426,7 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
                                     piece);
             const int r = end_data_segment(qp, f, w, h, last, piece, false);
             if (r < 0) return false;
+            stats::add(qp->stats, stats::Ctr::sent_bytes, piece);  // the peer reads them
             w.by_ref = true;
             if (r == 0) continue;
             break;

@@ -26,8 +26,9 @@ namespace sv::wire {
 enum class Ctr : uint8_t {
   sent_pkts,   // FPDUs framed
   rcvd_pkts,   // FPDUs whose header was accepted
-  sent_bytes,  // bytes handed to the socket (MPA framing included)
-  rcvd_bytes,  // bytes read from the socket
+  sent_bytes,  // bytes handed to the socket or ring (framing included), and those the
+               // peer reads by reference (shared memory: Writes and Read Responses)
+  rcvd_bytes,  // bytes read from the socket or ring, and read by reference from the peer
   sent_sends,  // messages started, by opcode
   sent_writes,
   sent_read_reqs,
