@@ -113,6 +113,9 @@ class Endpoint : public Progress::Handler {
   uint16_t negotiated_ird() const { return ird_; }
   uint16_t negotiated_ord() const { return ord_; }
   void* user = nullptr;
+  // Which incarnation of `user` this is (rdma_cm's id serial): an id destroyed and another made
+  // at its address must not receive the old handshake's outcome.
+  uint64_t user_serial = 0;
 
   void on_event(uint32_t events) override;
 

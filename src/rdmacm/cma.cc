@@ -126,6 +126,11 @@ sv::ForkLocal<LiveIds> g_live;
 bool alive(CmId* id) {
   return std::find(g_live.get().ids.begin(), g_live.get().ids.end(), id) != g_live.get().ids.end();
 }
+// The same id, not one made since at its address (the allocator hands a freed id's memory to
+// the next rdma_create_id): what deferred work checks before it acts on an id it kept.
+bool alive(CmId* id, uint64_t serial) {
+  return alive(id) && id->serial == serial;
+}
 
 Channel* chan(rdma_event_channel* c) {
   return reinterpret_cast<Channel*>(c);
@@ -312,7 +317,7 @@ void on_qp_disconnect(void* p, uint64_t serial) {
 void on_passive_done(Endpoint* ep, int err) {
   auto* child = static_cast<CmId*>(ep->user);
   std::lock_guard reg(g_live.get().mu);
-  if (!alive(child)) {
+  if (!alive(child, ep->user_serial)) {
     ep->dispose();
     return;
   }
@@ -346,7 +351,7 @@ void on_passive_done(Endpoint* ep, int err) {
 void on_passive_request(Endpoint* ep) {
   auto* lid = static_cast<CmId*>(ep->user);
   std::lock_guard reg(g_live.get().mu);
-  if (!alive(lid) || !lid->listener) {
+  if (!alive(lid, ep->user_serial) || !lid->listener) {
     ep->reject({});
     return;
   }
@@ -367,6 +372,7 @@ void on_passive_request(Endpoint* ep) {
   child->resp_res = static_cast<uint8_t>(std::min<uint16_t>(o.peer_ord, kMaxRdAtom));
   child->init_depth = static_cast<uint8_t>(std::min<uint16_t>(o.peer_ird, kMaxRdAtom));
   ep->user = child;
+  ep->user_serial = child->serial;
   queue_event(lid, RDMA_CM_EVENT_CONNECT_REQUEST, 0, &o.peer_pdata, &child->id, child->resp_res,
               child->init_depth);
 }
@@ -375,6 +381,7 @@ void Listener::on_event(uint32_t) {
   Endpoint::accept_batch(fd, this, [this](int c) {
     Endpoint* ep = Endpoint::passive(c, on_passive_request, on_passive_done);
     ep->user = id;
+    ep->user_serial = id->serial;
   });
 }
 
@@ -602,9 +609,9 @@ void SidrSock::on_event(uint32_t) {
 }
 
 void sidr_retry(CmId* id, SidrSock* s) {
-  Progress::get().post_after(kSidrRetry, [id, s] {
+  Progress::get().post_after(kSidrRetry, [id, s, serial = id->serial] {
     std::lock_guard reg(g_live.get().mu);
-    if (!alive(id) || id->sidr != s || s->done) return;
+    if (!alive(id, serial) || id->sidr != s || s->done) return;
     if (++s->tries >= kSidrTries) {
       sidr_finish(s, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT, nullptr);
       return;
@@ -996,15 +1003,21 @@ static int join_multicast(CmId* id, const sockaddr* addr, uint16_t flags, void* 
   j.len = len;
   j.mgid = mgid;
   int err = 0;
+  ibv_qp* qp = nullptr;
   {
     std::lock_guard lk(id->mu);
     for (const auto& o : id->mc)
       if (o.len == len && std::memcmp(&o.addr, addr, len) == 0) return fail(EADDRINUSE);
-    if (id->id.qp && flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER) {
-      err = ibv_attach_mcast(id->id.qp, &mgid, 0);
-      j.attached = err == 0;
-    }
+    if (flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER) qp = id->id.qp;
     id->mc.push_back(j);
+  }
+  // Attached outside id->mu: the attach waits for the progress thread, whose callbacks take
+  // id->mu (on_qp_disconnect), so holding it here could wait for ever.
+  if (qp) {
+    err = ibv_attach_mcast(qp, &mgid, 0);
+    std::lock_guard lk(id->mu);
+    for (auto& o : id->mc)
+      if (o.len == len && std::memcmp(&o.addr, addr, len) == 0) o.attached = err == 0;
   }
   if (err) {
     // librdmacm turns a failed attach into this event.
@@ -1041,14 +1054,21 @@ SV_EXPORT int rdma_leave_multicast(rdma_cm_id* i, sockaddr* addr) {
   const socklen_t len = sa_len(addr);
   if (!len) return fail(EINVAL);
   CmId* id = cmid(i);
-  std::lock_guard lk(id->mu);
-  for (auto it = id->mc.begin(); it != id->mc.end(); ++it) {
-    if (it->len != len || std::memcmp(&it->addr, addr, len) != 0) continue;
-    if (it->attached && i->qp) ibv_detach_mcast(i->qp, &it->mgid, 0);
+  ibv_gid mgid{};
+  bool attached = false;
+  {
+    std::lock_guard lk(id->mu);
+    auto it = std::find_if(id->mc.begin(), id->mc.end(), [&](const CmId::McJoin& o) {
+      return o.len == len && std::memcmp(&o.addr, addr, len) == 0;
+    });
+    if (it == id->mc.end()) return fail(EADDRNOTAVAIL);  // librdmacm: no such join
+    mgid = it->mgid;
+    attached = it->attached;
     id->mc.erase(it);
-    return 0;
   }
-  return fail(EADDRNOTAVAIL);  // librdmacm: no such join
+  // Outside id->mu, as the attach (rdma_join_multicast).
+  if (attached && i->qp) ibv_detach_mcast(i->qp, &mgid, 0);
+  return 0;
 }
 
 SV_EXPORT int rdma_resolve_route(rdma_cm_id* i, int) {
@@ -1167,10 +1187,18 @@ SV_EXPORT void rdma_destroy_qp(rdma_cm_id* i) {
   {
     // The groups rdma_cm attached the QP to let go of it first: an attached QP is busy
     // (ibv_destroy_qp would say EBUSY and leave it behind).
+    // Detached outside id->mu, as the attach (rdma_join_multicast).
     CmId* id = cmid(i);
-    std::lock_guard lk(id->mu);
-    for (auto& j : id->mc)
-      if (j.attached && ibv_detach_mcast(i->qp, &j.mgid, 0) == 0) j.attached = false;
+    std::vector<ibv_gid> groups;
+    {
+      std::lock_guard lk(id->mu);
+      for (auto& j : id->mc)
+        if (j.attached) {
+          groups.push_back(j.mgid);
+          j.attached = false;
+        }
+    }
+    for (const ibv_gid& g : groups) ibv_detach_mcast(i->qp, &g, 0);
   }
   ibv_qp* qp = nullptr;
   {
@@ -1233,43 +1261,44 @@ SV_EXPORT int rdma_connect(rdma_cm_id* i, rdma_conn_param* param) {
   // Held across the assignment: the completion may run on the progress thread before
   // Endpoint::connect even returns, and it clears id->ep under this lock.
   std::unique_lock hold(id->mu);
-  id->ep = Endpoint::connect(dst, from, std::move(o), [id](Endpoint* ep, int err) {
-    std::lock_guard reg(g_live.get().mu);
-    if (!alive(id)) {  // destroyed while connecting
-      ep->dispose();
-      return;
-    }
-    {
-      std::lock_guard lk(id->mu);
-      id->ep = nullptr;
-    }
-    if (err) {
-      const auto& pd = ep->outcome().peer_pdata;
-      if (err == -ECONNREFUSED)
-        queue_event(id, RDMA_CM_EVENT_REJECTED, err, &pd);
-      else
-        queue_event(id, RDMA_CM_EVENT_UNREACHABLE, err);
-      ep->dispose();
-      return;
-    }
-    set_src(id, sv::transport::local_addr(ep->fd()));
-    {
-      std::lock_guard lk(id->mu);
-      id->connected = true;
-    }
-    if (id->id.qp) {
-      if (!qp_connect(id, ep)) {
-        connect_failed(id, ep);
-        return;
-      }
-      ep->dispose();
-      queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0, &ep->outcome().peer_pdata);
-    } else {
-      std::lock_guard lk(id->mu);
-      id->ep = ep;  // rdma_establish() or a later QP picks it up
-      queue_event(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, &ep->outcome().peer_pdata);
-    }
-  });
+  id->ep =
+      Endpoint::connect(dst, from, std::move(o), [id, serial = id->serial](Endpoint* ep, int err) {
+        std::lock_guard reg(g_live.get().mu);
+        if (!alive(id, serial)) {  // destroyed while connecting (maybe replaced at its address)
+          ep->dispose();
+          return;
+        }
+        {
+          std::lock_guard lk(id->mu);
+          id->ep = nullptr;
+        }
+        if (err) {
+          const auto& pd = ep->outcome().peer_pdata;
+          if (err == -ECONNREFUSED)
+            queue_event(id, RDMA_CM_EVENT_REJECTED, err, &pd);
+          else
+            queue_event(id, RDMA_CM_EVENT_UNREACHABLE, err);
+          ep->dispose();
+          return;
+        }
+        set_src(id, sv::transport::local_addr(ep->fd()));
+        {
+          std::lock_guard lk(id->mu);
+          id->connected = true;
+        }
+        if (id->id.qp) {
+          if (!qp_connect(id, ep)) {
+            connect_failed(id, ep);
+            return;
+          }
+          ep->dispose();
+          queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0, &ep->outcome().peer_pdata);
+        } else {
+          std::lock_guard lk(id->mu);
+          id->ep = ep;  // rdma_establish() or a later QP picks it up
+          queue_event(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, &ep->outcome().peer_pdata);
+        }
+      });
   const bool sync = id->sync;  // before unlocking: see rdma_accept
   // Without a QP of its own (none, or an external one) the id stops at CONNECT_RESPONSE and
   // the program finishes with rdma_establish; librdmacm's synchronous rdma_connect returns 0

@@ -989,3 +989,38 @@ TEST(CmEvents, PrivateDataTooLongIsEinvalAndWhatFitsArrivesWhole) {
   rdma_destroy_event_channel(sch);
   rdma_destroy_event_channel(cch);
 }
+
+// An id destroyed while its connect is in flight, and a new id made at once (the allocator
+// hands it the old one's memory, as a program that retries does): the old handshake's outcome
+// is not the new id's. It was, when the completion checked the address alone.
+TEST(CmEvents, AHandshakeOfADestroyedIdNeverReachesTheIdMadeInItsPlace) {
+  const uint16_t port = free_port();
+  ASSERT_NE(port, 0);
+  rdma_event_channel* sch = rdma_create_event_channel();
+  rdma_event_channel* cch = rdma_create_event_channel();
+  ASSERT_TRUE(sch && cch);
+  rdma_cm_id* listen = async_listener(sch, port);
+  ASSERT_NE(listen, nullptr) << strerror(errno);
+  rdma_cm_id* old_id = resolved_id(cch, port);
+  ASSERT_NE(old_id, nullptr) << strerror(errno);
+  ASSERT_EQ(rdma_connect(old_id, nullptr), 0);
+  ASSERT_TRUE(readable(sch->fd, 5000));
+  rdma_cm_event* req = nullptr;
+  ASSERT_EQ(rdma_get_cm_event(sch, &req), 0);
+  ASSERT_EQ(req->event, RDMA_CM_EVENT_CONNECT_REQUEST);
+  rdma_cm_id* child = req->id;
+  rdma_ack_cm_event(req);
+  ASSERT_EQ(rdma_destroy_id(old_id), 0);  // its handshake waits for our answer
+  rdma_cm_id* fresh = nullptr;
+  ASSERT_EQ(rdma_create_id(cch, &fresh, nullptr, RDMA_PS_TCP), 0);
+  // The answer comes to an endpoint whose id is gone: it must find it gone.
+  ASSERT_EQ(rdma_reject(child, nullptr, 0), 0);
+  EXPECT_FALSE(readable(cch->fd, 300))
+      << "the destroyed id's outcome reached "
+      << (fresh == old_id ? "the id made at its address" : "the channel");
+  rdma_destroy_id(fresh);
+  rdma_destroy_id(child);
+  rdma_destroy_id(listen);
+  rdma_destroy_event_channel(sch);
+  rdma_destroy_event_channel(cch);
+}
