@@ -293,12 +293,17 @@ bool take_frag(Conn* c, const ibv_wc& wc, const std::byte* buf) {
     if (c->state == ConnState::up) conn_down(c, "recv error");
     return false;
   }
+  // After a protocol error nothing more of this QP is taken, not even what conn_down's
+  // drain still finds: the peer retransmits all that was not acked on the next connection,
+  // and a message taken now past a gap (the held ones dropped) would make those look seen.
+  if (c->rx_refused) return false;
   if (c->state == ConnState::connecting && !c->active) comm_established(c);
   // An active side may see the peer's first message before its ESTABLISHED (connecting);
   // comm_established may have brought it down instead (a bad ack).
   if (c->state == ConnState::down) return false;
   if (on_frag(c, buf, wc.byte_len)) return true;
   count(Ctr::recv_protocol_error);
+  c->rx_refused = true;
   conn_down(c, "protocol error");
   return false;
 }
@@ -650,6 +655,7 @@ void conn_down(Conn* c, const char* why) {
   mr_base_lost(c);
   c->mr_answers.clear();
   ++c->inc;  // whatever the old QP still completes is stale from here on
+  c->rx_refused = false;
   conn_reset_queues(c);
   if (connect_failed) conn_reroute_orphans(c);
   release_buffers(c);

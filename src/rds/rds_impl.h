@@ -86,6 +86,7 @@ inline constexpr int kFenceRecvs = 2 * kRdmaDepth;
 // an honest sender's buffers stop it long before this; a peer past it ignores acks: the
 // connection drops as for any protocol error, and what it made us hold goes.
 inline constexpr size_t kMaxHeldBytes = 64u << 20;
+inline constexpr size_t kHeldEntryCost = 4096;  // a Held entry: a page, so at most 16 Ki of them
 // Base lookups (rdma.cc) a peer may have unanswered while our send slots are taken: an
 // honest one has a single question out at a time.
 inline constexpr size_t kMaxMrAnswersOwed = 16;
@@ -343,6 +344,7 @@ struct Conn {
   bool reconnect_pending = false;  // a reconnect timer is set: kicks wait for it
   uint64_t reconnects = 0;
   bool tearing_down = false;
+  bool rx_refused = false;  // a protocol error: this QP's receives are taken no more (take_frag)
   std::chrono::steady_clock::time_point last_active{};  // last completion or connect
   // The last_active its send slots were given back for (trim_when_quiet), once per quiet spell.
   std::chrono::steady_clock::time_point slots_trimmed_for{};

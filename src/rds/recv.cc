@@ -74,7 +74,7 @@ void release_held(Conn* c) {
     if (f.h.ext_fenced && f.h.sequence > c->fence_seq) break;
     Held x = std::move(f);
     c->held.pop_front();
-    c->held_bytes -= x.data.size();
+    c->held_bytes -= x.data.size() + kHeldEntryCost;
     if (x.failed) {
       count(Ctr::recv_drop_rdma_failed);
       continue;
@@ -109,13 +109,20 @@ bool arrive(Conn* c, const wire::RdsHeader& h, std::vector<std::byte>&& data, ui
     deliver(c, h, std::move(data), hdr_ns);
     return true;
   }
-  if (c->held_bytes + data.size() > kMaxHeldBytes) {
-    c->held.clear();  // unacked, so the lie costs only what it sent
+  // Each entry costs its bookkeeping too: empty messages behind a fence that never comes
+  // would otherwise be held without limit.
+  const size_t cost = data.size() + kHeldEntryCost;
+  if (c->held_bytes + cost > kMaxHeldBytes) {
+    // Unacked, so the sender still has them all: taken again from the first held one when
+    // they are retransmitted on the next connection (the sequence is set back, or they would
+    // be dropped as seen), and a liar's costs only what it sent.
+    c->rx.next_seq = c->held.front().h.sequence;
+    c->held.clear();
     c->held_bytes = 0;
     return false;
   }
   count(Ctr::recv_held_for_fence);
-  c->held_bytes += data.size();
+  c->held_bytes += cost;
   c->held.push_back(Held{h, std::move(data), hdr_ns, false});
   return true;
 }

@@ -91,6 +91,46 @@ class Attacker {
     return wait();
   }
 
+  // Sends small frames as SENDs, 15 at a time, each burst's last one signaled (a flood at the
+  // wire's pace, not one completion wait each); true once every burst completed.
+  bool send_burst(const std::vector<std::vector<std::byte>>& frames) {
+    constexpr size_t kBurst = 15, kSlot = 128;
+    for (size_t at = 0; at < frames.size(); at += kBurst) {
+      const size_t n = std::min(kBurst, frames.size() - at);
+      ibv_sge s[kBurst];
+      ibv_send_wr wr[kBurst]{};
+      for (size_t i = 0; i < n; ++i) {
+        const auto& f = frames[at + i];
+        if (f.size() > kSlot) return false;
+        std::memcpy(buf_.data() + i * kSlot, f.data(), f.size());
+        s[i] = {reinterpret_cast<uint64_t>(buf_.data() + i * kSlot),
+                static_cast<uint32_t>(f.size()), mr_->lkey};
+        wr[i].sg_list = &s[i];
+        wr[i].num_sge = 1;
+        wr[i].opcode = IBV_WR_SEND;
+        wr[i].next = i + 1 < n ? &wr[i + 1] : nullptr;
+      }
+      wr[n - 1].send_flags = IBV_SEND_SIGNALED;
+      ibv_send_wr* bad;
+      if (ibv_post_send(id_->qp, wr, &bad)) return false;
+      bool done = false;
+      for (int i = 0; i < 5000 && !done; ++i) {
+        ibv_wc wc;
+        const int k = ibv_poll_cq(cq_, 1, &wc);
+        if (k > 0 && wc.opcode == IBV_WC_SEND) {
+          if (wc.status != IBV_WC_SUCCESS) return false;
+          done = true;
+        } else if (k > 0) {
+          took(wc);
+        } else {
+          usleep(100);
+        }
+      }
+      if (!done) return false;
+    }
+    return true;
+  }
+
   // Sends `frame` (a header and payload) as one SEND; true once it completed.
   bool send(const std::vector<std::byte>& frame) {
     std::memcpy(buf_.data(), frame.data(), frame.size());
@@ -435,6 +475,27 @@ TEST(RdsFence, HoldingForFencesIsBounded) {
   EXPECT_TRUE(dropped);
   EXPECT_EQ(counter(v.fd, "recv_held_too_much"), before + 1u);
   EXPECT_TRUE(v.got_nothing());
+}
+
+// The same with empty messages: one fenced message whose fence never comes, then empty ones
+// behind it, each held in order. Counted by their payload alone they cost nothing, and the
+// victim held them without bound; each entry now costs kHeldEntryCost, so the connection
+// drops after 16 Ki of them.
+TEST(RdsFence, HoldingEmptyMessagesForFencesIsBoundedToo) {
+  Victim v;
+  const uint64_t before = counter(v.fd, "recv_held_too_much");
+  Attacker data(random_gen());
+  ASSERT_EQ(data.connect(v.cm_port, "127.0.0.1", 0), RDMA_CM_EVENT_ESTABLISHED);
+  bool dropped = !data.send(frame(1, 0, 4, v.port, "held", true));
+  std::vector<std::vector<std::byte>> empties;
+  for (uint64_t seq = 2; seq <= 20000; ++seq) empties.push_back(frame(seq, 0, 0, v.port, ""));
+  if (!dropped && !data.send_burst(empties)) dropped = true;
+  for (int i = 0; i < 12 && !dropped; ++i) dropped = data.wait() == RDMA_CM_EVENT_DISCONNECTED;
+  EXPECT_TRUE(dropped) << "20,000 empty messages held behind a fence that never came";
+  EXPECT_EQ(counter(v.fd, "recv_held_too_much"), before + 1u);
+  // Nothing the peer sent after the one it never fenced is delivered, not even what was
+  // already on its way when the connection dropped: those are unacked, to come again.
+  EXPECT_EQ(drain(v.fd).size(), 0u);
 }
 
 // Base lookups (a peer whose regions are by virtual address asks where one starts, rdma.cc):
