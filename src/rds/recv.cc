@@ -240,6 +240,23 @@ struct CmsgOut {
   }
 };
 
+// put_cmsg into a buffer too small for the whole message: as much of it as fits (the header
+// saying its full length, then what fits of the data), MSG_CTRUNC, and the caller's item is
+// consumed all the same, as Linux's is (net/core/scm.c put_cmsg). Used bytes, 0 if not even
+// a header fits.
+size_t put_truncated(msghdr* msg, int level, int type, const void* data, size_t len) {
+  msg->msg_flags |= MSG_CTRUNC;
+  if (!msg->msg_control || msg->msg_controllen < sizeof(cmsghdr)) return 0;
+  cmsghdr cm{};
+  cm.cmsg_level = level;
+  cm.cmsg_type = type;
+  cm.cmsg_len = CMSG_LEN(len);
+  const size_t used = std::min<size_t>(msg->msg_controllen, CMSG_LEN(len));
+  std::memcpy(msg->msg_control, &cm, sizeof cm);
+  std::memcpy(static_cast<char*>(msg->msg_control) + CMSG_LEN(0), data, used - CMSG_LEN(0));
+  return used;
+}
+
 // One entry of completed MSG_ZEROCOPY cookies, if the socket has SO_ZEROCOPY and there is
 // room (net/rds recv.c rds_recvmsg_zcookie): never truncates, the entry just waits.
 bool put_zcookies(Sock* s, msghdr* msg, CmsgOut& out) {
@@ -261,6 +278,9 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
   Sock* s = sock_of(fd);
   if (!s) return fail(no_sock(fd));
   if (flags & MSG_OOB) return 0;
+  // Nothing is ever queued on an RDS socket's error queue (zero-copy completions come as
+  // control messages): sock_recv_errqueue's EAGAIN, and no datagram taken.
+  if (flags & MSG_ERRQUEUE) return fail(EAGAIN);
   if (s->cong_poll) {  // the congestion-update POLLIN has been seen
     s->cong_poll = false;
     sock_update_poll(s);
@@ -271,8 +291,15 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
       const size_t room = msg->msg_controllen / CMSG_SPACE(sizeof(rds_rdma_notify));
       size_t n = std::min(room ? room : 1, s->notify.size());
       if (msg->msg_controllen < CMSG_SPACE(sizeof(rds_rdma_notify))) {
-        msg->msg_flags = MSG_CTRUNC;
-        msg->msg_controllen = 0;
+        // Too small for one: as much of it as fits, and it is consumed (rds_notify_queue_get
+        // takes one off the queue whatever the buffer; a plain recv() got 0 for ever here
+        // and never reached the data behind it).
+        msg->msg_flags = 0;
+        msg->msg_controllen = put_truncated(msg, SOL_RDS, RDS_CMSG_RDMA_STATUS, &s->notify.front(),
+                                            sizeof(rds_rdma_notify));
+        msg->msg_namelen = 0;
+        s->notify.pop_front();
+        sock_update_poll(s);
         return 0;
       }
       auto* cm = reinterpret_cast<cmsghdr*>(msg->msg_control);
@@ -293,7 +320,17 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
     }
     // 2. congestion updates.
     if (s->cong_notify) {
-      if (msg->msg_controllen < CMSG_SPACE(sizeof(uint64_t))) return fail(EINVAL);
+      if (msg->msg_controllen < CMSG_SPACE(sizeof(uint64_t))) {
+        // rds_notify_cong: put_cmsg truncates (MSG_CTRUNC), and the bits are cleared all the
+        // same; 0, not an error.
+        msg->msg_flags = 0;
+        msg->msg_controllen =
+            put_truncated(msg, SOL_RDS, RDS_CMSG_CONG_UPDATE, &s->cong_notify, sizeof(uint64_t));
+        msg->msg_namelen = 0;
+        s->cong_notify = 0;
+        sock_update_poll(s);
+        return 0;
+      }
       auto* cm = reinterpret_cast<cmsghdr*>(msg->msg_control);
       cm->cmsg_level = SOL_RDS;
       cm->cmsg_type = RDS_CMSG_CONG_UPDATE;

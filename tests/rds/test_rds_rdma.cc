@@ -421,3 +421,48 @@ TEST(RdsRdmaCookie, FreeMrInvalidatesTheCookie) {
   EXPECT_EQ(note.status, RDS_RDMA_REMOTE_ERROR);
   EXPECT_EQ(region[0], 0) << "nothing written through a freed cookie";
 }
+
+// A notification meets a recvmsg whose control buffer cannot hold it (a plain recv() has
+// none): as Linux's put_cmsg, it is consumed all the same, with MSG_CTRUNC and a return of 0,
+// and the datagram behind it comes with the next call (it waited for ever here before). The
+// error queue is empty: MSG_ERRQUEUE is EAGAIN and takes no datagram.
+TEST(RdsRecv, ANotificationTooBigForTheControlBufferIsConsumedTruncated) {
+  Pair p(48);
+  std::vector<char> target(64, 'T'), src(64, 's');
+  const uint64_t cookie = get_mr(p.client, target.data(), target.size());
+  std::vector<rds_iovec> local{{reinterpret_cast<uint64_t>(src.data()), src.size()}};
+  ASSERT_EQ(send_rdma(p.server, p.cport, cookie, true, local, 0, src.size(), 7, "written"), 7);
+  std::vector<char> buf(64);
+  ASSERT_EQ(recv_one(p.client, buf), 7);
+  ASSERT_TRUE(wait_for(p.server, POLLIN) & POLLIN) << "no notification";
+  ASSERT_EQ(send_to(p.client, p.sport, "data", 4), 4);
+  char b[16];
+  iovec v{b, sizeof b};
+  msghdr m{};
+  m.msg_iov = &v;
+  m.msg_iovlen = 1;
+  m.msg_flags = 0;
+  errno = 0;
+  EXPECT_EQ(svrds_recvmsg(p.server, &m, MSG_ERRQUEUE), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  // A buffer with room for the header and 8 bytes of the notification.
+  alignas(cmsghdr) char ctl[CMSG_LEN(8)];
+  m.msg_control = ctl;
+  m.msg_controllen = sizeof ctl;
+  ASSERT_EQ(svrds_recvmsg(p.server, &m, 0), 0);
+  EXPECT_TRUE(m.msg_flags & MSG_CTRUNC);
+  EXPECT_EQ(m.msg_controllen, sizeof ctl);
+  const cmsghdr* cm = CMSG_FIRSTHDR(&m);
+  ASSERT_NE(cm, nullptr);
+  EXPECT_EQ(cm->cmsg_type, RDS_CMSG_RDMA_STATUS);
+  EXPECT_EQ(cm->cmsg_len, CMSG_LEN(sizeof(rds_rdma_notify))) << "its full length, as put_cmsg";
+  uint64_t token = 0;
+  std::memcpy(&token, CMSG_DATA(cm), sizeof token);
+  EXPECT_EQ(token, 7u) << "the part that fits: user_token comes first";
+  // No control buffer at all now: the datagram behind it.
+  m.msg_control = nullptr;
+  m.msg_controllen = 0;
+  ASSERT_TRUE(wait_for(p.server, POLLIN) & POLLIN);
+  EXPECT_EQ(svrds_recvmsg(p.server, &m, 0), 4);
+  EXPECT_EQ(std::string(b, 4), "data");
+}
