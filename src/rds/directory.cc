@@ -68,6 +68,7 @@ void finish(Lookup& l, uint16_t cm_port, uint64_t gen) {
   for (Message* m : l.waiting) {
     if (!cm_port) {
       count(Ctr::send_drop_no_sock);
+      ops_report(m, RDS_RDMA_DROPPED);  // no process owns it: its ops never run, and say so
       release_message(m);
       continue;
     }

@@ -402,8 +402,10 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
     ask_directory = !cm_port && (pending || !is_local_ip(dest.sin_addr));
   }
   if (!cm_port && !ask_directory) {
-    // Nobody is bound there: Linux RDS sends it and the peer drops it silently.
+    // Nobody is bound there: Linux RDS sends it and the peer drops it silently. Its ops have
+    // no process to run against, and still report (every RDS RDMA op does): dropped.
     count(Ctr::send_drop_no_sock);
+    ops_report(m.get(), RDS_RDMA_DROPPED);
     ops_release(m.get());
     if (zcopy) queue_zcookie(s, *zcookie);  // its buffers are free at once
     return static_cast<ssize_t>(len);

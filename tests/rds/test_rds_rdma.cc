@@ -466,3 +466,18 @@ TEST(RdsRecv, ANotificationTooBigForTheControlBufferIsConsumedTruncated) {
   EXPECT_EQ(svrds_recvmsg(p.server, &m, 0), 4);
   EXPECT_EQ(std::string(b, 4), "data");
 }
+
+// An RDMA send to a port nobody is bound to: sendmsg takes it, as Linux's does (the peer
+// drops the message), and its op, which has no process to run against, still reports:
+// RDS_RDMA_DROPPED to a sender that asked (it reported nothing, and a NOTIFY_ME caller waited).
+TEST(RdsRdmaNotify, AnOpToAPortNobodyHoldsReportsDropped) {
+  int fd = bound_socket(port(52));
+  std::vector<char> src(64, 's');
+  std::vector<rds_iovec> local{{reinterpret_cast<uint64_t>(src.data()), src.size()}};
+  ASSERT_EQ(send_rdma(fd, port(53), 0x1234, true, local, 0, src.size(), 99, "lost"), 4);
+  rds_rdma_notify note{};
+  ASSERT_TRUE(get_notify(fd, note)) << "no status for the op";
+  EXPECT_EQ(note.user_token, 99u);
+  EXPECT_EQ(note.status, RDS_RDMA_DROPPED);
+  svrds_close(fd);
+}
