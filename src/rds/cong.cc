@@ -23,15 +23,28 @@ bool cong_port_blocked(Conn* c, uint16_t port) {
 void cong_send_map(Conn* c) {
   c->map_queued = true;
   if (c->state != ConnState::up) return;  // sent when the connection comes up
+  c->map_queued = false;
+  const auto* map = reinterpret_cast<const std::byte*>(g().lcong.data());
+  // One unsent map per connection, the current one: a peer that takes nothing (RNR keeps its
+  // connection up, and idle close never comes with a queue) would otherwise collect one 8 KiB
+  // map per change of any of our ports (net/rds sends the map as it is at transmit time).
+  for (Message* q : c->send_q)
+    if ((q->h.flags & wire::kRdsFlagCongBitmap) && q->frags_posted == 0) {
+      q->payload.assign(map, map + kCongMapBytes);
+      conn_kick(c);
+      return;
+    }
   auto* m = new Message();
   m->queued_to_sock = false;
   m->h.flags = wire::kRdsFlagCongBitmap;
   m->h.len = static_cast<uint32_t>(kCongMapBytes);
-  m->payload.assign(reinterpret_cast<const std::byte*>(g().lcong.data()),
-                    reinterpret_cast<const std::byte*>(g().lcong.data()) + kCongMapBytes);
-  // Not sequenced and never retransmitted: a newer map supersedes it (net/rds send.c).
-  c->send_q.push_front(m);
-  c->map_queued = false;
+  m->payload.assign(map, map + kCongMapBytes);
+  // Not sequenced and never retransmitted: a newer map supersedes it (net/rds send.c). Ahead
+  // of the queue, but never inside a message whose fragments have started to go: the peer
+  // reassembles a message's fragments in a row.
+  auto at = c->send_q.begin();
+  if (at != c->send_q.end() && (*at)->frags_posted > 0) ++at;
+  c->send_q.insert(at, m);
   count(Ctr::cong_update_queued);
   conn_kick(c);
 }

@@ -65,7 +65,10 @@ void xmit(Conn* c) {
       // message with it: both or neither (rds-rdma(7)). Once the op has landed, the message
       // alone may be resent across connection bounces; the op is never redone.
       if (const RdmaOp* op = pending_op(m); op && !op->fenced) return;
-      if (ops_failed(m)) {
+      // A failed op drops its message, unless some of its fragments have gone (a fenced
+      // Write's message, posted as slots allowed): the rest follows, since the peer
+      // reassembles a message's fragments in a row, and the failure verdict makes it drop it.
+      if (ops_failed(m) && m->frags_posted == 0) {
         c->send_q.pop_front();
         count(Ctr::send_rdma_failed);
         if (!park_unsettled(c, m)) release_message(m);  // its verdict is still owed
