@@ -97,6 +97,12 @@ struct CmId {
   // off its queue, under the queue's lock (EventQueue::pop), so a destroy that has purged the
   // queue sees every one handed out before; dropped by rdma_ack_cm_event under mu.
   std::atomic<int> outstanding{0};
+  // A listener's connect requests queued and not yet retrieved, and how many it may have: the
+  // kernel's ucma counts them against the listen backlog (ctx->backlog, at most 1024) and
+  // refuses the rest, so a peer that floods requests the application is not taking costs
+  // a bounded number of ids, sockets and events.
+  std::atomic<int> reqs_queued{0};
+  int reqs_backlog = 1024;
   std::condition_variable cv;
   // Multicast groups joined (rdma_join_multicast), under mu.
   struct McJoin {
@@ -355,6 +361,11 @@ void on_passive_request(Endpoint* ep) {
     ep->reject({});
     return;
   }
+  if (lid->reqs_queued.load() >= lid->reqs_backlog) {  // the backlog is full: refused
+    ep->reject({});
+    return;
+  }
+  lid->reqs_queued.fetch_add(1);
   auto* child = new CmId();
   child->id.channel = lid->id.channel;
   child->id.context = lid->id.context;
@@ -757,7 +768,12 @@ SV_EXPORT int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** eve
   if (!channel || !event) return fail(EINVAL);
   CmEvent* e = nullptr;
   // errno from read (EAGAIN, EINTR)
-  if (chan(channel)->events.pop(e, [](CmEvent* t) { event_owner(t)->outstanding.fetch_add(1); }))
+  if (chan(channel)->events.pop(e, [](CmEvent* t) {
+        CmId* owner = event_owner(t);
+        owner->outstanding.fetch_add(1);
+        if (t->ev.event == RDMA_CM_EVENT_CONNECT_REQUEST && t->ev.listen_id)
+          owner->reqs_queued.fetch_sub(1);  // its place in the backlog is free again
+      }))
     return -1;
   *event = &e->ev;
   return 0;
@@ -957,6 +973,9 @@ SV_EXPORT int rdma_listen(rdma_cm_id* i, int backlog) {
   // short drops SYNs, which costs the initiator a retransmit, 1 s and more (cmtime -c 2000
   // took 2.8 s with 128 here). So it is as deep as the kernel allows.
   if (listen(id->bound_fd, SOMAXCONN) < 0) return -1;
+  // The application's backlog is what ucma allows: as asked, or its maximum (1024) for 0,
+  // a negative value or more.
+  id->reqs_backlog = backlog > 0 && backlog < 1024 ? backlog : 1024;
   auto* l = new Listener();
   l->id = id;
   l->fd = id->bound_fd;

@@ -1024,3 +1024,58 @@ TEST(CmEvents, AHandshakeOfADestroyedIdNeverReachesTheIdMadeInItsPlace) {
   rdma_destroy_event_channel(sch);
   rdma_destroy_event_channel(cch);
 }
+
+// The listen backlog bounds the connect requests queued and not yet retrieved, as ucma's
+// does: past it a request is refused (the peer hears REJECTED), so a peer flooding requests
+// the application is not taking costs a bounded number of ids and sockets; retrieving one
+// frees its place.
+TEST(CmEvents, TheListenBacklogBoundsRequestsNotYetRetrieved) {
+  const uint16_t port = free_port();
+  ASSERT_NE(port, 0);
+  rdma_event_channel* sch = rdma_create_event_channel();
+  rdma_event_channel* cch = rdma_create_event_channel();
+  ASSERT_TRUE(sch && cch);
+  rdma_cm_id* listen = nullptr;
+  ASSERT_EQ(rdma_create_id(sch, &listen, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in a = loopback(port);
+  ASSERT_EQ(rdma_bind_addr(listen, reinterpret_cast<sockaddr*>(&a)), 0);
+  ASSERT_EQ(rdma_listen(listen, 2), 0);
+  // Each client on its own channel, so its outcome is its own.
+  std::vector<rdma_event_channel*> chs;
+  std::vector<rdma_cm_id*> ids;
+  auto connect_one = [&]() -> rdma_cm_id* {
+    rdma_event_channel* ch = rdma_create_event_channel();
+    chs.push_back(ch);
+    rdma_cm_id* id = resolved_id(ch, port);
+    if (id && rdma_connect(id, nullptr) == 0) {
+      ids.push_back(id);
+      return id;
+    }
+    return nullptr;
+  };
+  ASSERT_NE(connect_one(), nullptr);
+  ASSERT_TRUE(readable(sch->fd, 5000));
+  ASSERT_NE(connect_one(), nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the second one queued
+  rdma_cm_id* third = connect_one();
+  ASSERT_NE(third, nullptr);
+  EXPECT_EQ(next_event(chs[2], third), RDMA_CM_EVENT_REJECTED) << "past the backlog of 2";
+  EXPECT_FALSE(readable(chs[0]->fd, 0)) << "a request within the backlog was answered";
+  EXPECT_FALSE(readable(chs[1]->fd, 0)) << "a request within the backlog was answered";
+  // Retrieving one frees a place: the next request is queued, not refused.
+  rdma_cm_event* req = nullptr;
+  ASSERT_EQ(rdma_get_cm_event(sch, &req), 0);
+  ASSERT_EQ(req->event, RDMA_CM_EVENT_CONNECT_REQUEST);
+  rdma_cm_id* child = req->id;
+  rdma_ack_cm_event(req);
+  rdma_cm_id* fourth = connect_one();
+  ASSERT_NE(fourth, nullptr);
+  EXPECT_FALSE(readable(chs[3]->fd, 300)) << "refused though a place was free";
+  rdma_reject(child, nullptr, 0);
+  rdma_destroy_id(child);
+  rdma_destroy_id(listen);  // refuses what is still queued
+  for (size_t i = 0; i < ids.size(); ++i) rdma_destroy_id(ids[i]);
+  for (auto* ch : chs) rdma_destroy_event_channel(ch);
+  rdma_destroy_event_channel(sch);
+  rdma_destroy_event_channel(cch);
+}
