@@ -538,12 +538,18 @@ int channel_block(CompChannel* ch) {
     // A kick that fired is read, whatever else woke the sleep: one left would wake the next.
     // Its CQ's receive pass runs too: poll may have looked at the wait set just before the
     // kick made it readable, and the ring the kick is for rings no more.
+    bool kicked = false;
     if (r > 0)
       for (size_t i = 0; i < s.n; ++i)
         if (p[s.n + i + 1].revents) {
           cq_kick_drain(s.cqs[i]);
           p[i + 1].revents |= POLLIN;
+          kicked = true;
         }
+    // An event, but a kick too: the ring it is for is read first, or it would wait for the
+    // next sleep, which no longer sees the kick.
+    // (Its notifications are counted: the sleeper reads the event already queued first.)
+    if (p[0].revents && kicked) run_receive_once(s.cqs, s.n, p + 1);
     if (r < 0) {
       // A signal. The sleep this replaces, a read of the descriptor, would have been
       // restarted if the handler said SA_RESTART, and failed with EINTR if not; poll never

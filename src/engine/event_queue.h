@@ -73,15 +73,20 @@ class EventQueue {
         --unsignalled_;
         return take_front(out, on_take);
       }
+      // Counted while the read runs unlocked (take_if's fallback, below). A cancel in the read
+      // leaves it counted: take_if is then only the more careful, and the queue, which
+      // rdma_destroy_event_channel may have freed by then, is not touched on the way out.
+      ++reading_;
       lk.unlock();
       uint64_t v;
       const ssize_t n = util::cancellation_point([&] { return read(fd_, &v, sizeof v); });
       const int e = errno;
       lk.lock();
+      --reading_;
       if (n != sizeof v) {
         // A debt left to this read (take_if's) is paid now if its count is there, or the
         // descriptor would say readable with nothing queued.
-        if (owed_ > 0 && take_count_nowait()) --owed_;
+        if (owed_ > 0 && nowait_supported() && take_count_nowait()) --owed_;
         errno = n >= 0 ? EIO : e;
         return -1;
       }
@@ -107,11 +112,14 @@ class EventQueue {
         ++it;
         continue;
       }
+      // Counts on the eventfd, plus those readers in flight took, plus those pushes are about
+      // to write (push writes after it lets go of mu_).
+      const size_t counted = q_.size() - unsignalled_ + owed_;
       out.push_back(*it);
       it = q_.erase(it);
       if (unsignalled_ > 0) {  // the records outnumber the counter by this many
         --unsignalled_;
-      } else if (!take_count_nowait()) {
+      } else if (!take_count(counted)) {
         // Its count is not there now: a reader in its unlocked read took it, or its push has
         // not written it yet. A blocking read here, under mu_, could wait for ever (the reader
         // needs mu_ to take its record); so it is owed, and the next read to return pays it.
@@ -137,12 +145,36 @@ class EventQueue {
   size_t unsignalled_ = 0;  // records with no count on the eventfd (push_for_self)
   size_t owed_ = 0;         // counts on the eventfd whose records take_if or drain removed
 
+  size_t reading_ = 0;  // pops in their unlocked read (take_count's fallback)
+
   // One count, never blocking whatever the descriptor's O_NONBLOCK (the application's to set):
-  // RWF_NOWAIT (eventfd honours it since Linux 5.13; before, EOPNOTSUPP and nothing is read).
+  // RWF_NOWAIT, which eventfd honours since Linux 5.13. Before, EOPNOTSUPP and nothing read.
   bool take_count_nowait() {
     uint64_t v;
     iovec io{&v, sizeof v};
     return preadv2(fd_, &io, 1, -1, RWF_NOWAIT) == static_cast<ssize_t>(sizeof v);
+  }
+  static bool nowait_supported() {
+    static const bool ok = [] {
+      const int fd = eventfd(0, EFD_CLOEXEC);
+      if (fd < 0) return false;
+      uint64_t v;
+      iovec io{&v, sizeof v};
+      const bool r = preadv2(fd, &io, 1, -1, RWF_NOWAIT) < 0 && errno == EAGAIN;
+      ::close(fd);
+      return r;
+    }();
+    return ok;
+  }
+  // take_if's count for a record it removed (`counted` as it computed it). Without RWF_NOWAIT
+  // (older kernels, or a seccomp profile without preadv2), a plain read only when the readers
+  // in flight cannot have taken the last count: at worst it waits for a push's write, which
+  // needs no lock. A failed read (O_NONBLOCK, a signal) is false: the count is owed.
+  bool take_count(size_t counted) {
+    if (nowait_supported()) return take_count_nowait();
+    if (counted <= reading_) return false;
+    uint64_t v;
+    return read(fd_, &v, sizeof v) == static_cast<ssize_t>(sizeof v);
   }
 
   template <typename OnTake>

@@ -268,7 +268,6 @@ bool frame_irq(Qp* qp, Framer& f) {
       wire::encode_tagged(h, RdmapOpcode::read_response, last, e.sink_stag, e.sink_to + e.sent);
       f.payload(e.src + e.sent, chunk);
       if (!f.end()) return false;
-      stats::add(qp->stats, stats::Ctr::sent_bytes, chunk);  // the peer reads them (shm_pull)
       e.sent += chunk;
       if (!last) continue;
     }

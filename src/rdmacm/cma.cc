@@ -1034,9 +1034,17 @@ static int join_multicast(CmId* id, const sockaddr* addr, uint16_t flags, void* 
   // id->mu (on_qp_disconnect), so holding it here could wait for ever.
   if (qp) {
     err = ibv_attach_mcast(qp, &mgid, 0);
-    std::lock_guard lk(id->mu);
-    for (auto& o : id->mc)
-      if (o.len == len && std::memcmp(&o.addr, addr, len) == 0) o.attached = err == 0;
+    bool kept = false;
+    {
+      std::lock_guard lk(id->mu);
+      for (auto& o : id->mc)
+        if (o.len == len && std::memcmp(&o.addr, addr, len) == 0) {
+          o.attached = err == 0;
+          kept = true;
+        }
+    }
+    // Left meanwhile (a leave saw it not yet attached): nothing records the attach, so undo it.
+    if (!kept && err == 0) ibv_detach_mcast(qp, &mgid, 0);
   }
   if (err) {
     // librdmacm turns a failed attach into this event.
@@ -1514,11 +1522,19 @@ SV_EXPORT int rdma_migrate_id(rdma_cm_id* i, rdma_event_channel* channel) {
     // The progress thread queues this id's events holding this lock: none lands in the old
     // channel once the pending ones have moved.
     std::lock_guard reg(g_live.get().mu);
-    auto moving = chan(i->channel)->events.take_if([i](CmEvent* e) { return e->ev.id == i; });
+    // A listener's connect requests go with it (ucma_move_events), and so do their new ids:
+    // left behind, they were counted against a listener that could be destroyed meanwhile.
+    auto moving = chan(i->channel)->events.take_if([i](CmEvent* e) {
+      return e->ev.id == i ||
+             (e->ev.event == RDMA_CM_EVENT_CONNECT_REQUEST && e->ev.listen_id == i);
+    });
     id->own_channel = to_sync ? chan(channel) : nullptr;
     id->sync = to_sync;
     i->channel = channel;
-    for (auto* e : moving) chan(channel)->events.push(e);
+    for (auto* e : moving) {
+      if (e->ev.id != i) e->ev.id->channel = channel;
+      chan(channel)->events.push(e);
+    }
   }
   if (old_own) rdma_destroy_event_channel(&old_own->ch);
   return 0;

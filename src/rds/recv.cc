@@ -240,18 +240,18 @@ struct CmsgOut {
   }
 };
 
-// put_cmsg into a buffer too small for the whole message: as much of it as fits (the header
-// saying its full length, then what fits of the data), MSG_CTRUNC, and the caller's item is
+// put_cmsg into a buffer too small for the whole message: as much of it as fits (a header
+// with the length copied, then what fits of the data), MSG_CTRUNC, and the caller's item is
 // consumed all the same, as Linux's is (net/core/scm.c put_cmsg). Used bytes, 0 if not even
 // a header fits.
 size_t put_truncated(msghdr* msg, int level, int type, const void* data, size_t len) {
   msg->msg_flags |= MSG_CTRUNC;
   if (!msg->msg_control || msg->msg_controllen < sizeof(cmsghdr)) return 0;
+  const size_t used = std::min<size_t>(msg->msg_controllen, CMSG_LEN(len));
   cmsghdr cm{};
   cm.cmsg_level = level;
   cm.cmsg_type = type;
-  cm.cmsg_len = CMSG_LEN(len);
-  const size_t used = std::min<size_t>(msg->msg_controllen, CMSG_LEN(len));
+  cm.cmsg_len = used;  // put_cmsg: the length copied, not the whole message's
   std::memcpy(msg->msg_control, &cm, sizeof cm);
   std::memcpy(static_cast<char*>(msg->msg_control) + CMSG_LEN(0), data, used - CMSG_LEN(0));
   return used;

@@ -61,13 +61,16 @@ void expect_event(rdma_event_channel* ch, rdma_cm_id* id, rdma_cm_event_type wan
   rdma_ack_cm_event(ev);
 }
 
-// The next event on ch (acked), which must be for id; TIMEWAIT_EXIT if none comes in 5 s.
+// The next event on ch (acked), which must be for id (any, for nullptr); TIMEWAIT_EXIT if
+// none comes in 5 s.
 rdma_cm_event_type next_event(rdma_event_channel* ch, rdma_cm_id* id) {
   rdma_cm_event_type t = RDMA_CM_EVENT_TIMEWAIT_EXIT;
   if (!readable(ch->fd, 5000)) return t;
   rdma_cm_event* ev = nullptr;
   if (rdma_get_cm_event(ch, &ev)) return t;
-  EXPECT_EQ(ev->id, id);
+  if (id) {
+    EXPECT_EQ(ev->id, id);
+  }
   t = ev->event;
   rdma_ack_cm_event(ev);
   return t;
@@ -1077,5 +1080,50 @@ TEST(CmEvents, TheListenBacklogBoundsRequestsNotYetRetrieved) {
   for (size_t i = 0; i < ids.size(); ++i) rdma_destroy_id(ids[i]);
   for (auto* ch : chs) rdma_destroy_event_channel(ch);
   rdma_destroy_event_channel(sch);
+  rdma_destroy_event_channel(cch);
+}
+
+// A listener migrated to another channel takes its queued connect requests along, with their
+// new ids (ucma_move_events): they are the new channel's to deliver, and go with the listener
+// when it is destroyed there (left behind, they named a freed listener).
+TEST(CmEvents, AMigratedListenerTakesItsConnectRequestsAlong) {
+  const uint16_t port = free_port();
+  ASSERT_NE(port, 0);
+  rdma_event_channel* sch = rdma_create_event_channel();
+  rdma_event_channel* sch2 = rdma_create_event_channel();
+  rdma_event_channel* cch = rdma_create_event_channel();
+  ASSERT_TRUE(sch && sch2 && cch);
+  rdma_cm_id* listen = async_listener(sch, port);
+  ASSERT_NE(listen, nullptr) << strerror(errno);
+  rdma_cm_id* id = resolved_id(cch, port);
+  ASSERT_NE(id, nullptr) << strerror(errno);
+  ASSERT_EQ(rdma_connect(id, nullptr), 0);
+  ASSERT_TRUE(readable(sch->fd, 5000));
+  ASSERT_EQ(rdma_migrate_id(listen, sch2), 0);
+  EXPECT_FALSE(readable(sch->fd, 0)) << "the request stayed on the old channel";
+  ASSERT_TRUE(readable(sch2->fd, 0)) << "the request did not move with its listener";
+  rdma_cm_event* req = nullptr;
+  ASSERT_EQ(rdma_get_cm_event(sch2, &req), 0);
+  ASSERT_EQ(req->event, RDMA_CM_EVENT_CONNECT_REQUEST);
+  EXPECT_EQ(req->listen_id, listen);
+  EXPECT_EQ(req->id->channel, sch2) << "its new id is on the listener's channel";
+  rdma_cm_id* child = req->id;
+  rdma_ack_cm_event(req);
+  // A second request, left queued when the migrated listener is destroyed: refused.
+  rdma_cm_id* id2 = resolved_id(cch, port);
+  ASSERT_NE(id2, nullptr);
+  ASSERT_EQ(rdma_connect(id2, nullptr), 0);
+  ASSERT_TRUE(readable(sch2->fd, 5000));
+  rdma_reject(child, nullptr, 0);
+  rdma_destroy_id(child);
+  ASSERT_EQ(rdma_destroy_id(listen), 0);
+  EXPECT_FALSE(readable(sch2->fd, 0));
+  rdma_cm_event_type t1 = next_event(cch, nullptr), t2 = next_event(cch, nullptr);
+  EXPECT_EQ(t1, RDMA_CM_EVENT_REJECTED);
+  EXPECT_EQ(t2, RDMA_CM_EVENT_REJECTED);
+  rdma_destroy_id(id);
+  rdma_destroy_id(id2);
+  rdma_destroy_event_channel(sch);
+  rdma_destroy_event_channel(sch2);
   rdma_destroy_event_channel(cch);
 }

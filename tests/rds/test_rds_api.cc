@@ -157,12 +157,18 @@ TEST(RdsSend, IovecsAndControlMessagesAreCheckedBeforeAnythingIsCopied) {
   msghdr m{};
   m.msg_name = &d;
   m.msg_namelen = sizeof d;
-  // Four lengths of 2^62: each is a valid ssize_t, their sum wraps to 0.
-  iovec wrap[4];
+  // Four lengths of 2^62: each is a valid ssize_t, their sum wraps to 0. Past any user
+  // address space: access_ok's EFAULT. Sixteen of 2^52 (within it, summing to 2^56): their
+  // size, EMSGSIZE.
+  iovec wrap[16];
   for (iovec& v : wrap) v = {b, size_t{1} << 62};
   m.msg_iov = wrap;
   m.msg_iovlen = 4;
   errno = 0;
+  EXPECT_EQ(svrds_sendmsg(fd, &m, 0), -1);
+  EXPECT_EQ(errno, EFAULT);
+  for (iovec& v : wrap) v = {b, size_t{1} << 52};
+  m.msg_iovlen = 16;
   EXPECT_EQ(svrds_sendmsg(fd, &m, 0), -1);
   EXPECT_EQ(errno, EMSGSIZE);
   iovec huge[2] = {{b, SIZE_MAX}, {b, 2}};  // past SSIZE_MAX: import_iovec's EINVAL
