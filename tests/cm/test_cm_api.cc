@@ -882,6 +882,20 @@ rdma_cm_id* async_listener(rdma_event_channel* ch, uint16_t port) {
   }
   return l;
 }
+// A listener at a free port on its own channel, and a channel for clients: what every
+// CmEvents test starts from. Whatever the test left is destroyed at its end.
+struct ListenSide {
+  uint16_t port = free_port();
+  rdma_event_channel* sch = rdma_create_event_channel();
+  rdma_event_channel* cch = rdma_create_event_channel();
+  rdma_cm_id* listen = port && sch ? async_listener(sch, port) : nullptr;
+  bool ok() const { return port && sch && cch && listen; }
+  ~ListenSide() {
+    if (listen) rdma_destroy_id(listen);
+    if (sch) rdma_destroy_event_channel(sch);
+    if (cch) rdma_destroy_event_channel(cch);
+  }
+};
 }  // namespace
 
 // A connect request is counted against the listener until acked, as librdmacm acks it on the
@@ -890,13 +904,11 @@ rdma_cm_id* async_listener(rdma_event_channel* ch, uint16_t port) {
 // then waits for that ack; one destroyed with a request still queued takes the request's
 // new id with it, refused, so the peer hears REJECTED instead of waiting.
 TEST(CmEvents, AConnectRequestIsTheListenersToAckAndGoesWithIt) {
-  const uint16_t port = free_port();
-  ASSERT_NE(port, 0);
-  rdma_event_channel* sch = rdma_create_event_channel();
-  rdma_event_channel* cch = rdma_create_event_channel();
-  ASSERT_TRUE(sch && cch);
-  rdma_cm_id* listen = async_listener(sch, port);
-  ASSERT_NE(listen, nullptr) << strerror(errno);
+  ListenSide L;
+  ASSERT_TRUE(L.ok()) << strerror(errno);
+  const uint16_t port = L.port;
+  rdma_event_channel *sch = L.sch, *cch = L.cch;
+  rdma_cm_id*& listen = L.listen;
   rdma_cm_id* id = resolved_id(cch, port);
   ASSERT_NE(id, nullptr) << strerror(errno);
   ASSERT_EQ(rdma_connect(id, nullptr), 0);
@@ -927,23 +939,20 @@ TEST(CmEvents, AConnectRequestIsTheListenersToAckAndGoesWithIt) {
   ASSERT_EQ(rdma_connect(id2, nullptr), 0);
   ASSERT_TRUE(readable(sch->fd, 5000)) << "no request queued";
   ASSERT_EQ(rdma_destroy_id(listen), 0);
+  listen = nullptr;
   EXPECT_FALSE(readable(sch->fd, 0)) << "the request outlived its listener";
   EXPECT_EQ(next_event(cch, id2), RDMA_CM_EVENT_REJECTED);
   rdma_destroy_id(id2);
-  rdma_destroy_event_channel(sch);
-  rdma_destroy_event_channel(cch);
 }
 
 // Private data a Request, a Reply or a SIDR REQ cannot carry whole is EINVAL (what a provider
 // and ib_send_cm_sidr_req return), not data cut short; what fits goes whole.
 TEST(CmEvents, PrivateDataTooLongIsEinvalAndWhatFitsArrivesWhole) {
-  const uint16_t port = free_port();
-  ASSERT_NE(port, 0);
-  rdma_event_channel* sch = rdma_create_event_channel();
-  rdma_event_channel* cch = rdma_create_event_channel();
-  ASSERT_TRUE(sch && cch);
-  rdma_cm_id* listen = async_listener(sch, port);
-  ASSERT_NE(listen, nullptr) << strerror(errno);
+  ListenSide L;
+  ASSERT_TRUE(L.ok()) << strerror(errno);
+  const uint16_t port = L.port;
+  rdma_event_channel *sch = L.sch, *cch = L.cch;
+
   rdma_cm_id* id = resolved_id(cch, port);
   ASSERT_NE(id, nullptr) << strerror(errno);
   std::vector<uint8_t> pd(255);
@@ -988,22 +997,17 @@ TEST(CmEvents, PrivateDataTooLongIsEinvalAndWhatFitsArrivesWhole) {
   EXPECT_EQ(rdma_connect(ud, &up), -1);
   EXPECT_EQ(errno, EINVAL);
   rdma_destroy_id(ud);
-  rdma_destroy_id(listen);
-  rdma_destroy_event_channel(sch);
-  rdma_destroy_event_channel(cch);
 }
 
 // An id destroyed while its connect is in flight, and a new id made at once (the allocator
 // hands it the old one's memory, as a program that retries does): the old handshake's outcome
 // is not the new id's. It was, when the completion checked the address alone.
 TEST(CmEvents, AHandshakeOfADestroyedIdNeverReachesTheIdMadeInItsPlace) {
-  const uint16_t port = free_port();
-  ASSERT_NE(port, 0);
-  rdma_event_channel* sch = rdma_create_event_channel();
-  rdma_event_channel* cch = rdma_create_event_channel();
-  ASSERT_TRUE(sch && cch);
-  rdma_cm_id* listen = async_listener(sch, port);
-  ASSERT_NE(listen, nullptr) << strerror(errno);
+  ListenSide L;
+  ASSERT_TRUE(L.ok()) << strerror(errno);
+  const uint16_t port = L.port;
+  rdma_event_channel *sch = L.sch, *cch = L.cch;
+
   rdma_cm_id* old_id = resolved_id(cch, port);
   ASSERT_NE(old_id, nullptr) << strerror(errno);
   ASSERT_EQ(rdma_connect(old_id, nullptr), 0);
@@ -1023,9 +1027,6 @@ TEST(CmEvents, AHandshakeOfADestroyedIdNeverReachesTheIdMadeInItsPlace) {
       << (fresh == old_id ? "the id made at its address" : "the channel");
   rdma_destroy_id(fresh);
   rdma_destroy_id(child);
-  rdma_destroy_id(listen);
-  rdma_destroy_event_channel(sch);
-  rdma_destroy_event_channel(cch);
 }
 
 // The listen backlog bounds the connect requests queued and not yet retrieved, as ucma's
@@ -1117,6 +1118,7 @@ TEST(CmEvents, AMigratedListenerTakesItsConnectRequestsAlong) {
   rdma_reject(child, nullptr, 0);
   rdma_destroy_id(child);
   ASSERT_EQ(rdma_destroy_id(listen), 0);
+  listen = nullptr;
   EXPECT_FALSE(readable(sch2->fd, 0));
   rdma_cm_event_type t1 = next_event(cch, nullptr), t2 = next_event(cch, nullptr);
   EXPECT_EQ(t1, RDMA_CM_EVENT_REJECTED);
