@@ -5,6 +5,7 @@
 // with a spurious EOF (a pipe would: rping's CM thread exits on that).
 #pragma once
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -38,8 +39,10 @@ class EventQueue {
       std::lock_guard lk(mu_);
       q_.push_back(v);
     }
+    // Not a cancellation point (write(2) is one): a thread cancelled here would leave its
+    // record with no count, which no read could ever take.
     const uint64_t one = 1;
-    ssize_t r = write(fd_, &one, sizeof one);
+    const long r = syscall(SYS_write, fd_.load(), &one, sizeof one);
     (void)r;
   }
 

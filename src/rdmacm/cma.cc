@@ -104,7 +104,10 @@ struct CmId {
   std::atomic<int> reqs_queued{0};
   int reqs_backlog = 1024;
   std::condition_variable cv;
-  // Multicast groups joined (rdma_join_multicast), under mu.
+  // Multicast groups joined (rdma_join_multicast), under mc_mu: held across each change of
+  // the list and its attach or detach, so they happen in one order. Not mu: an attach waits
+  // for the progress thread, whose callbacks take mu (on_qp_disconnect); none takes mc_mu.
+  std::mutex mc_mu;
   struct McJoin {
     sockaddr_storage addr{};
     socklen_t len = 0;
@@ -1022,29 +1025,15 @@ static int join_multicast(CmId* id, const sockaddr* addr, uint16_t flags, void* 
   j.len = len;
   j.mgid = mgid;
   int err = 0;
-  ibv_qp* qp = nullptr;
   {
-    std::lock_guard lk(id->mu);
+    std::lock_guard lk(id->mc_mu);
     for (const auto& o : id->mc)
       if (o.len == len && std::memcmp(&o.addr, addr, len) == 0) return fail(EADDRINUSE);
-    if (flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER) qp = id->id.qp;
-    id->mc.push_back(j);
-  }
-  // Attached outside id->mu: the attach waits for the progress thread, whose callbacks take
-  // id->mu (on_qp_disconnect), so holding it here could wait for ever.
-  if (qp) {
-    err = ibv_attach_mcast(qp, &mgid, 0);
-    bool kept = false;
-    {
-      std::lock_guard lk(id->mu);
-      for (auto& o : id->mc)
-        if (o.len == len && std::memcmp(&o.addr, addr, len) == 0) {
-          o.attached = err == 0;
-          kept = true;
-        }
+    if (id->id.qp && flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER) {
+      err = ibv_attach_mcast(id->id.qp, &mgid, 0);
+      j.attached = err == 0;
     }
-    // Left meanwhile (a leave saw it not yet attached): nothing records the attach, so undo it.
-    if (!kept && err == 0) ibv_detach_mcast(qp, &mgid, 0);
+    id->mc.push_back(j);
   }
   if (err) {
     // librdmacm turns a failed attach into this event.
@@ -1083,17 +1072,14 @@ SV_EXPORT int rdma_leave_multicast(rdma_cm_id* i, sockaddr* addr) {
   CmId* id = cmid(i);
   ibv_gid mgid{};
   bool attached = false;
-  {
-    std::lock_guard lk(id->mu);
-    auto it = std::find_if(id->mc.begin(), id->mc.end(), [&](const CmId::McJoin& o) {
-      return o.len == len && std::memcmp(&o.addr, addr, len) == 0;
-    });
-    if (it == id->mc.end()) return fail(EADDRNOTAVAIL);  // librdmacm: no such join
-    mgid = it->mgid;
-    attached = it->attached;
-    id->mc.erase(it);
-  }
-  // Outside id->mu, as the attach (rdma_join_multicast).
+  std::lock_guard lk(id->mc_mu);
+  auto it = std::find_if(id->mc.begin(), id->mc.end(), [&](const CmId::McJoin& o) {
+    return o.len == len && std::memcmp(&o.addr, addr, len) == 0;
+  });
+  if (it == id->mc.end()) return fail(EADDRNOTAVAIL);  // librdmacm: no such join
+  mgid = it->mgid;
+  attached = it->attached;
+  id->mc.erase(it);
   if (attached && i->qp) ibv_detach_mcast(i->qp, &mgid, 0);
   return 0;
 }
@@ -1214,18 +1200,10 @@ SV_EXPORT void rdma_destroy_qp(rdma_cm_id* i) {
   {
     // The groups rdma_cm attached the QP to let go of it first: an attached QP is busy
     // (ibv_destroy_qp would say EBUSY and leave it behind).
-    // Detached outside id->mu, as the attach (rdma_join_multicast).
     CmId* id = cmid(i);
-    std::vector<ibv_gid> groups;
-    {
-      std::lock_guard lk(id->mu);
-      for (auto& j : id->mc)
-        if (j.attached) {
-          groups.push_back(j.mgid);
-          j.attached = false;
-        }
-    }
-    for (const ibv_gid& g : groups) ibv_detach_mcast(i->qp, &g, 0);
+    std::lock_guard lk(id->mc_mu);  // not mu: see CmId::mc_mu
+    for (auto& j : id->mc)
+      if (j.attached && ibv_detach_mcast(i->qp, &j.mgid, 0) == 0) j.attached = false;
   }
   ibv_qp* qp = nullptr;
   {

@@ -250,13 +250,14 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   // must never wrap to a small size that a copy of the real lengths would overrun.
   if (msg->msg_iovlen > UIO_MAXIOV) return fail(EMSGSIZE);
   size_t len = 0;
+  // Every length first (iovec_from_user), then every range (access_ok, even of an empty
+  // one): past every user address space (2^57: x86-64's 5-level paging) is EFAULT.
+  for (size_t i = 0; i < msg->msg_iovlen; ++i)
+    if (msg->msg_iov[i].iov_len > static_cast<size_t>(SSIZE_MAX)) return fail(EINVAL);
   for (size_t i = 0; i < msg->msg_iovlen; ++i) {
     const size_t l = msg->msg_iov[i].iov_len;
-    if (l > static_cast<size_t>(SSIZE_MAX)) return fail(EINVAL);
-    // access_ok: a range past every user address space (2^57: x86-64's 5-level paging) is
-    // EFAULT, before any size check.
     const auto base = reinterpret_cast<uintptr_t>(msg->msg_iov[i].iov_base);
-    if (l && (base + l < base || base + l > (uintptr_t{1} << 57))) return fail(EFAULT);
+    if (base + l < base || base + l > (uintptr_t{1} << 57)) return fail(EFAULT);
     len = std::min(len + l, kMaxMsgSize + 1);  // l < 2^63 and len <= 2^20 + 1: no wrap
   }
   // 1. flags: Linux RDS takes MSG_DONTWAIT and MSG_ZEROCOPY only (MSG_CMSG_COMPAT is the
