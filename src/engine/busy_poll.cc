@@ -304,14 +304,6 @@ void drain_kick(Cq* cq) {
 }
 }  // namespace
 
-int cq_kick_fd(const Cq* cq) {
-  return cq->kick_fd.load();
-}
-
-void cq_kick_drain(Cq* cq) {
-  drain_kick(cq);
-}
-
 void cq_block_begin(Cq* cq, bool drain) {
   if (!busy_poll_hold_ns()) return;
   set_owner(cq);
@@ -524,7 +516,7 @@ int channel_block(CompChannel* ch) {
       const int wfd = cq_wait_fd(s.cqs[i]);
       if (wfd < 0) return 0;  // no wait set: the progress thread receives, as before
       p[i + 1] = {wfd, POLLIN, 0};
-      p[s.n + i + 1] = {cq_kick_fd(s.cqs[i]), POLLIN, 0};
+      p[s.n + i + 1] = {s.cqs[i]->kick_fd.load(), POLLIN, 0};
     }
     // A thread about to sleep posts no answer: what waits for one (a Placement Ack held for
     // it, doorbell-batched posts) leaves now (softverbs_cq_block does the same).
@@ -542,7 +534,7 @@ int channel_block(CompChannel* ch) {
     if (r > 0)
       for (size_t i = 0; i < s.n; ++i)
         if (p[s.n + i + 1].revents) {
-          cq_kick_drain(s.cqs[i]);
+          drain_kick(s.cqs[i]);
           p[i + 1].revents |= POLLIN;
           kicked = true;
         }

@@ -97,9 +97,6 @@ void cq_kick(Cq* cq);
 // read at all for a message the socket brought).
 void cq_block_begin(Cq* cq, bool drain_kick = true);
 void cq_block_end(Cq* cq, bool drain_kick = true);
-// The kick eventfd of cq's wait set (-1 if it has none yet), and emptying it.
-int cq_kick_fd(const Cq* cq);
-void cq_kick_drain(Cq* cq);
 // Blocking ownership through a completion channel (issue 31): a thread that blocks in
 // ibv_get_cq_event with nothing queued sleeps on the channel's descriptor and on the wait
 // sets of the channel's CQs at once, as if it had called softverbs_cq_block on each; the
