@@ -100,6 +100,10 @@ void drop_to(Sock* s, const sockaddr_in* dest, bool notify) {
         }
         it = q->erase(it);
         if (notify) ops_report(m, RDS_RDMA_CANCELED);
+        // A zero-copy SEND the device has not finished with keeps its buffers until it has
+        // (freed now, the device would read an unregistered region: LOC_PROT_ERR, and the
+        // connection reset); its cookie completes then.
+        if (c && q == &c->retrans && retire_later(c, m)) continue;
         release_message(m);
       }
     }
@@ -525,7 +529,7 @@ SV_EXPORT int svrds_close(int fd) {
   // after the ack delay, in case the process is about to exit.
   flush_acks_locked();
   for (auto& [k, c] : g().conns)
-    for (auto* q : {&c->send_q, &c->retrans, &c->op_wait})
+    for (auto* q : {&c->send_q, &c->retrans, &c->op_wait, &c->zc_retiring})
       for (Message* m : *q)
         if (m->sock == s) m->sock = nullptr;
   for (auto* q : directory_queues())

@@ -162,6 +162,7 @@ struct Message {
   uint32_t zcookie = 0;
   std::vector<ibv_sge> zsge;  // the payload's regions, in order
   std::vector<ibv_mr*> zmrs;
+  uint64_t last_wr = 0;  // the wr_id of its last SEND posted (Conn::posted)
 };
 
 // Receive path trace points (net/rds i_rx_lat_trace): header seen, delivery started,
@@ -290,6 +291,11 @@ struct Conn {
   // Acked (or dropped unsent) messages whose fenced Write is not settled yet: they keep the
   // op's buffers registered until its fence, or the verdict on its failure, has arrived.
   std::deque<Message*> op_wait;
+  // Cancelled zero-copy messages whose SENDs the device may still be reading from the
+  // sender's buffers: their regions stay registered, and their cookies wait, until those
+  // SENDs retire (on_send_complete) or the QP is gone (conn_reset_queues), as net/rds's
+  // zerocopy notifier fires only when the transport drops its reference (rds_message_put).
+  std::deque<Message*> zc_retiring;
   // receive buffers (none in SRQ mode) and send slots, registered once per connection
   PageBuf rbuf, sbuf;
   ibv_mr* rmr = nullptr;
@@ -602,6 +608,9 @@ void conn_reset_queues(Conn* c);  // connection went down
 void queue_notify(Sock* s, uint64_t token, int status);
 void queue_zcookie(Sock* s, uint32_t cookie);  // a MSG_ZEROCOPY send's buffers are free
 void release_message(Message* m);
+// A zero-copy message taken off the retransmit queue: true if its SENDs may still be in the
+// device's hands; it then waits on c->zc_retiring (its socket's accounting is done now).
+bool retire_later(Conn* c, Message* m);
 
 // rdma.cc
 int map_region_locked(Sock* s, const rds_iovec& v, uint64_t flags, uint64_t* cookie);

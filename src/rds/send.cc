@@ -32,14 +32,45 @@ void queue_zcookie(Sock* s, uint32_t cookie) {
   sock_wake(s);
 }
 
+namespace {
+// The message no longer counts against its socket's send buffer.
+void unqueue_from_sock(Message* m) {
+  if (!m->sock || !m->queued_to_sock) return;
+  m->queued_to_sock = false;
+  m->sock->snd_bytes -= m->h.len;
+  sock_update_poll(m->sock);
+  sock_wake(m->sock);
+}
+
+bool still_posted(const Conn* c, uint64_t wr_id) {
+  return std::find(c->posted.begin(), c->posted.end(), wr_id) != c->posted.end();
+}
+
+// Releases the cancelled zero-copy messages whose last SEND has retired (every send
+// posted before a retired one has retired too: RC completes in order).
+void release_retired(Conn* c) {
+  for (auto it = c->zc_retiring.begin(); it != c->zc_retiring.end();) {
+    if (still_posted(c, (*it)->last_wr)) {
+      ++it;
+      continue;
+    }
+    release_message(*it);
+    it = c->zc_retiring.erase(it);
+  }
+}
+}  // namespace
+
+bool retire_later(Conn* c, Message* m) {
+  if (!m->zcopy || !m->frags_posted || !still_posted(c, m->last_wr)) return false;
+  unqueue_from_sock(m);
+  c->zc_retiring.push_back(m);
+  return true;
+}
+
 void release_message(Message* m) {
   if (m->op || m->atomic_op)
     for (auto& [k, c] : g().conns) std::erase(c->rdma_q, m);
-  if (m->sock && m->queued_to_sock) {
-    m->sock->snd_bytes -= m->h.len;
-    sock_update_poll(m->sock);
-    sock_wake(m->sock);
-  }
+  unqueue_from_sock(m);
   for (ibv_mr* mr : m->zmrs) ibv_dereg_mr(mr);
   if (m->zcopy && m->sock && !m->sock->closing) queue_zcookie(m->sock, m->zcookie);
   ops_release(m);
@@ -120,6 +151,7 @@ void xmit(Conn* c) {
         return;
       }
       ++m->frags_posted;
+      m->last_wr = wr.wr_id;
     }
     c->ack_needed = c->ack_now = false;  // piggybacked
     c->ack_due = {};
@@ -157,6 +189,7 @@ void on_send_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
     c->free_slots.push_back(static_cast<int>(wr_idx(w)));
     if (w == wr_id) break;
   }
+  if (!c->zc_retiring.empty()) release_retired(c);
 }
 
 // A port belongs to a process here, to the host on Linux. When the process a connection was
@@ -223,6 +256,8 @@ void conn_reset_queues(Conn* c) {
   c->ack_needed = c->ack_now = false;
   c->ack_due = {};
   c->posted.clear();
+  // The QP is gone (conn_down destroyed it first): nothing reads their buffers any more.
+  release_retired(c);
 }
 
 }  // namespace sv::rds

@@ -229,6 +229,32 @@ int peer_collect(int n, char** ports) {
   return ended.size() == ps.size() ? 0 : 3;
 }
 
+// Peer mode "uniform": binds one port and reports each datagram as "msg <port> <length> <c>",
+// c its byte if every byte is the same, else '?', until "END"; then "done", and it stays
+// (its connections with it) until killed.
+int peer_uniform(const char* port_arg) {
+  const auto p = static_cast<uint16_t>(std::atoi(port_arg));
+  const int fd = bound_socket(p);
+  if (fd < 0) return 2;
+  dprintf(1, "ready\n");
+  std::vector<char> b((1 << 20) + 1);
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (Clock::now() < deadline) {
+    pollfd pf{fd, POLLIN, 0};
+    if (poll(&pf, 1, 200) <= 0) continue;
+    const ssize_t r = svrds_recvfrom(fd, b.data(), b.size(), MSG_DONTWAIT, nullptr, nullptr);
+    if (r < 0) continue;
+    if (r == 3 && std::memcmp(b.data(), "END", 3) == 0) {
+      dprintf(1, "done\n");
+      for (;;) pause();
+    }
+    const bool same =
+        r > 0 && std::all_of(b.begin(), b.begin() + r, [&](char x) { return x == b[0]; });
+    dprintf(1, "msg %u %zd %c\n", p, r, same ? b[0] : '?');
+  }
+  return 3;
+}
+
 // The parent's handle on a peer process; the destructor kills it whatever happened.
 // Peer mode "region": binds one port, registers a region and prints its cookie, then
 // receives until killed (the test kills it under an atomic).
@@ -921,6 +947,93 @@ TEST(RdsCancel, CancelDropsQueuedMessagesToOneDestinationOnly) {
   svrds_close(tx);
 }
 
+// A zero-copy message is gathered from the sender's own buffers, which the device reads
+// until the message's SENDs retire (at the peer's Placement Ack, under IB's completion rule).
+// Cancelled before that, it stays off every queue, but its buffers stay registered and its
+// cookie waits until then: freed at once, the device read an unregistered region
+// (LOC_PROT_ERR, the connection reset), and an application that reused the buffer of a
+// completed cookie changed bytes still to be sent.
+TEST(RdsCancel, CancelledZeroCopySendsKeepTheirBuffersUntilTheDeviceIsDone) {
+  const uint16_t pa = port(62), me = port(63);
+  Peer peer;
+  ASSERT_TRUE(peer.start({pa}, "uniform")) << "peer process did not come up";
+  int tx = bound_socket(me);
+  ASSERT_EQ(send_with(tx, pa, "up", {}), 2);
+  std::string line;
+  ASSERT_TRUE(peer.next_line(line, 5000));
+  ASSERT_EQ(line, "msg " + std::to_string(pa) + " 2 ?") << "the connection is up";
+  const uint64_t resets_before = counter(tx, "conn_reset");
+  ASSERT_TRUE(peer.stop());
+  int on = 1, big = 64 << 20;
+  ASSERT_EQ(svrds_setsockopt(tx, SOL_SOCKET, SO_ZEROCOPY, &on, sizeof on), 0);
+  ASSERT_EQ(svrds_setsockopt(tx, SOL_SOCKET, SO_SNDBUF, &big, sizeof big), 0);
+  // 8 messages of 1 MiB: the first four fill the connection's 64 send slots (posted, not
+  // retired while the peer is stopped), the rest wait on the send queue.
+  constexpr int kMsgs = 8;
+  constexpr size_t kLen = 1 << 20;
+  std::vector<std::string> bufs;
+  for (int i = 0; i < kMsgs; ++i) bufs.emplace_back(kLen, static_cast<char>('a' + i));
+  for (int i = 0; i < kMsgs; ++i) {
+    const uint32_t cookie = 500 + static_cast<uint32_t>(i);
+    ASSERT_EQ(send_with(tx, pa, bufs[static_cast<size_t>(i)],
+                        {Cmsg::of(RDS_CMSG_ZCOPY_COOKIE, cookie)}, MSG_ZEROCOPY),
+              static_cast<ssize_t>(kLen))
+        << i << ": " << strerror(errno);
+  }
+  sockaddr_in da = addr(pa);
+  ASSERT_EQ(svrds_setsockopt(tx, SOL_RDS, RDS_CANCEL_SENT_TO, &da, sizeof da), 0);
+  // A completed cookie hands its buffer back: the application reuses it at once.
+  std::multiset<uint32_t> done;
+  auto take_cookies = [&](int wait_ms) {
+    while (wait_for(tx, POLLIN, wait_ms) & POLLIN) {
+      char ctl[CMSG_SPACE(sizeof(rds_zcopy_cookies))];
+      char c;
+      iovec v{&c, 1};
+      msghdr m{};
+      m.msg_iov = &v;
+      m.msg_iovlen = 1;
+      m.msg_control = ctl;
+      m.msg_controllen = sizeof ctl;
+      if (svrds_recvmsg(tx, &m, MSG_DONTWAIT) != 0) break;
+      for (cmsghdr* cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {
+        if (cm->cmsg_level != SOL_RDS || cm->cmsg_type != RDS_CMSG_ZCOPY_COMPLETION) continue;
+        rds_zcopy_cookies z;
+        std::memcpy(&z, CMSG_DATA(cm), sizeof z);
+        for (uint32_t k = 0; k < z.num && k < RDS_MAX_ZCOOKIES; ++k) {
+          done.insert(z.cookies[k]);
+          const uint32_t i = z.cookies[k] - 500;
+          if (i < kMsgs) std::fill(bufs[i].begin(), bufs[i].end(), '#');
+        }
+      }
+    }
+  };
+  take_cookies(300);
+  EXPECT_LT(done.size(), static_cast<size_t>(kMsgs))
+      << "the posted messages' cookies wait for their SENDs to retire";
+  peer.cont();
+  ASSERT_EQ(send_with(tx, pa, "END", {}), 3);
+  std::vector<std::string> got;
+  while (peer.next_line(line, 10000) && line != "done") got.push_back(line);
+  ASSERT_EQ(line, "done") << "END never arrived";
+  for (const std::string& l : got) {
+    std::istringstream is(l);
+    std::string tag;
+    unsigned port = 0;
+    size_t len = 0;
+    char c = 0;
+    is >> tag >> port >> len >> c;
+    EXPECT_EQ(len, kLen) << l;
+    EXPECT_TRUE(c >= 'a' && c < 'a' + kMsgs) << "a message sent intact: " << l;
+  }
+  // Every cookie completes, once.
+  for (int rounds = 0; rounds < 50 && done.size() < kMsgs; ++rounds) take_cookies(100);
+  std::multiset<uint32_t> want;
+  for (int i = 0; i < kMsgs; ++i) want.insert(500 + static_cast<uint32_t>(i));
+  EXPECT_EQ(done, want);
+  EXPECT_EQ(counter(tx, "conn_reset"), resets_before) << "the cancel cost the connection";
+  svrds_close(tx);
+}
+
 // The accepting process reads its connection's ESTABLISHED event on the engine thread, but
 // takes the peer's messages in wherever it polls. One that got its messages, closed and exited
 // before that event was read never acked them (acks go only on a connection that is up): its
@@ -1453,6 +1566,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], "--rds-peer=collect") == 0)
       return peer_collect(argc - i - 1, argv + i + 1);
+    else if (std::strcmp(argv[i], "--rds-peer=uniform") == 0 && i + 1 < argc)
+      return peer_uniform(argv[i + 1]);
     else if (std::strcmp(argv[i], "--rds-peer=region") == 0 && i + 1 < argc)
       return peer_region(argv[i + 1]);
     else if (std::strcmp(argv[i], "--rds-peer=atomic") == 0 && i + 2 < argc)
