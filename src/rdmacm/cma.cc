@@ -769,17 +769,32 @@ CmId* event_owner(const CmEvent* e) {
 
 SV_EXPORT int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
   if (!channel || !event) return fail(EINVAL);
-  CmEvent* e = nullptr;
-  // errno from read (EAGAIN, EINTR)
-  if (chan(channel)->events.pop(e, [](CmEvent* t) {
-        CmId* owner = event_owner(t);
-        owner->outstanding.fetch_add(1);
-        if (t->ev.event == RDMA_CM_EVENT_CONNECT_REQUEST && t->ev.listen_id)
-          owner->reqs_queued.fetch_sub(1);  // its place in the backlog is free again
-      }))
-    return -1;
-  *event = &e->ev;
-  return 0;
+  for (;;) {
+    CmEvent* e = nullptr;
+    // errno from read (EAGAIN, EINTR)
+    if (chan(channel)->events.pop(e, [](CmEvent* t) {
+          CmId* owner = event_owner(t);
+          owner->outstanding.fetch_add(1);
+          if (t->ev.event == RDMA_CM_EVENT_CONNECT_REQUEST && t->ev.listen_id)
+            owner->reqs_queued.fetch_sub(1);  // its place in the backlog is free again
+        }))
+      return -1;
+    rdma_cm_id* child = e->ev.id;
+    // A synchronous listener's new id is synchronous too, on a channel of its own, however
+    // its request is read (librdmacm's ucma_process_conn_req migrates it to a new channel).
+    // On the listener's private channel, it would lose that channel to the listener's
+    // rdma_migrate_id or destroy. If no channel can be made, the request is refused and
+    // the next event read, as librdmacm does.
+    if (e->ev.event == RDMA_CM_EVENT_CONNECT_REQUEST && e->ev.listen_id &&
+        cmid(e->ev.listen_id)->sync && !cmid(child)->sync && rdma_migrate_id(child, nullptr)) {
+      rdma_reject(child, nullptr, 0);
+      rdma_ack_cm_event(&e->ev);
+      rdma_destroy_id(child);
+      continue;
+    }
+    *event = &e->ev;
+    return 0;
+  }
 }
 
 SV_EXPORT int rdma_ack_cm_event(rdma_cm_event* event) {
@@ -1429,16 +1444,8 @@ SV_EXPORT int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** id) {
     rdma_cm_event* ev = nullptr;
     if (rdma_get_cm_event(listen->channel, &ev)) return -1;
     if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
-      rdma_cm_id* cid = ev->id;
-      CmId* child = cmid(cid);
-      // The child answers synchronously too.
-      child->sync = cmid(listen)->sync;
+      rdma_cm_id* cid = ev->id;  // synchronous, as its listener, since rdma_get_cm_event
       rdma_ack_cm_event(ev);
-      if (child->sync) {
-        rdma_event_channel* c = rdma_create_event_channel();
-        child->own_channel = chan(c);
-        child->id.channel = c;
-      }
       // rdma_create_ep(RAI_PASSIVE) with QP attributes: each request gets its QP (librdmacm).
       if (const ibv_qp_init_attr* proto = cmid(listen)->child_qp_attr.get()) {
         ibv_qp_init_attr a = *proto;

@@ -3,10 +3,12 @@
 // hint addresses (libfabric's verbs provider), and the rdma_verbs.h helpers
 // (rdma_create_ep's QP type, passive eps whose requests get a QP, the device's default PD).
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1087,6 +1089,82 @@ TEST(CmEvents, TheListenBacklogBoundsRequestsNotYetRetrieved) {
 // A listener migrated to another channel takes its queued connect requests along, with their
 // new ids (ucma_move_events): they are the new channel's to deliver, and go with the listener
 // when it is destroyed there (left behind, they named a freed listener).
+// librdmacm gives each new id of a synchronous listener (one made without a channel) a
+// channel of its own when its request is read (ucma_process_conn_req), however it is read.
+// Sharing the listener's private channel, it lost that channel to the listener's
+// rdma_migrate_id, and its events went to a freed channel.
+TEST(CmEvents, ASynchronousListenersNewIdsHaveChannelsOfTheirOwn) {
+  const uint16_t port = free_port();
+  ASSERT_NE(port, 0);
+  rdma_event_channel* cch = rdma_create_event_channel();
+  rdma_event_channel* sch2 = rdma_create_event_channel();
+  ASSERT_TRUE(cch && sch2);
+  rdma_cm_id* listen = nullptr;
+  ASSERT_EQ(rdma_create_id(nullptr, &listen, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in a = loopback(port);
+  ASSERT_EQ(rdma_bind_addr(listen, reinterpret_cast<sockaddr*>(&a)), 0);
+  ASSERT_EQ(rdma_listen(listen, 4), 0);
+  rdma_cm_id* id = resolved_id(cch, port);
+  ASSERT_NE(id, nullptr) << strerror(errno);
+  ASSERT_EQ(rdma_connect(id, nullptr), 0);
+  rdma_cm_event* req = nullptr;
+  ASSERT_EQ(rdma_get_cm_event(listen->channel, &req), 0);
+  ASSERT_EQ(req->event, RDMA_CM_EVENT_CONNECT_REQUEST);
+  rdma_cm_id* child = req->id;
+  ASSERT_NE(child->channel, nullptr);
+  EXPECT_NE(child->channel, listen->channel) << "the new id shares its listener's channel";
+  rdma_ack_cm_event(req);
+  ASSERT_EQ(rdma_migrate_id(listen, sch2), 0);  // the listener's private channel goes
+  // Synchronous: rdma_accept returns once the connection is up.
+  ASSERT_EQ(rdma_accept(child, nullptr), 0) << strerror(errno);
+  // No QP at the client: it hears the reply as CONNECT_RESPONSE (rdma_establish is its own).
+  EXPECT_EQ(next_event(cch, id), RDMA_CM_EVENT_CONNECT_RESPONSE);
+  rdma_destroy_id(child);
+  rdma_destroy_id(id);
+  rdma_destroy_id(listen);
+  rdma_destroy_event_channel(sch2);
+  rdma_destroy_event_channel(cch);
+}
+
+// ... and a request whose new id can get no channel (no descriptor left) is refused and
+// never returned: rdma_get_cm_event reads on, as librdmacm's retry does.
+TEST(CmEvents, ARequestWhoseNewIdGetsNoChannelIsRefused) {
+  const uint16_t port = free_port();
+  ASSERT_NE(port, 0);
+  rdma_event_channel* cch = rdma_create_event_channel();
+  ASSERT_NE(cch, nullptr);
+  rdma_cm_id* listen = nullptr;
+  ASSERT_EQ(rdma_create_id(nullptr, &listen, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in a = loopback(port);
+  ASSERT_EQ(rdma_bind_addr(listen, reinterpret_cast<sockaddr*>(&a)), 0);
+  ASSERT_EQ(rdma_listen(listen, 4), 0);
+  rdma_cm_id* id = resolved_id(cch, port);
+  ASSERT_NE(id, nullptr) << strerror(errno);
+  ASSERT_EQ(rdma_connect(id, nullptr), 0);
+  ASSERT_TRUE(readable(listen->channel->fd, 5000));
+  const int fl = fcntl(listen->channel->fd, F_GETFL);
+  ASSERT_EQ(fcntl(listen->channel->fd, F_SETFL, fl | O_NONBLOCK), 0);
+  // Every descriptor below the lowest free one is taken: a limit there leaves none.
+  const int lowest = dup(0);
+  ASSERT_GE(lowest, 0);
+  close(lowest);
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit tight = old;
+  tight.rlim_cur = static_cast<rlim_t>(lowest);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
+  rdma_cm_event* req = nullptr;
+  const int r = rdma_get_cm_event(listen->channel, &req);
+  const int e = errno;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  EXPECT_EQ(r, -1) << "a request was returned: " << (req ? rdma_event_str(req->event) : "");
+  EXPECT_EQ(e, EAGAIN);
+  EXPECT_EQ(next_event(cch, id), RDMA_CM_EVENT_REJECTED);
+  rdma_destroy_id(id);
+  rdma_destroy_id(listen);
+  rdma_destroy_event_channel(cch);
+}
+
 TEST(CmEvents, AMigratedListenerTakesItsConnectRequestsAlong) {
   const uint16_t port = free_port();
   ASSERT_NE(port, 0);
