@@ -787,9 +787,12 @@ SV_EXPORT int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** eve
     // the next event read, as librdmacm does.
     if (e->ev.event == RDMA_CM_EVENT_CONNECT_REQUEST && e->ev.listen_id &&
         cmid(e->ev.listen_id)->sync && !cmid(child)->sync && rdma_migrate_id(child, nullptr)) {
+      // The new id goes before the ack, as librdmacm frees it before completing the event:
+      // the ack lets a waiting destroy or migrate of the listener free the channel the new
+      // id is still on.
       rdma_reject(child, nullptr, 0);
-      rdma_ack_cm_event(&e->ev);
       rdma_destroy_id(child);
+      rdma_ack_cm_event(&e->ev);
       continue;
     }
     *event = &e->ev;

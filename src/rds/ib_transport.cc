@@ -359,6 +359,7 @@ int setup_qp(Conn* c, rdma_cm_id* id) {
   c->free_slots.clear();
   for (int i = 0; i < kSendSlots; ++i) c->free_slots.push_back(i);
   c->posted.clear();
+  c->retired = c->posts;
   c->since_signal = 0;
   if (G.srq) {
     G.data_qps[id->qp->qp_num] = c;
@@ -1452,6 +1453,7 @@ int post_data_send(Conn* c, ibv_send_wr* wr) {
   }
   if (sig) c->since_signal = 0;
   c->posted.push_back(wr->wr_id);
+  ++c->posts;
   return 0;
 }
 

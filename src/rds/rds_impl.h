@@ -162,7 +162,7 @@ struct Message {
   uint32_t zcookie = 0;
   std::vector<ibv_sge> zsge;  // the payload's regions, in order
   std::vector<ibv_mr*> zmrs;
-  uint64_t last_wr = 0;  // the wr_id of its last SEND posted (Conn::posted)
+  uint64_t last_post = 0;  // Conn::posts when its last SEND was posted
 };
 
 // Receive path trace points (net/rds i_rx_lat_trace): header seen, delivery started,
@@ -285,6 +285,9 @@ struct Conn {
   // Data QP sends in post order: most are unsignaled, and one signaled completion retires
   // every send posted before it (RC completes in order), freeing their slots.
   std::deque<uint64_t> posted;
+  // Sends posted and retired on the data QP so far, in that order: a send is retired once
+  // `retired` reaches the count `posts` had at its post (Message::last_post).
+  uint64_t posts = 0, retired = 0;
   int since_signal = 0;
   std::deque<Message*> send_q;
   std::deque<Message*> retrans;

@@ -42,15 +42,15 @@ void unqueue_from_sock(Message* m) {
   sock_wake(m->sock);
 }
 
-bool still_posted(const Conn* c, uint64_t wr_id) {
-  return std::find(c->posted.begin(), c->posted.end(), wr_id) != c->posted.end();
+bool still_posted(const Conn* c, const Message* m) {
+  return m->last_post > c->retired;
 }
 
 // Releases the cancelled zero-copy messages whose last SEND has retired (every send
 // posted before a retired one has retired too: RC completes in order).
 void release_retired(Conn* c) {
   for (auto it = c->zc_retiring.begin(); it != c->zc_retiring.end();) {
-    if (still_posted(c, (*it)->last_wr)) {
+    if (still_posted(c, *it)) {
       ++it;
       continue;
     }
@@ -61,9 +61,15 @@ void release_retired(Conn* c) {
 }  // namespace
 
 bool retire_later(Conn* c, Message* m) {
-  if (!m->zcopy || !m->frags_posted || !still_posted(c, m->last_wr)) return false;
+  if (!m->zcopy || !m->frags_posted || !still_posted(c, m)) return false;
   unqueue_from_sock(m);
   c->zc_retiring.push_back(m);
+  // Its last SEND may have gone unsignaled: a signaled ack behind it retires it (RC
+  // completes in order) rather than the next signaled send, which may never come.
+  if (c->state == ConnState::up) {
+    c->signal_next = true;
+    conn_send_ack(c);
+  }
   return true;
 }
 
@@ -151,7 +157,7 @@ void xmit(Conn* c) {
         return;
       }
       ++m->frags_posted;
-      m->last_wr = wr.wr_id;
+      m->last_post = c->posts;
     }
     c->ack_needed = c->ack_now = false;  // piggybacked
     c->ack_due = {};
@@ -186,6 +192,7 @@ void on_send_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
   for (;;) {
     const uint64_t w = c->posted.front();
     c->posted.pop_front();
+    ++c->retired;
     c->free_slots.push_back(static_cast<int>(wr_idx(w)));
     if (w == wr_id) break;
   }
@@ -256,6 +263,7 @@ void conn_reset_queues(Conn* c) {
   c->ack_needed = c->ack_now = false;
   c->ack_due = {};
   c->posted.clear();
+  c->retired = c->posts;
   // The QP is gone (conn_down destroyed it first): nothing reads their buffers any more.
   release_retired(c);
 }

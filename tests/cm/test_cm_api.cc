@@ -1086,9 +1086,6 @@ TEST(CmEvents, TheListenBacklogBoundsRequestsNotYetRetrieved) {
   rdma_destroy_event_channel(cch);
 }
 
-// A listener migrated to another channel takes its queued connect requests along, with their
-// new ids (ucma_move_events): they are the new channel's to deliver, and go with the listener
-// when it is destroyed there (left behind, they named a freed listener).
 // librdmacm gives each new id of a synchronous listener (one made without a channel) a
 // channel of its own when its request is read (ucma_process_conn_req), however it is read.
 // Sharing the listener's private channel, it lost that channel to the listener's
@@ -1165,6 +1162,9 @@ TEST(CmEvents, ARequestWhoseNewIdGetsNoChannelIsRefused) {
   rdma_destroy_event_channel(cch);
 }
 
+// A listener migrated to another channel takes its queued connect requests along, with their
+// new ids (ucma_move_events): they are the new channel's to deliver, and go with the listener
+// when it is destroyed there (left behind, they named a freed listener).
 TEST(CmEvents, AMigratedListenerTakesItsConnectRequestsAlong) {
   const uint16_t port = free_port();
   ASSERT_NE(port, 0);
