@@ -14,6 +14,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <unordered_map>
 
 #include "rds/rds_impl.h"
 #include "softverbs/rds.h"
@@ -61,6 +62,21 @@ bool sv::rds::is_local_ip(in_addr ip) {
   a->sin_family = AF_INET;
   a->sin_addr = ip;
   return bindable(ss, sizeof *a);
+}
+
+bool sv::rds::is_local_ip_cached(in_addr ip) {
+  struct Seen {
+    uint64_t at;
+    bool local;
+  };
+  static auto& seen = *new std::unordered_map<uint32_t, Seen>();
+  const uint64_t now = mono_ns();
+  if (auto it = seen.find(ip.s_addr); it != seen.end() && now - it->second.at < kLocalIpRecheckNs)
+    return it->second.local;
+  if (seen.size() >= 4096) seen.clear();  // destinations enough to fill it: look again
+  const bool local = is_local_ip(ip);
+  seen[ip.s_addr] = Seen{now, local};
+  return local;
 }
 
 namespace {

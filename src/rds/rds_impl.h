@@ -658,6 +658,10 @@ void cong_map_received(Conn* c, const std::byte* map, size_t len);
 // directory.cc: owners of (ip, port) on other hosts
 inline constexpr uint16_t kRdsCmPort = 18635;  // RDS_CM_PORT, where Linux RDS/IB listens
 bool is_local_ip(in_addr a);                   // this host has the address (af_rds.cc)
+// is_local_ip as it was within the last kLocalIpRecheckNs (a look costs three system calls,
+// too many for every message). Caller holds the stack lock.
+bool is_local_ip_cached(in_addr a);
+inline constexpr uint64_t kLocalIpRecheckNs = 1'000'000'000;
 uint16_t directory_cached(const sockaddr_in& d, uint64_t* gen);  // 0: not known
 bool directory_pending(const sockaddr_in& d);                    // messages to d wait for a lookup
 void directory_defer(Message* m);                       // hold m until its destination is known

@@ -443,14 +443,17 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
     if (!rdma) m->h.ext_rdma_rkey = m->atomic_op->rkey;
   }
   // 6. which process owns the destination? This host's registry, else (another host)
-  // what its directory told us, else ask it: the message waits for the answer.
+  // what its directory told us, else ask it: the message waits for the answer. The
+  // registry holds only this host's addresses (bind refuses others), so a message to
+  // another host does not ask it: that cost a socket, a connect and a close per message.
   uint64_t peer_gen = 0;
-  uint16_t cm_port = registry_lookup(dest, &peer_gen);
+  const bool local = is_local_ip_cached(dest.sin_addr);
+  uint16_t cm_port = local ? registry_lookup(dest, &peer_gen) : 0;
   bool ask_directory = false;
   if (!cm_port) {
     const bool pending = directory_pending(dest);
     if (!pending) cm_port = directory_cached(dest, &peer_gen);
-    ask_directory = !cm_port && (pending || !is_local_ip(dest.sin_addr));
+    ask_directory = !cm_port && (pending || !local);
   }
   if (!cm_port && !ask_directory) {
     // Nobody is bound there: Linux RDS sends it and the peer drops it silently. Its ops have
