@@ -64,18 +64,30 @@ bool sv::rds::is_local_ip(in_addr ip) {
   return bindable(ss, sizeof *a);
 }
 
-bool sv::rds::is_local_ip_cached(in_addr ip) {
-  struct Seen {
-    uint64_t at;
-    bool local;
-  };
-  static auto& seen = *new std::unordered_map<uint32_t, Seen>();
-  const uint64_t now = mono_ns();
-  if (auto it = seen.find(ip.s_addr); it != seen.end() && now - it->second.at < kLocalIpRecheckNs)
-    return it->second.local;
+namespace {
+// is_local_ip's answers, and when each was had (is_local_ip_cached). Under the stack lock.
+struct SeenIp {
+  uint64_t at;
+  bool local;
+};
+std::unordered_map<uint32_t, SeenIp>& seen_ips() {
+  static auto& seen = *new std::unordered_map<uint32_t, SeenIp>();
+  return seen;
+}
+void remember_ip(in_addr ip, bool local) {
+  auto& seen = seen_ips();
   if (seen.size() >= 4096) seen.clear();  // destinations enough to fill it: look again
+  seen[ip.s_addr] = SeenIp{mono_ns(), local};
+}
+}  // namespace
+
+bool sv::rds::is_local_ip_cached(in_addr ip) {
+  const auto& seen = seen_ips();
+  if (auto it = seen.find(ip.s_addr);
+      it != seen.end() && mono_ns() - it->second.at < kLocalIpRecheckNs)
+    return it->second.local;
   const bool local = is_local_ip(ip);
-  seen[ip.s_addr] = Seen{now, local};
+  remember_ip(ip, local);
   return local;
 }
 
@@ -265,7 +277,11 @@ SV_EXPORT int svrds_bind(int fd, const sockaddr* addr, socklen_t len) {
   }
   if (s->bound || bad_unicast(a)) return fail(EINVAL);
   if (ntohs(a.sin_port) == 1) return fail(EINVAL);  // RDS_FLAG_PROBE_PORT
-  if (!is_local_ip(a.sin_addr)) return fail(EADDRNOTAVAIL);
+  // What bind learns, sends know at once: an address just added to the host, and bound
+  // here, is not another host's for the rest of a cached second.
+  const bool local = is_local_ip(a.sin_addr);
+  remember_ip(a.sin_addr, local);
+  if (!local) return fail(EADDRNOTAVAIL);
   if (int r = transport_start()) return fail(-r);
   int lock = -1;
   if (a.sin_port) {
