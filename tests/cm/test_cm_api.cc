@@ -780,7 +780,10 @@ TEST(CmConnect, ARefusedConnectJustAfterAHeldAckIsRetriedWithinTheWindow) {
   std::promise<rdma_cm_id*> accepted;
   std::thread server([&] {
     rdma_cm_id* child = nullptr;
-    if (rdma_get_request(listen, &child)) return accepted.set_value(nullptr);
+    // Bounded: a connect that never came (a failed step below) must fail the test, not
+    // leave it waiting here, and the main thread in get() below, for ever.
+    if (!readable(listen->channel->fd, 10000) || rdma_get_request(listen, &child))
+      return accepted.set_value(nullptr);
     static char rbuf[64];
     ibv_mr* mr = ibv_reg_mr(child->pd, rbuf, sizeof rbuf, IBV_ACCESS_LOCAL_WRITE);
     if (!mr || rdma_post_recv(child, nullptr, rbuf, sizeof rbuf, mr) ||
@@ -820,7 +823,7 @@ TEST(CmConnect, ARefusedConnectJustAfterAHeldAckIsRetriedWithinTheWindow) {
     if (!l) return;
     rdma_cm_id* c = nullptr;
     // Only a connect that waited gets here; take it in and end it when the client does.
-    if (waits_it_out && rdma_get_request(l, &c) == 0) {
+    if (waits_it_out && readable(l->channel->fd, 10000) && rdma_get_request(l, &c) == 0) {
       if (rdma_accept(c, nullptr) == 0 && readable(c->channel->fd, 5000)) {
         rdma_cm_event* ev = nullptr;
         if (rdma_get_cm_event(c->channel, &ev) == 0) rdma_ack_cm_event(ev);
