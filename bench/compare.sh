@@ -32,22 +32,14 @@ A=127.0.0.1
 SRV=(env SOFTVERBS_NETDEV=lo UCX_NET_DEVICES=lo)
 CLI=(env SOFTVERBS_NETDEV=lo UCX_NET_DEVICES=lo)
 if [ "$NETNS" = 1 ]; then
-  NS_S=svbs_$$ NS_C=svbc_$$ VS=svs$$ VC=svc$$
-  ip netns add $NS_S && ip netns add $NS_C || { echo "compare.sh --netns: needs root" >&2; exit 1; }
-  ip link add $VC type veth peer name $VS
-  ip link set $VS netns $NS_S
-  ip link set $VC netns $NS_C
-  ip -n $NS_S addr add 10.83.0.2/24 dev $VS
-  ip -n $NS_C addr add 10.83.0.1/24 dev $VC
-  for n in $NS_S $NS_C; do ip -n $n link set lo up; done
-  ip -n $NS_S link set $VS up
-  ip -n $NS_C link set $VC up
-  A=10.83.0.2
+  . "$ROOT/bench/netns.sh"
+  netns_up 0
+  A=$SADDR
   SRV=(ip netns exec $NS_S env SOFTVERBS_NETDEV=$VS UCX_NET_DEVICES=$VS)
   CLI=(ip netns exec $NS_C env SOFTVERBS_NETDEV=$VC UCX_NET_DEVICES=$VC)
-  sleep 1  # the veth pair up
+else
+  netns_del() { return 0; }
 fi
-netns_del() { [ "$NETNS" = 1 ] && { ip netns del $NS_S; ip netns del $NS_C; } 2>/dev/null; return 0; }
 pids=()
 # A server started through timed() is a shell, GNU time and the server: stop the server
 # itself (the leaves of the tree), so time still writes its figures and nothing is left.

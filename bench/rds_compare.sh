@@ -34,23 +34,15 @@ P=127.0.0.2 A=127.0.0.1
 SRV=(env SOFTVERBS_NETDEV=lo SOFTVERBS_RDS_DIR=$RDS_DIR)
 CLI=(env SOFTVERBS_NETDEV=lo SOFTVERBS_RDS_DIR=$RDS_DIR)
 if [ "$NETNS" = 1 ]; then
-  NS_S=svrs_$$ NS_C=svrc_$$ VS=svrs$$ VC=svrc$$
-  ip netns add $NS_S && ip netns add $NS_C || { echo "rds_compare.sh --netns: needs root" >&2; exit 1; }
-  ip link add $VC type veth peer name $VS
-  ip link set $VS netns $NS_S
-  ip link set $VC netns $NS_C
-  ip -n $NS_S addr add 10.83.1.2/24 dev $VS
-  ip -n $NS_C addr add 10.83.1.1/24 dev $VC
-  for n in $NS_S $NS_C; do ip -n $n link set lo up; done
-  ip -n $NS_S link set $VS up
-  ip -n $NS_C link set $VC up
-  P=10.83.1.2 A=10.83.1.1
+  . "$ROOT/bench/netns.sh"
+  netns_up 1
+  P=$SADDR A=$CADDR
   SRV=(ip netns exec $NS_S env SOFTVERBS_NETDEV=$VS SOFTVERBS_RDS_DIR=$RDS_DIR-s)
   CLI=(ip netns exec $NS_C env SOFTVERBS_NETDEV=$VC SOFTVERBS_RDS_DIR=$RDS_DIR-c)
-  sleep 1  # the veth pair up
+else
+  netns_del() { return 0; }
 fi
 pids=()
-netns_del() { [ "$NETNS" = 1 ] && { ip netns del $NS_S; ip netns del $NS_C; } 2>/dev/null; return 0; }
 trap 'for p in "${pids[@]}"; do kill $p 2>/dev/null; done; rm -rf "$RDS_DIR" "$RDS_DIR"-s "$RDS_DIR"-c; netns_del' EXIT
 
 pt() {  # pt <tool> <args...>: the perftest result line

@@ -876,8 +876,9 @@ rdma_cm_id* resolved_id(rdma_event_channel* ch, uint16_t port) {
   return id;
 }
 
-// A listener on its own channel at 127.0.0.1:port; nullptr on failure.
-rdma_cm_id* async_listener(rdma_event_channel* ch, uint16_t port) {
+// A listener at 127.0.0.1:port on ch (nullptr: synchronous, on a channel of its own, as
+// librdmacm makes it); nullptr on failure.
+rdma_cm_id* listener_on(rdma_event_channel* ch, uint16_t port) {
   rdma_cm_id* l = nullptr;
   if (rdma_create_id(ch, &l, nullptr, RDMA_PS_TCP)) return nullptr;
   sockaddr_in a = loopback(port);
@@ -893,7 +894,7 @@ struct ListenSide {
   uint16_t port = free_port();
   rdma_event_channel* sch = rdma_create_event_channel();
   rdma_event_channel* cch = rdma_create_event_channel();
-  rdma_cm_id* listen = port && sch ? async_listener(sch, port) : nullptr;
+  rdma_cm_id* listen = port && sch ? listener_on(sch, port) : nullptr;
   bool ok() const { return port && sch && cch && listen; }
   ~ListenSide() {
     if (listen) rdma_destroy_id(listen);
@@ -1099,11 +1100,8 @@ TEST(CmEvents, ASynchronousListenersNewIdsHaveChannelsOfTheirOwn) {
   rdma_event_channel* cch = rdma_create_event_channel();
   rdma_event_channel* sch2 = rdma_create_event_channel();
   ASSERT_TRUE(cch && sch2);
-  rdma_cm_id* listen = nullptr;
-  ASSERT_EQ(rdma_create_id(nullptr, &listen, nullptr, RDMA_PS_TCP), 0);
-  sockaddr_in a = loopback(port);
-  ASSERT_EQ(rdma_bind_addr(listen, reinterpret_cast<sockaddr*>(&a)), 0);
-  ASSERT_EQ(rdma_listen(listen, 4), 0);
+  rdma_cm_id* listen = listener_on(nullptr, port);
+  ASSERT_NE(listen, nullptr) << strerror(errno);
   rdma_cm_id* id = resolved_id(cch, port);
   ASSERT_NE(id, nullptr) << strerror(errno);
   ASSERT_EQ(rdma_connect(id, nullptr), 0);
@@ -1133,11 +1131,8 @@ TEST(CmEvents, ARequestWhoseNewIdGetsNoChannelIsRefused) {
   ASSERT_NE(port, 0);
   rdma_event_channel* cch = rdma_create_event_channel();
   ASSERT_NE(cch, nullptr);
-  rdma_cm_id* listen = nullptr;
-  ASSERT_EQ(rdma_create_id(nullptr, &listen, nullptr, RDMA_PS_TCP), 0);
-  sockaddr_in a = loopback(port);
-  ASSERT_EQ(rdma_bind_addr(listen, reinterpret_cast<sockaddr*>(&a)), 0);
-  ASSERT_EQ(rdma_listen(listen, 4), 0);
+  rdma_cm_id* listen = listener_on(nullptr, port);
+  ASSERT_NE(listen, nullptr) << strerror(errno);
   rdma_cm_id* id = resolved_id(cch, port);
   ASSERT_NE(id, nullptr) << strerror(errno);
   ASSERT_EQ(rdma_connect(id, nullptr), 0);
@@ -1175,7 +1170,7 @@ TEST(CmEvents, AMigratedListenerTakesItsConnectRequestsAlong) {
   rdma_event_channel* sch2 = rdma_create_event_channel();
   rdma_event_channel* cch = rdma_create_event_channel();
   ASSERT_TRUE(sch && sch2 && cch);
-  rdma_cm_id* listen = async_listener(sch, port);
+  rdma_cm_id* listen = listener_on(sch, port);
   ASSERT_NE(listen, nullptr) << strerror(errno);
   rdma_cm_id* id = resolved_id(cch, port);
   ASSERT_NE(id, nullptr) << strerror(errno);

@@ -977,6 +977,24 @@ bool uniform_peer_stopped(Peer& peer, int tx, uint16_t pa) {
   return peer.next_line(line, 5000) && line == "msg " + std::to_string(pa) + " 2 ?" && peer.stop();
 }
 
+// Reads a "uniform" peer's reports up to its "done": true if END came and every message
+// before it was `len` bytes of one of the first `kinds` letters (as sent: 'a', 'b', ...).
+testing::AssertionResult all_intact_until_end(Peer& peer, size_t len, int kinds) {
+  std::string line;
+  while (peer.next_line(line, 10000) && line != "done") {
+    std::istringstream is(line);
+    std::string tag;
+    unsigned port = 0;
+    size_t n = 0;
+    char c = 0;
+    is >> tag >> port >> n >> c;
+    if (n != len || c < 'a' || c >= 'a' + kinds)
+      return testing::AssertionFailure() << "a message not as sent: " << line;
+  }
+  if (line != "done") return testing::AssertionFailure() << "END never arrived";
+  return testing::AssertionSuccess();
+}
+
 // A zero-copy message is gathered from the sender's own buffers, which the device reads
 // until the message's SENDs retire (at the peer's Placement Ack, under IB's completion rule).
 // Cancelled before that, it stays off every queue, but its buffers stay registered and its
@@ -989,7 +1007,6 @@ TEST(RdsCancel, CancelledZeroCopySendsKeepTheirBuffersUntilTheDeviceIsDone) {
   int tx = bound_socket(me);
   ASSERT_TRUE(uniform_peer_stopped(peer, tx, pa)) << "no peer with a connection up";
   const uint64_t resets_before = counter(tx, "conn_reset");
-  std::string line;
   int on = 1, big = 64 << 20;
   ASSERT_EQ(svrds_setsockopt(tx, SOL_SOCKET, SO_ZEROCOPY, &on, sizeof on), 0);
   ASSERT_EQ(svrds_setsockopt(tx, SOL_SOCKET, SO_SNDBUF, &big, sizeof big), 0);
@@ -1021,19 +1038,7 @@ TEST(RdsCancel, CancelledZeroCopySendsKeepTheirBuffersUntilTheDeviceIsDone) {
       << "the posted messages' cookies wait for their SENDs to retire";
   peer.cont();
   ASSERT_EQ(send_with(tx, pa, "END", {}), 3);
-  std::vector<std::string> got;
-  while (peer.next_line(line, 10000) && line != "done") got.push_back(line);
-  ASSERT_EQ(line, "done") << "END never arrived";
-  for (const std::string& l : got) {
-    std::istringstream is(l);
-    std::string tag;
-    unsigned port = 0;
-    size_t len = 0;
-    char c = 0;
-    is >> tag >> port >> len >> c;
-    EXPECT_EQ(len, kLen) << l;
-    EXPECT_TRUE(c >= 'a' && c < 'a' + kMsgs) << "a message sent intact: " << l;
-  }
+  EXPECT_TRUE(all_intact_until_end(peer, kLen, kMsgs));
   // Every cookie completes, once.
   for (int rounds = 0; rounds < 50 && done.size() < kMsgs; ++rounds) take_cookies(100);
   std::multiset<uint32_t> want;
@@ -1090,20 +1095,7 @@ TEST(RdsClose, CloseWithZeroCopySendsInTheDevicesHandsKeepsTheirBuffers) {
   peer.cont();
   const int tx2 = bound_socket(other);
   ASSERT_EQ(send_with(tx2, pa, "END", {}), 3);
-  std::string line;
-  std::vector<std::string> got;
-  while (peer.next_line(line, 10000) && line != "done") got.push_back(line);
-  ASSERT_EQ(line, "done") << "END never arrived";
-  for (const std::string& l : got) {
-    std::istringstream is(l);
-    std::string tag;
-    unsigned port = 0;
-    size_t len = 0;
-    char c = 0;
-    is >> tag >> port >> len >> c;
-    EXPECT_EQ(len, kLen) << l;
-    EXPECT_TRUE(c >= 'a' && c < 'a' + 6) << "a message sent intact: " << l;
-  }
+  EXPECT_TRUE(all_intact_until_end(peer, kLen, 6));
   EXPECT_EQ(counter(tx2, "conn_reset"), resets_before) << "the close cost the connection";
   svrds_close(tx2);
 }
