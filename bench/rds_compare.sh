@@ -94,7 +94,7 @@ RDS_RTT_2W=$(SOFTVERBS_RDS_WAIT_RX=0 stress -q 64 -a 64 -d 1 -t 1 | awk '{print 
 # rds-ping against an idle RDS process (the block server holds $P's port 0): median
 # round trip over 300 pings, one at a time, blocking on both sides.
 BS_DIR=$(mktemp -d)
-(cd "$BS_DIR" && timeout 60 "${SRV[@]}" "$BIN/blockserver" serve --addr $P --port 18777 \
+(cd "$BS_DIR" && exec timeout 60 "${SRV[@]}" "$BIN/blockserver" serve --addr $P --port 18777 \
    --file "$BS_DIR/b.img" >/dev/null 2>&1) &
 pids+=($!)
 sleep 1
