@@ -78,69 +78,11 @@ void close_cm(Rs* s) {
   s->cm_ch = nullptr;
 }
 
-int cm_errno(const rdma_cm_event& ev) {
-  if (ev.event == RDMA_CM_EVENT_REJECTED) return ECONNREFUSED;
-  if (ev.status < 0) return -ev.status;
-  return ev.event == RDMA_CM_EVENT_UNREACHABLE ? EHOSTUNREACH : ECONNREFUSED;
-}
-
-rdma_conn_param conn_param(const std::byte* pdata) {
-  rdma_conn_param p{};
-  p.private_data = pdata;
-  p.private_data_len = rs::kConnDataLen;
-  p.flow_control = 1;
-  p.retry_count = 7;
-  p.rnr_retry_count = 7;
-  p.initiator_depth = 1;  // iWARP: rdma-core asks ORD 1 for the MPA ready-to-receive exchange
-  return p;
-}
-
-// The active side's state machine (rs_do_connect), one rdma_cm event at a time.
-void connect_step(Rs* s, rdma_cm_event* ev) {
-  const rdma_cm_event e = *ev;
-  std::optional<rs::ConnData> peer;
-  if (e.event == RDMA_CM_EVENT_ESTABLISHED)
-    peer = rs::decode_conn_data(static_cast<const std::byte*>(e.param.conn.private_data),
-                                e.param.conn.private_data_len);
-  rdma_ack_cm_event(ev);
-  switch (e.event) {
-    case RDMA_CM_EVENT_ADDR_RESOLVED:
-      if (rdma_resolve_route(s->cm, 2000)) fail_locked(s, errno);
-      break;
-    case RDMA_CM_EVENT_ROUTE_RESOLVED: {
-      if (!create_ep(s)) return fail_locked(s, errno ? errno : ENOMEM);
-      std::byte pd[rs::kConnDataLen];
-      rs::encode_conn_data(local_conn_data(s), pd);
-      rdma_conn_param p = conn_param(pd);
-      if (rdma_connect(s->cm, &p)) fail_locked(s, errno);
-      break;
-    }
-    case RDMA_CM_EVENT_ESTABLISHED:
-      if (!peer) {
-        fail_locked(s, ENOTSUP);  // not an rsocket of version 1 (rs_do_connect)
-        rdma_disconnect(s->cm);
-        break;
-      }
-      save_conn_data(s, *peer);
-      s->state = State::connected;
-      s->readable = s->writable = true;
-      break;
-    case RDMA_CM_EVENT_DISCONNECTED:
-      fail_locked(s, ECONNRESET);
-      break;
-    default:
-      fail_locked(s, cm_errno(e));
-  }
-}
-
 // Drives a connect as far as the queued events take it; blocking: until it ends.
 int connect_progress_locked(Rs* s, std::unique_lock<std::mutex>& lk, bool block) {
   while (s->state == State::connecting) {
-    rdma_cm_event* ev = nullptr;
-    if (rdma_get_cm_event(s->cm_ch, &ev) == 0) {
-      connect_step(s, ev);
-      continue;
-    }
+    connect_poll_locked(s);  // what is queued
+    if (s->state != State::connecting) break;
     if (!block) return fail(EINPROGRESS);
     if (sleep_once(s, lk, -1) < 0) return -1;
   }
@@ -247,12 +189,6 @@ bool opening(const Rs* s) {
 }
 
 }  // namespace
-
-void connect_poll_locked(Rs* s) {
-  rdma_cm_event* ev = nullptr;
-  while (s->state == State::connecting && rdma_get_cm_event(s->cm_ch, &ev) == 0)
-    connect_step(s, ev);
-}
 
 }  // namespace sv::rsock
 

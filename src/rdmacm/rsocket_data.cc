@@ -194,17 +194,22 @@ void on_send(Rs* s, const ibv_wc& wc) {
   if (s->state == State::connected) fail_locked(s, EIO);
 }
 
-void drain_cm(Rs* s) {
-  if (!s->cm_ch || s->state == State::listening) return;
+// A connected socket's rdma_cm events (a connecting one's are its connect's: connect_step).
+// True if one changed what its waiters wait for.
+bool drain_cm(Rs* s) {
+  if (!s->cm_ch || s->state == State::listening || s->state == State::connecting) return false;
+  bool changed = false;
   rdma_cm_event* ev = nullptr;
   while (rdma_get_cm_event(s->cm_ch, &ev) == 0) {
     const auto type = ev->event;
     rdma_ack_cm_event(ev);
     if (type == RDMA_CM_EVENT_DISCONNECTED || type == RDMA_CM_EVENT_DEVICE_REMOVAL) {
+      changed |= s->readable || s->writable;
       s->readable = s->writable = false;
       if (s->state == State::connected) s->state = State::disconnected;
     }
   }
+  return changed;
 }
 
 bool all_in(uint32_t n, uint32_t max) {
@@ -319,6 +324,69 @@ void save_conn_data(Rs* s, const rs::ConnData& peer) {
   s->remote_iomap_count = rs::iomap_scale_to_value(peer.target_iomap_size);
 }
 
+rdma_conn_param conn_param(const std::byte* pdata) {
+  rdma_conn_param p{};
+  p.private_data = pdata;
+  p.private_data_len = rs::kConnDataLen;
+  p.flow_control = 1;
+  p.retry_count = 7;
+  p.rnr_retry_count = 7;
+  p.initiator_depth = 1;  // iWARP: rdma-core asks ORD 1 for the MPA ready-to-receive exchange
+  return p;
+}
+
+namespace {
+int cm_errno(const rdma_cm_event& ev) {
+  if (ev.event == RDMA_CM_EVENT_REJECTED) return ECONNREFUSED;
+  if (ev.status < 0) return -ev.status;
+  return ev.event == RDMA_CM_EVENT_UNREACHABLE ? EHOSTUNREACH : ECONNREFUSED;
+}
+
+// The active side's state machine (rs_do_connect), one rdma_cm event at a time.
+void connect_step(Rs* s, rdma_cm_event* ev) {
+  const rdma_cm_event e = *ev;
+  std::optional<rs::ConnData> peer;
+  if (e.event == RDMA_CM_EVENT_ESTABLISHED)
+    peer = rs::decode_conn_data(static_cast<const std::byte*>(e.param.conn.private_data),
+                                e.param.conn.private_data_len);
+  rdma_ack_cm_event(ev);
+  switch (e.event) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED:
+      if (rdma_resolve_route(s->cm, 2000)) fail_locked(s, errno);
+      break;
+    case RDMA_CM_EVENT_ROUTE_RESOLVED: {
+      if (!create_ep(s)) return fail_locked(s, errno ? errno : ENOMEM);
+      std::byte pd[rs::kConnDataLen];
+      rs::encode_conn_data(local_conn_data(s), pd);
+      rdma_conn_param p = conn_param(pd);
+      if (rdma_connect(s->cm, &p)) fail_locked(s, errno);
+      break;
+    }
+    case RDMA_CM_EVENT_ESTABLISHED:
+      if (!peer) {
+        fail_locked(s, ENOTSUP);  // not an rsocket of version 1 (rs_do_connect)
+        rdma_disconnect(s->cm);
+        break;
+      }
+      save_conn_data(s, *peer);
+      s->state = State::connected;
+      s->readable = s->writable = true;
+      break;
+    case RDMA_CM_EVENT_DISCONNECTED:
+      fail_locked(s, ECONNRESET);
+      break;
+    default:
+      fail_locked(s, cm_errno(e));
+  }
+}
+}  // namespace
+
+void connect_poll_locked(Rs* s) {
+  rdma_cm_event* ev = nullptr;
+  while (s->state == State::connecting && rdma_get_cm_event(s->cm_ch, &ev) == 0)
+    connect_step(s, ev);
+}
+
 void pump_locked(Rs* s, bool armed) {
   if (s->cc && !armed) {
     ibv_cq* ev_cq = nullptr;
@@ -327,10 +395,18 @@ void pump_locked(Rs* s, bool armed) {
     while (ibv_get_cq_event(s->cc, &ev_cq, &ctx) == 0) ++n;
     if (n) ibv_ack_cq_events(s->cq, n);
   }
+  // A connecting socket's rdma_cm events drive its connect (rs_do_connect), whoever pumps:
+  // read as anything else, they were lost and the connect never ended. Where it gets to,
+  // and a disconnect, wake the socket's other waiters (one of them read the event that
+  // the others' sleep was watching for).
+  bool progress = false;
+  if (s->state == State::connecting) {
+    connect_poll_locked(s);
+    progress = s->state != State::connecting;
+  }
   // CM first: a DISCONNECTED queued after the last data means those completions are in the CQ
   // by now, and the CQ is drained next.
-  drain_cm(s);
-  bool progress = false;
+  progress |= drain_cm(s);
   if (s->cq) {
     ibv_wc wc[32];
     int n;
@@ -495,6 +571,7 @@ ssize_t send_iov(int fd, const iovec* iov, int iovcnt, int flags) {
       return -1;
     }
     send_iomaps_locked(s);
+    if (!can_send_locked(s, total - sent)) continue;  // its records took the WRs: look again
     while (iov[vi].iov_len == voff) {
       ++vi;
       voff = 0;
@@ -522,6 +599,12 @@ ssize_t recv_iov(int fd, const iovec* iov, int iovcnt, int flags) {
   const bool nb = s->nonblock || (flags & MSG_DONTWAIT);
   if (s->state == State::init || s->state == State::bound || s->state == State::listening)
     return errno = ENOTCONN, -1;
+  // Connecting: what the connect comes to, first (EAGAIN meanwhile if non-blocking, as
+  // rdma-core's rrecv turns rs_do_connect's EINPROGRESS into); it was read as EOF.
+  if (s->state == State::connecting &&
+      wait_locked(
+          s, lk, [s] { return s->state != State::connecting; }, nb))
+    return -1;
   size_t got = 0;
   for (;;) {
     auto have = [s] { return !s->rmsg.empty() || !s->readable; };
@@ -631,6 +714,9 @@ SV_EXPORT off_t riomap(int fd, void* buf, size_t len, int prot, int /*flags*/, o
   if (!buf || !len || prot != PROT_WRITE) return errno = EINVAL, -1;
   std::unique_lock lk(s->mu);
   if (!s->cm || !s->qp || s->state != State::connected) return errno = ENOTCONN, -1;
+  // Every map takes a slot of the peer's table (which the peer sized): none free is ENOMEM,
+  // as rs_get_iomap_mr finds none. It used to succeed, and the peer's riowrite then failed.
+  if (s->iomaps.size() >= s->remote_iomap_count) return errno = ENOMEM, -1;
   LocalIomap m;
   m.buf = buf;
   m.len = len;
@@ -668,6 +754,9 @@ SV_EXPORT size_t riowrite(int fd, const void* buf, size_t count, off_t offset, i
   const auto* src = static_cast<const std::byte*>(buf);
   size_t done = 0;
   uint64_t off = static_cast<uint64_t>(offset);
+  auto ready = [s] {
+    return s->state != State::connected || (s->data_wrs >= 1 && s->sbuf_avail >= 1);
+  };
   while (done < count) {
     send_iomaps_locked(s);
     const PeerIomap* m = nullptr;
@@ -678,12 +767,13 @@ SV_EXPORT size_t riowrite(int fd, const void* buf, size_t count, off_t offset, i
       errno = EINVAL;
       return static_cast<size_t>(-1);
     }
-    auto ready = [s] {
-      return s->state != State::connected || (s->data_wrs >= 1 && s->sbuf_avail >= 1);
-    };
-    if (wait_locked(s, lk, ready, nb)) {
-      if (done) break;
-      return static_cast<size_t>(-1);
+    if (!ready()) {
+      if (wait_locked(s, lk, ready, nb)) {
+        if (done) break;
+        return static_cast<size_t>(-1);
+      }
+      // The wait let go of the lock: the peer may have replaced the entry; look it up again.
+      continue;
     }
     if (s->state != State::connected) {
       if (done) break;

@@ -149,8 +149,11 @@ void fail_locked(Rs* s, int err);
 // (rsocket_table.cc).
 template <typename Pred>
 int wait_locked(Rs* s, std::unique_lock<std::mutex>& lk, Pred ready, bool nonblock);
-// rsocket.cc: a connect's queued rdma_cm events, without blocking (rpoll).
+// A connect's queued rdma_cm events, without blocking (rpoll, pump_locked): the active
+// side's state machine (rs_do_connect), in rsocket_data.cc with the data path it sets up.
 void connect_poll_locked(Rs* s);
+// rdma_connect/rdma_accept's parameters, with our connection data as private data.
+rdma_conn_param conn_param(const std::byte* pdata);
 // A sleeper's fds for this socket (its eventfd, completion channel, rdma_cm channel), counted
 // in waiters; leave_sleep_locked uncounts it and clears the wake-up after the last one.
 inline constexpr int kSleepFds = 3;

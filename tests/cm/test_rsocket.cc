@@ -156,6 +156,41 @@ TEST(RsocketErrors, ConnectWithNoListenerIsRefused) {
   rclose(fd);
 }
 
+// I/O on a socket whose non-blocking connect is under way drives the connect (rdma-core's
+// rs_do_connect from rrecv and rsend) and says EAGAIN meanwhile. It used to read the
+// connect's rdma_cm events as a connected socket's and drop them: the connect stopped at
+// its first event for good, and rrecv said EOF.
+TEST(RsocketConnect, IoWhileConnectingDrivesTheConnectAndIsEagain) {
+  const uint16_t port = test_port(16);
+  const int l = listener(port);
+  ASSERT_GE(l, 0) << strerror(errno);
+  ASSERT_EQ(rfcntl(l, F_SETFL, O_NONBLOCK), 0);
+  const int c = rsocket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(c, 0);
+  ASSERT_EQ(rfcntl(c, F_SETFL, O_NONBLOCK), 0);
+  sockaddr_in a = loopback(port);
+  const int r = rconnect(c, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ASSERT_TRUE(r == 0 || errno == EINPROGRESS) << strerror(errno);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // its first events queued
+  char b = 0;
+  EXPECT_EQ(rrecv(c, &b, 1, 0), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  EXPECT_EQ(rsend(c, "x", 1, 0), -1);  // nobody accepted yet: still connecting
+  EXPECT_EQ(errno, EAGAIN);
+  pollfd lp{l, POLLIN, 0};
+  ASSERT_EQ(rpoll(&lp, 1, 5000), 1) << "the connect request never came";
+  const int s = raccept(l, nullptr, nullptr);
+  ASSERT_GE(s, 0) << strerror(errno);
+  pollfd p{c, POLLOUT, 0};
+  ASSERT_EQ(rpoll(&p, 1, 5000), 1) << "the connect never ended";
+  EXPECT_EQ(rsend(c, "x", 1, 0), 1);
+  pollfd sp{s, POLLIN, 0};
+  ASSERT_EQ(rpoll(&sp, 1, 5000), 1);
+  EXPECT_EQ(rrecv(s, &b, 1, 0), 1);
+  EXPECT_EQ(b, 'x');
+  for (int fd : {c, s, l}) rclose(fd);
+}
+
 TEST(RsocketErrors, ListenerPortInUse) {
   const uint16_t port = test_port(1);
   int l = listener(port);
@@ -375,6 +410,10 @@ TEST_F(Pair, RiowriteLandsInThePeersMapAndNowhereElse) {
   EXPECT_EQ(riomap(s, target.data(), target.size(), PROT_READ, 0, 0), -1);
   EXPECT_EQ(errno, EINVAL);
   ASSERT_EQ(riomap(s, target.data(), target.size(), PROT_WRITE, 0, 4096), 4096);
+  // The client's table has one slot, now taken: a second map is ENOMEM (rs_get_iomap_mr).
+  std::vector<char> more(4096, 0);
+  EXPECT_EQ(riomap(s, more.data(), more.size(), PROT_WRITE, 0, 8192), -1);
+  EXPECT_EQ(errno, ENOMEM);
   // The map record travels before the next message; the client learns of it with that message.
   ASSERT_EQ(rsend(s, "m", 1, 0), 1);
   char b;
