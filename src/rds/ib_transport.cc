@@ -359,7 +359,6 @@ int setup_qp(Conn* c, rdma_cm_id* id) {
   c->free_slots.clear();
   for (int i = 0; i < kSendSlots; ++i) c->free_slots.push_back(i);
   c->posted.clear();
-  c->retired = c->posts;
   c->since_signal = 0;
   if (G.srq) {
     G.data_qps[id->qp->qp_num] = c;

@@ -285,9 +285,10 @@ struct Conn {
   // Data QP sends in post order: most are unsignaled, and one signaled completion retires
   // every send posted before it (RC completes in order), freeing their slots.
   std::deque<uint64_t> posted;
-  // Sends posted and retired on the data QP so far, in that order: a send is retired once
-  // `retired` reaches the count `posts` had at its post (Message::last_post).
-  uint64_t posts = 0, retired = 0;
+  // Sends posted on the data QP so far: those not in `posted` have retired, so a send is
+  // retired once posts - posted.size() reaches the count posts had at its post
+  // (Message::last_post).
+  uint64_t posts = 0;
   int since_signal = 0;
   std::deque<Message*> send_q;
   std::deque<Message*> retrans;

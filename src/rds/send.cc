@@ -43,7 +43,7 @@ void unqueue_from_sock(Message* m) {
 }
 
 bool still_posted(const Conn* c, const Message* m) {
-  return m->last_post > c->retired;
+  return m->last_post > c->posts - c->posted.size();
 }
 
 // Releases the cancelled zero-copy messages whose last SEND has retired (every send
@@ -192,7 +192,6 @@ void on_send_complete(Conn* c, uint64_t wr_id, ibv_wc_status st) {
   for (;;) {
     const uint64_t w = c->posted.front();
     c->posted.pop_front();
-    ++c->retired;
     c->free_slots.push_back(static_cast<int>(wr_idx(w)));
     if (w == wr_id) break;
   }
@@ -263,7 +262,6 @@ void conn_reset_queues(Conn* c) {
   c->ack_needed = c->ack_now = false;
   c->ack_due = {};
   c->posted.clear();
-  c->retired = c->posts;
   // The QP is gone (conn_down destroyed it first): nothing reads their buffers any more.
   release_retired(c);
 }
