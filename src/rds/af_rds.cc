@@ -157,8 +157,7 @@ SV_EXPORT int svrds_socket(int domain, int type, int protocol) {
   struct stat st {};
   if (fstat(sv[0], &st) == 0) s->inum = st.st_ino;  // as sock_i_ino: ls -l /proc/PID/fd shows it
   std::lock_guard lk(g().mu);
-  g().socks[s->app_fd] = s;
-  if (s->app_fd < kMaxFd) g_is_rds[s->app_fd] = 1;
+  sock_table_add(s);
   return s->app_fd;
 }
 
@@ -170,16 +169,17 @@ SV_EXPORT int svrds_is_rds(int fd) {
 // tells the kernel: readable, and app_fd's send direction filled iff `blocked`): a spinning
 // poller's every pass then costs no syscall.
 SV_EXPORT int svrds_poll_ready(struct pollfd* fds, nfds_t n) {
-  // Waits for the lock: its holders are brief, and asking the kernel instead would make it
-  // be told (svrds_kernel_wait_begin), a syscall or two.
-  std::lock_guard lk(g().mu);
+  // Each socket's rs_recv_lock, never the stack lock: a spinning poller holds up neither
+  // the send path nor the completions.
   int ready = 0;
   for (nfds_t i = 0; i < n; ++i) {
     fds[i].revents = 0;
     if (fds[i].fd < 0) continue;
-    const Sock* s = sock_of(fds[i].fd);
+    Sock* s = sock_of(fds[i].fd);
+    if (!s) return -1;
+    std::lock_guard lk(s->rs_recv_lock);
     // Not ours to answer for: the caller asks the kernel, which rewrites every revents.
-    if (!s || s->lib_fd < 0) return -1;
+    if (s->lib_fd < 0) return -1;
     // As unix_poll reports a stream socket's end.
     short r = 0;
     if (sock_readable(s)) r |= POLLIN | POLLRDNORM;
@@ -199,29 +199,33 @@ SV_EXPORT int svrds_lazy_tokens(void) {
 }
 
 SV_EXPORT void svrds_expose(int fd) {
-  std::lock_guard lk(g().mu);
-  if (Sock* s = sock_of(fd); s && !s->exposed) {
-    s->exposed = true;
-    sock_update_poll(s);
+  if (Sock* s = sock_of(fd)) {
+    std::lock_guard lk(s->rs_recv_lock);
+    if (!s->exposed) {
+      s->exposed = true;
+      sock_update_poll_locked(s);
+    }
   }
 }
 
 SV_EXPORT void svrds_kernel_wait_begin(const struct pollfd* fds, nfds_t n, void** socks) {
-  std::lock_guard lk(g().mu);
   for (nfds_t i = 0; i < n; ++i) {
     Sock* s = fds[i].fd >= 0 ? sock_of(fds[i].fd) : nullptr;
     socks[i] = s;
     if (!s) continue;
+    std::lock_guard lk(s->rs_recv_lock);
     ++s->sleepers;
-    sock_update_poll(s);  // the byte now says what the stack knows
+    sock_update_poll_locked(s);  // the byte now says what the stack knows
   }
 }
 
 SV_EXPORT void svrds_kernel_wait_end(void** socks, nfds_t n) {
-  std::lock_guard lk(g().mu);
   // Sockets are never freed (g_closed): one closed meanwhile is still there to count down.
   for (nfds_t i = 0; i < n; ++i)
-    if (auto* s = static_cast<Sock*>(socks[i])) --s->sleepers;
+    if (auto* s = static_cast<Sock*>(socks[i])) {
+      std::lock_guard lk(s->rs_recv_lock);
+      --s->sleepers;
+    }
 }
 
 namespace {
@@ -358,6 +362,7 @@ SV_EXPORT int svrds_setsockopt(int fd, int level, int optname, const void* optva
     if (at_rds ? optlen != sizeof(int) || !optval : !as_int(&v))
       return fail(at_rds ? EFAULT : EINVAL);
     std::memcpy(&v, optval, sizeof v);
+    std::lock_guard rlk(s->rs_recv_lock);  // recvmsg reads them
     if (optname == SO_TIMESTAMP_NEW || optname == SO_TIMESTAMPNS_NEW) s->tstamp_new = true;
     if (optname == SO_TIMESTAMP_OLD || optname == SO_TIMESTAMPNS_OLD) s->tstamp_new = false;
     s->rcvtstamp = v != 0;
@@ -372,6 +377,7 @@ SV_EXPORT int svrds_setsockopt(int fd, int level, int optname, const void* optva
       // sock_setsockopt: RDS is one of the families that may set it; 0 or 1 only.
       if (!as_int(&v)) return fail(EINVAL);
       if (v < 0 || v > 1) return fail(EINVAL);
+      std::lock_guard rlk(s->rs_recv_lock);
       s->zerocopy = v == 1;
       return 0;
     }
@@ -448,7 +454,11 @@ SV_EXPORT int svrds_setsockopt(int fd, int level, int optname, const void* optva
       int v;
       if (!as_int(&v)) return fail(EINVAL);
       s->cong_monitor = v != 0;
-      if (!s->cong_monitor) s->cong_mask = s->cong_notify = 0;
+      if (!s->cong_monitor) {
+        std::lock_guard rlk(s->rs_recv_lock);
+        s->cong_mask = s->cong_notify = 0;
+        sock_update_poll_locked(s);
+      }
       return 0;
     }
     case SO_TIMESTAMP_OLD:
@@ -460,6 +470,7 @@ SV_EXPORT int svrds_setsockopt(int fd, int level, int optname, const void* optva
       if (!optval || optlen != sizeof t) return fail(EFAULT);
       std::memcpy(&t, optval, sizeof t);
       if (t.rx_traces > RDS_MSG_RX_DGRAM_TRACE_MAX) return fail(EFAULT);
+      std::lock_guard rlk(s->rs_recv_lock);
       for (int i = 0; i < t.rx_traces; ++i)
         if (t.rx_trace_pos[i] >= RDS_MSG_RX_DGRAM_TRACE_MAX) {
           s->rx_traces = 0;
@@ -571,16 +582,23 @@ SV_EXPORT int svrds_close(int fd) {
   for (auto& [k, mr] : s->mrs) keys.push_back(k);
   for (uint32_t k : keys) free_mr(s, k);
   if (s->bound) registry_release(s->lock_fd, s->bound_addr);
-  s->rq.clear();
-  s->rcv_bytes = 0;
-  cong_rcvbuf_delta(s);  // a closed socket frees its port's congestion bit
-  s->closing = true;
-  g().socks.erase(fd);
-  if (fd < kMaxFd) g_is_rds[fd] = 0;
-  raw_close(s->lib_fd);
-  raw_close(s->app_fd);
-  s->lib_fd = s->app_fd = -1;
-  s->rq.clear();
+  int lib_fd, app_fd;
+  {
+    // A receive or a poll in another thread sees it closed (and its descriptors gone) or
+    // not at all.
+    std::lock_guard rlk(s->rs_recv_lock);
+    s->closing = true;
+    s->rq.clear();
+    s->rcv_bytes = 0;
+    s->congested = false;  // a closed socket frees its port's congestion bit
+    lib_fd = s->lib_fd;
+    app_fd = s->app_fd;
+    s->lib_fd = s->app_fd = -1;
+  }
+  cong_sync_port(s);
+  sock_table_remove(fd);
+  raw_close(lib_fd);
+  raw_close(app_fd);
   sock_wake(s);
   g_closed.push_back(s);
   return 0;

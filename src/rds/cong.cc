@@ -49,20 +49,32 @@ void cong_send_map(Conn* c) {
   conn_kick(c);
 }
 
-void cong_rcvbuf_delta(Sock* s) {
-  if (!s->bound) return;
-  const uint16_t port = ntohs(s->bound_addr.sin_port);
-  bool changed = false;
+bool cong_rcvbuf_changed(Sock* s) {
   if (!s->congested && s->rcv_bytes > s->rcvbuf) {
     s->congested = true;
-    g().lcong[port >> 3] |= static_cast<uint8_t>(1u << (port & 7));
-    changed = true;
-  } else if (s->congested && s->rcv_bytes < s->rcvbuf / 2) {
-    s->congested = false;
-    g().lcong[port >> 3] &= static_cast<uint8_t>(~(1u << (port & 7)));
-    changed = true;
+    return true;
   }
-  if (!changed) return;
+  if (s->congested && s->rcv_bytes < s->rcvbuf / 2) {
+    s->congested = false;
+    return true;
+  }
+  return false;
+}
+
+// Whoever changed `congested` calls this after it: the last such call sees the last change,
+// so the bit ends as the socket wants it however receives and deliveries interleave.
+void cong_sync_port(Sock* s) {
+  if (!s->bound) return;
+  bool want;
+  {
+    std::lock_guard lk(s->rs_recv_lock);
+    want = s->congested;
+  }
+  const uint16_t port = ntohs(s->bound_addr.sin_port);
+  uint8_t& byte = g().lcong[port >> 3];
+  const auto bit = static_cast<uint8_t>(1u << (port & 7));
+  if (static_cast<bool>(byte & bit) == want) return;
+  byte = want ? static_cast<uint8_t>(byte | bit) : static_cast<uint8_t>(byte & ~bit);
   for (auto& [k, c] : g().conns) cong_send_map(c);
 }
 
@@ -72,12 +84,14 @@ void cong_map_received(Conn* c, const std::byte* map, size_t len) {
   const uint64_t portmask = wire::rds_cong_update(c->fcong, map, len);
   for (auto& [fd, s] : g().socks) {
     if (s->cong_monitor && (s->cong_mask & portmask)) {
+      std::lock_guard lk(s->rs_recv_lock);
       s->cong_notify |= s->cong_mask & portmask;
       s->cong_mask &= ~portmask;
-      sock_update_poll(s);
+      sock_update_poll_locked(s);
     } else if (!s->cong_monitor && s->seen_congestion && portmask) {
+      std::lock_guard lk(s->rs_recv_lock);
       s->cong_poll = true;  // "retry ENOBUFS'd sends after POLLIN" (rds-api.md §3.2)
-      sock_update_poll(s);
+      sock_update_poll_locked(s);
     }
     sock_wake(s);  // blocked senders re-check
   }

@@ -3,6 +3,7 @@
 // increment, not a lookup by name.
 #pragma once
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -117,11 +118,10 @@ constexpr bool counter_names_fit() {
 }
 static_assert(counter_names_fit());
 
-using Counters = std::array<uint64_t, kCtrCount>;
+// Relaxed atomics, as net/rds's per-cpu rds_stats: counted under whichever lock the caller
+// holds (the stack lock, a socket's rs_recv_lock) or none (the completion handler).
+using Counters = std::array<std::atomic<uint64_t>, kCtrCount>;
 
-// Counts under the stack lock (Global::mu); cq_handler_declined and cq_handler_deferred are
-// counted where that lock could not be taken (Global::cq_declined, cq_deferred) and folded in
-// when the counters are read.
 void count(Ctr c, uint64_t n = 1);
 
 }  // namespace sv::rds

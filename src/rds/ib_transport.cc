@@ -1065,12 +1065,12 @@ bool on_cq_ready(ibv_cq*, void*) {
   std::unique_lock lk(G.mu, std::try_to_lock);
   if (!lk.owns_lock()) {
     if (!G.mu.defer()) {
-      G.cq_declined.fetch_add(1, std::memory_order_relaxed);  // counters need G.mu
+      count(Ctr::cq_handler_declined);
       return false;
     }
     // Its holder takes them in as it lets go, unless it let go before it could see our mark.
     if (!lk.try_lock()) {
-      G.cq_deferred.fetch_add(1, std::memory_order_relaxed);
+      count(Ctr::cq_handler_deferred);
       return true;
     }
   }
@@ -1274,7 +1274,7 @@ Global& g() {
 }
 
 void count(Ctr c, uint64_t n) {
-  g().counters[static_cast<size_t>(c)] += n;
+  g().counters[static_cast<size_t>(c)].fetch_add(n, std::memory_order_relaxed);
 }
 
 int transport_start() {

@@ -526,13 +526,9 @@ int local_records(int optname, std::vector<char>& out, int* each) {
   switch (optname) {
     case RDS_INFO_COUNTERS: {
       // Every counter, zeros included, as the kernel's rds_stat_names.
-      Counters now = G.counters;
-      now[static_cast<size_t>(Ctr::cq_handler_declined)] +=
-          G.cq_declined.load(std::memory_order_relaxed);
-      now[static_cast<size_t>(Ctr::cq_handler_deferred)] +=
-          G.cq_deferred.load(std::memory_order_relaxed);
       std::vector<rds_info_counter> v = zero_counters();
-      for (size_t i = 0; i < kCtrCount; ++i) v[i].value = now[i];
+      for (size_t i = 0; i < kCtrCount; ++i)
+        v[i].value = G.counters[i].load(std::memory_order_relaxed);
       return as_bytes(v, out, each);
     }
     case RDS_INFO_SOCKETS: {
@@ -650,7 +646,8 @@ int local_records(int optname, std::vector<char>& out, int* each) {
     case RDS6_INFO_RECV_MESSAGES: {
       std::vector<rds_info_message> v;
       std::vector<rds6_info_message> v6;
-      for (auto& [fd, s] : G.socks)
+      for (auto& [fd, s] : G.socks) {
+        std::lock_guard rlk(s->rs_recv_lock);
         for (const Incoming& in : s->rq) {
           rds6_info_message r{};
           r.len = static_cast<uint32_t>(in.data.size());
@@ -670,6 +667,7 @@ int local_records(int optname, std::vector<char>& out, int* each) {
             v.push_back(r4);
           }
         }
+      }
       return optname == RDS_INFO_RECV_MESSAGES ? as_bytes(v, out, each) : as_bytes(v6, out, each);
     }
     // RDS_INFO_TCP_SOCKETS / RDS6_INFO_TCP_SOCKETS: there is no RDS/TCP transport here, as

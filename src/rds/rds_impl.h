@@ -188,7 +188,16 @@ struct Incoming {
 
 uint64_t mono_ns();
 
+// Locking (net/rds's rs_recv_lock): the receive side, the poll tokens and whatever recvmsg
+// and poll() read are under rs_recv_lock, so a receive or a poll never waits for the stack
+// lock (Global::mu), which the send path and the completions hold. The rest is under the
+// stack lock. Fields both sides read are written holding both (stack lock first) and read
+// under either. Lock order: Global::mu, then rs_recv_lock; nothing that takes the stack lock
+// runs under rs_recv_lock.
 struct Sock {
+  std::mutex rs_recv_lock;
+  std::condition_variable rs_recv_cv;  // recvmsg sleeps here (rs_recv_lock)
+  // Written under both locks: the descriptors (close), the receive options below.
   int app_fd = -1;    // handed to the application
   int lib_fd = -1;    // our end of the socketpair
   uint64_t inum = 0;  // RDS_INFO_SOCKETS: the inode of app_fd, unique on the host
@@ -199,21 +208,33 @@ struct Sock {
   int lock_fd = -1;  // registry: the port's listening socket
   bool connected = false;
   sockaddr_in conn_addr{};
-  uint32_t sndbuf = kDefaultSndBuf, rcvbuf = kDefaultRcvBuf;
-  uint64_t snd_bytes = 0, rcv_bytes = 0;
+  // Atomics: sock_update_poll reads them for POLLOUT under rs_recv_lock, the send path
+  // changes snd_bytes under the stack lock (and then updates the poll state).
+  std::atomic<uint32_t> sndbuf = kDefaultSndBuf, rcvbuf = kDefaultRcvBuf;
+  std::atomic<uint64_t> snd_bytes = 0;
   bool recverr = false;
   bool rcvtstamp = false;   // SO_TIMESTAMP: a receive timestamp on every datagram
   bool tstamp_new = false;  // ... as SO_TIMESTAMP_NEW (64-bit) rather than a timeval
   uint8_t rx_traces = 0;    // SO_RDS_MSG_RXPATH_LATENCY
   uint8_t rx_trace_pos[RDS_MSG_RX_DGRAM_TRACE_MAX] = {};
-  bool zerocopy = false;                   // SO_ZEROCOPY
-  std::deque<rds_zcopy_cookies> zcookies;  // completed MSG_ZEROCOPY sends, 8 per entry
+  bool zerocopy = false;  // SO_ZEROCOPY
   bool cong_monitor = false;
-  uint64_t cong_mask = 0, cong_notify = 0;
-  std::deque<Incoming> rq;
-  std::deque<rds_rdma_notify> notify;
+  uint64_t cong_mask = 0;           // stack lock
   std::map<uint32_t, ibv_mr*> mrs;  // rkey -> MR (RDS_GET_MR)
   std::map<uint32_t, uint64_t> mr_flags;
+  std::condition_variable cv;  // blocked senders sleep here (the stack lock)
+  // Set under both locks: the descriptor is closed (sock_of no longer finds the socket).
+  std::atomic<bool> closing = false;
+
+  // ---- rs_recv_lock ----
+  std::deque<Incoming> rq;
+  uint64_t rcv_bytes = 0;
+  std::deque<rds_rdma_notify> notify;
+  std::deque<rds_zcopy_cookies> zcookies;  // completed MSG_ZEROCOPY sends, 8 per entry
+  uint64_t cong_notify = 0;
+  // rcv_bytes is past rcvbuf (until it falls below rcvbuf/2): the port is to be congested.
+  // The map's bit follows it under the stack lock (cong_sync_port).
+  bool congested = false;
   bool token = false;    // a byte is queued toward app_fd (POLLIN)
   bool blocked = false;  // app_fd's send direction is filled (no POLLOUT)
   // Lazy tokens (sock_update_poll): with the shim's poll() answering from memory, the byte
@@ -222,15 +243,12 @@ struct Sock {
   // cannot answer for (`exposed`: epoll_ctl, select, ppoll; for good).
   int sleepers = 0;
   bool exposed = false;
-  std::condition_variable cv;
-  bool closing = false;
-  bool congested = false;  // our port's bit is set in the local congestion map
   // Without RDS_CONG_MONITOR, Linux raises POLLIN once per congestion map update
   // (rds_cong_generation) so that ENOBUFS'd senders retry. We cannot see poll() itself, so a
   // socket that got ENOBUFS gets POLLIN when an update frees some port, and keeps it until
   // its next sendmsg or recvmsg (updates that only congest ports would be spurious wakeups).
-  bool seen_congestion = false;
   bool cong_poll = false;
+  bool seen_congestion = false;  // the stack lock
 };
 
 enum class ConnState : uint8_t { down, connecting, up };
@@ -416,7 +434,10 @@ class StackMutex {
 
 struct Global {
   StackMutex mu;
-  std::map<int, Sock*> socks;  // app_fd -> socket
+  // app_fd -> socket: changed under mu and socks_mu, iterated under mu; sock_of (sock.cc)
+  // looks a descriptor up without mu.
+  std::map<int, Sock*> socks;
+  std::mutex socks_mu;
   std::map<ConnKey, Conn*> conns;
   // verbs objects
   ibv_context* verbs = nullptr;
@@ -447,10 +468,6 @@ struct Global {
   // When the engine thread's poll() times out (zero while it is awake): a completion handler
   // that makes an ack due before then wakes it (ib_transport.cc).
   std::chrono::steady_clock::time_point engine_wakes_at{};
-  // Counters of the completion handler, counted where mu is not held: it found mu taken and
-  // gave up (the engine thread takes the completions), or left them to mu's holder.
-  std::atomic<uint64_t> cq_declined{0};
-  std::atomic<uint64_t> cq_deferred{0};
   // softverbs_cq_wait_fd of cq, set once the stack is up (-1: none, another provider, or
   // SOFTVERBS_RDS_WAIT_RX=0): a thread blocking in poll() waits on it too (svrds_block_prepare).
   std::atomic<int> cq_wait_fd{-1};
@@ -520,7 +537,11 @@ extern std::atomic<bool> g_lazy_tokens;
 ssize_t raw_send(int fd, const void* b, size_t n, int flags);
 ssize_t raw_recv(int fd, void* b, size_t n, int flags);
 int raw_close(int fd);
+// The open socket behind fd, or null; takes no lock for fd < kMaxFd. The table changes under
+// the stack lock (socket, close).
 Sock* sock_of(int fd);
+void sock_table_add(Sock* s);
+void sock_table_remove(int fd);
 // errno for a descriptor sock_of does not know: EBADFD if it is an RDS socket inherited
 // across fork() (it belongs to the parent's stack and only close() works on it), else EBADF.
 int no_sock(int fd);
@@ -528,10 +549,13 @@ void sock_fork_release(Sock* s);  // in a forked child: let go of the parent's s
 // Port 0 of an address answers pings (rds-ping). Whoever is bound there may take it; a
 // sender finds a holder, or failing that any process bound on the address (bind.cc).
 void ping_claim(in_addr ip);
-void sock_update_poll(Sock* s);  // POLLIN/POLLOUT state of app_fd
-// Data, notifications or congestion updates are queued: what poll() reports as POLLIN.
+// POLLIN/POLLOUT state of app_fd. The _locked form: rs_recv_lock is held.
+void sock_update_poll(Sock* s);
+void sock_update_poll_locked(Sock* s);
+// Data, notifications or congestion updates are queued: what poll() reports as POLLIN
+// (rs_recv_lock held).
 bool sock_readable(const Sock* s);
-void sock_wake(Sock* s);
+void sock_wake(Sock* s);  // senders and receivers re-check
 
 // bind.cc: host registry of bound (ip, port) -> owning process' rdma_cm port. The fd
 // claim returns is the port's listening socket (abstract unix namespace).
@@ -652,8 +676,12 @@ void info_unpublish();
 
 // cong.c-style congestion (cong.cc)
 bool cong_port_blocked(Conn* c, uint16_t port);
-void cong_rcvbuf_delta(Sock* s);  // after rcv_bytes changed: set/clear our bit
-void cong_send_map(Conn* c);      // queue our map on c
+// After rcv_bytes changed (rs_recv_lock held): whether the socket's port is to be congested
+// changed. Then cong_sync_port, under the stack lock, sets or clears the port's bit as it is
+// by then and sends the map if the bit changed.
+bool cong_rcvbuf_changed(Sock* s);
+void cong_sync_port(Sock* s);
+void cong_send_map(Conn* c);  // queue our map on c
 void cong_map_received(Conn* c, const std::byte* map, size_t len);
 
 // directory.cc: owners of (ip, port) on other hosts

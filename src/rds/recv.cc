@@ -59,11 +59,16 @@ void deliver(Conn* c, const wire::RdsHeader& h, std::vector<std::byte>&& data, u
   in.lat[kRxHdr] = hdr_ns;
   in.lat[kRxStart] = start_ns;
   in.lat[kRxEnd] = mono_ns();
-  s->rcv_bytes += in.data.size();
-  s->rq.push_back(std::move(in));
-  cong_rcvbuf_delta(s);
+  bool cong_changed;
+  {
+    std::lock_guard lk(s->rs_recv_lock);
+    s->rcv_bytes += in.data.size();
+    s->rq.push_back(std::move(in));
+    cong_changed = cong_rcvbuf_changed(s);
+    sock_update_poll_locked(s);
+  }
+  if (cong_changed) cong_sync_port(s);
   count(Ctr::recv_delivered);
-  sock_update_poll(s);
   sock_wake(s);
 }
 
@@ -272,18 +277,19 @@ bool put_zcookies(Sock* s, msghdr* msg, CmsgOut& out) {
 
 extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, msghdr* msg,
                                                                         int flags) {
-  Global& G = g();
-  std::unique_lock lk(G.mu);
-  QuietPosts quiet;  // the acks taking a message may let go
+  // Under the socket's rs_recv_lock only (net/rds rds_recvmsg): the stack lock is taken
+  // just when a receive clears the port's congestion, to send the map.
   Sock* s = sock_of(fd);
   if (!s) return fail(no_sock(fd));
+  std::unique_lock lk(s->rs_recv_lock);
+  if (s->closing) return fail(EBADF);
   if (flags & MSG_OOB) return 0;
   // Nothing is ever queued on an RDS socket's error queue (zero-copy completions come as
   // control messages): sock_recv_errqueue's EAGAIN, and no datagram taken.
   if (flags & MSG_ERRQUEUE) return fail(EAGAIN);
   if (s->cong_poll) {  // the congestion-update POLLIN has been seen
     s->cong_poll = false;
-    sock_update_poll(s);
+    sock_update_poll_locked(s);
   }
   for (;;) {
     // 1. RDMA notifications, as many as fit.
@@ -299,7 +305,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
                                             sizeof(rds_rdma_notify));
         msg->msg_namelen = 0;
         s->notify.pop_front();
-        sock_update_poll(s);
+        sock_update_poll_locked(s);
         return 0;
       }
       auto* cm = reinterpret_cast<cmsghdr*>(msg->msg_control);
@@ -315,7 +321,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
       msg->msg_controllen = n * CMSG_SPACE(sizeof(rds_rdma_notify));
       msg->msg_flags = 0;
       msg->msg_namelen = 0;
-      sock_update_poll(s);
+      sock_update_poll_locked(s);
       return 0;
     }
     // 2. congestion updates.
@@ -328,7 +334,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
             put_truncated(msg, SOL_RDS, RDS_CMSG_CONG_UPDATE, &s->cong_notify, sizeof(uint64_t));
         msg->msg_namelen = 0;
         s->cong_notify = 0;
-        sock_update_poll(s);
+        sock_update_poll_locked(s);
         return 0;
       }
       auto* cm = reinterpret_cast<cmsghdr*>(msg->msg_control);
@@ -339,7 +345,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
       s->cong_notify = 0;
       msg->msg_controllen = CMSG_SPACE(sizeof(uint64_t));
       msg->msg_namelen = 0;
-      sock_update_poll(s);
+      sock_update_poll_locked(s);
       return 0;
     }
     if (!s->rq.empty()) break;
@@ -351,24 +357,30 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
       if (put_zcookies(s, msg, out)) {
         msg->msg_controllen = out.used;
         msg->msg_namelen = 0;
-        sock_update_poll(s);
+        sock_update_poll_locked(s);
         return 0;
       }
       return fail(EAGAIN);
     }
-    G.mu.wait(s->cv);
+    s->rs_recv_cv.wait(lk);
     if (s->closing) return fail(EBADF);
   }
-  // 3. one datagram.
-  Incoming& in = s->rq.front();
+  // 3. one datagram. It is taken off the queue and its payload copied out with the lock let
+  // go, as net/rds copies (inc_copy_to_user) holding no lock: a long copy holds up no
+  // delivery to the socket. A peek copies in place, under the lock.
+  const bool peek = flags & MSG_PEEK;
+  Incoming taken;
+  bool cong_changed = false;
+  if (!peek) {
+    taken = std::move(s->rq.front());
+    s->rq.pop_front();
+    s->rcv_bytes -= taken.data.size();
+    count(Ctr::recv_delivered_to_app);
+    cong_changed = cong_rcvbuf_changed(s);
+  }
+  Incoming& in = peek ? s->rq.front() : taken;
   size_t cap = 0;
   for (size_t i = 0; i < msg->msg_iovlen; ++i) cap += msg->msg_iov[i].iov_len;
-  size_t off = 0;
-  for (size_t i = 0; i < msg->msg_iovlen && off < in.data.size(); ++i) {
-    const size_t take = std::min(msg->msg_iov[i].iov_len, in.data.size() - off);
-    if (take) std::memcpy(msg->msg_iov[i].iov_base, in.data.data() + off, take);
-    off += take;
-  }
   msg->msg_flags = in.data.size() > cap ? MSG_TRUNC : 0;
   if (msg->msg_name && msg->msg_namelen >= sizeof(sockaddr_in)) {
     std::memcpy(msg->msg_name, &in.from, sizeof(sockaddr_in));
@@ -400,14 +412,21 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
   }
   put_zcookies(s, msg, out);
   msg->msg_controllen = out.used;
-  const ssize_t ret = static_cast<ssize_t>((flags & MSG_TRUNC) ? in.data.size() : off);
-  if (!(flags & MSG_PEEK)) {
-    s->rcv_bytes -= in.data.size();
-    s->rq.pop_front();
-    count(Ctr::recv_delivered_to_app);
-    cong_rcvbuf_delta(s);
+  sock_update_poll_locked(s);
+  if (!peek) lk.unlock();
+  size_t off = 0;
+  for (size_t i = 0; i < msg->msg_iovlen && off < in.data.size(); ++i) {
+    const size_t take = std::min(msg->msg_iov[i].iov_len, in.data.size() - off);
+    if (take) std::memcpy(msg->msg_iov[i].iov_base, in.data.data() + off, take);
+    off += take;
   }
-  sock_update_poll(s);
+  const ssize_t ret = static_cast<ssize_t>((flags & MSG_TRUNC) ? in.data.size() : off);
+  if (peek) lk.unlock();
+  if (cong_changed) {
+    std::lock_guard glk(g().mu);
+    QuietPosts quiet;  // the maps it sends
+    cong_sync_port(s);
+  }
   return ret;
 }
 

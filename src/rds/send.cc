@@ -18,17 +18,24 @@ void queue_notify(Sock* s, uint64_t token, int status) {
   rds_rdma_notify n{};
   n.user_token = token;
   n.status = status;
-  s->notify.push_back(n);
-  sock_update_poll(s);
+  {
+    std::lock_guard lk(s->rs_recv_lock);
+    s->notify.push_back(n);
+    sock_update_poll_locked(s);
+  }
   sock_wake(s);
 }
 
 void queue_zcookie(Sock* s, uint32_t cookie) {
   // Coalesced RDS_MAX_ZCOOKIES to an entry, one entry per recvmsg (net/rds message.c).
-  if (s->zcookies.empty() || s->zcookies.back().num >= RDS_MAX_ZCOOKIES) s->zcookies.push_back({});
-  rds_zcopy_cookies& c = s->zcookies.back();
-  c.cookies[c.num++] = cookie;
-  sock_update_poll(s);
+  {
+    std::lock_guard lk(s->rs_recv_lock);
+    if (s->zcookies.empty() || s->zcookies.back().num >= RDS_MAX_ZCOOKIES)
+      s->zcookies.push_back({});
+    rds_zcopy_cookies& c = s->zcookies.back();
+    c.cookies[c.num++] = cookie;
+    sock_update_poll_locked(s);
+  }
   sock_wake(s);
 }
 
@@ -304,9 +311,12 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   // 1. flags: Linux RDS takes MSG_DONTWAIT and MSG_ZEROCOPY only (MSG_CMSG_COMPAT is the
   // kernel's own); MSG_NOSIGNAL, MSG_MORE and the rest are EOPNOTSUPP (net/rds send.c).
   if (flags & ~(MSG_DONTWAIT | MSG_ZEROCOPY)) return fail(EOPNOTSUPP);
-  if (s->cong_poll) {  // the congestion-update POLLIN has been seen: this is the retry
-    s->cong_poll = false;
-    sock_update_poll(s);
+  {
+    std::lock_guard rlk(s->rs_recv_lock);
+    if (s->cong_poll) {  // the congestion-update POLLIN has been seen: this is the retry
+      s->cong_poll = false;
+      sock_update_poll_locked(s);
+    }
   }
   // 2. destination
   sockaddr_in dest{};

@@ -16,6 +16,35 @@ namespace sv::rds {
 
 std::atomic<uint8_t> g_is_rds[kMaxFd];
 
+namespace {
+// The socket behind each descriptor below kMaxFd, read with no lock: every socket call starts
+// by finding its socket, and a receive or a poll must not wait for the stack lock to do it.
+// Higher descriptors are looked up in Global::socks under its leaf lock, socks_mu. A Sock is
+// never freed (af_rds.cc g_closed), so a pointer read here stays valid; `closing` says
+// whether it is still the descriptor's.
+std::atomic<Sock*> g_sock_at[kMaxFd];
+}  // namespace
+
+void sock_table_add(Sock* s) {
+  Global& G = g();
+  std::lock_guard lk(G.socks_mu);
+  G.socks[s->app_fd] = s;
+  if (s->app_fd < kMaxFd) {
+    g_sock_at[s->app_fd].store(s, std::memory_order_release);
+    g_is_rds[s->app_fd] = 1;
+  }
+}
+
+void sock_table_remove(int fd) {
+  Global& G = g();
+  std::lock_guard lk(G.socks_mu);
+  G.socks.erase(fd);
+  if (fd >= 0 && fd < kMaxFd) {
+    g_sock_at[fd].store(nullptr, std::memory_order_release);
+    g_is_rds[fd] = 0;
+  }
+}
+
 ssize_t raw_send(int fd, const void* b, size_t n, int flags) {
   return syscall(SYS_sendto, fd, b, n, flags, nullptr, 0);
 }
@@ -34,16 +63,27 @@ void sock_fork_release(Sock* s) {
   // The child's copies of our ends: the parent's stack keeps its own. The registry closes
   // its own (bind.cc owner_release).
   if (s->lib_fd >= 0) raw_close(s->lib_fd);
-  if (s->app_fd >= 0 && s->app_fd < kMaxFd) g_is_rds[s->app_fd] = kInherited;
+  if (s->app_fd >= 0 && s->app_fd < kMaxFd) {
+    g_sock_at[s->app_fd].store(nullptr, std::memory_order_relaxed);
+    g_is_rds[s->app_fd] = kInherited;
+  }
 }
 
 Sock* sock_of(int fd) {
-  auto it = g().socks.find(fd);
-  return it == g().socks.end() || it->second->closing ? nullptr : it->second;
+  Global& G = g();  // first: in a forked child, this lets go of the parent's sockets
+  Sock* s = nullptr;
+  if (fd >= 0 && fd < kMaxFd) {
+    s = g_sock_at[fd].load(std::memory_order_acquire);
+  } else {
+    std::lock_guard lk(G.socks_mu);
+    if (auto it = G.socks.find(fd); it != G.socks.end()) s = it->second;
+  }
+  return s && !s->closing.load(std::memory_order_acquire) ? s : nullptr;
 }
 
 void sock_wake(Sock* s) {
   s->cv.notify_all();
+  s->rs_recv_cv.notify_all();
 }
 
 bool sock_readable(const Sock* s) {
@@ -54,6 +94,11 @@ bool sock_readable(const Sock* s) {
 std::atomic<bool> g_lazy_tokens{false};
 
 void sock_update_poll(Sock* s) {
+  std::lock_guard lk(s->rs_recv_lock);
+  sock_update_poll_locked(s);
+}
+
+void sock_update_poll_locked(Sock* s) {
   if (s->lib_fd < 0) return;
   // POLLIN: readable while data, notifications or congestion updates are queued. The byte
   // that says so to the kernel costs a send and a receive per message; while nobody can ask
