@@ -19,12 +19,14 @@
 // older rule: the message is sent once its op completed. Either way, retransmitting the
 // message never redoes the op.
 //
-// Locking: one process-wide mutex (g.mu) guards every socket, connection and message, as
-// net/rds/cong.c argues for its map lock ("Yes, a global lock"); verbs calls are made
-// under it. The engine thread (ib_transport.cc) waits on the CQ completion channel, the
-// rdma_cm event channel and a timer, and takes g.mu to process them. Completions are taken
-// on the device's progress thread (a completion handler); one that finds g.mu taken leaves
-// them to its holder, who takes them in before letting go (StackMutex, below).
+// Locking: the stack lock (g.mu) guards connections, messages and the send side of every
+// socket, as net/rds/cong.c argues for its map lock ("Yes, a global lock"); verbs calls are
+// made under it. A socket's receive side is under its own rs_recv_lock (struct Sock), taken
+// after g.mu, so receives and polls never wait for it. The engine thread (ib_transport.cc)
+// waits on the CQ completion channel, the rdma_cm event channel and a timer, and takes g.mu
+// to process them. Completions are taken on the device's progress thread (a completion
+// handler); one that finds g.mu taken leaves them to its holder, who takes them in before
+// letting go (StackMutex, below).
 //
 // Descriptors: an RDS socket is the application end of an AF_UNIX socketpair. We keep
 // one byte queued toward it while it is readable (POLLIN) and fill its send direction
