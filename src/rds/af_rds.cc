@@ -175,11 +175,10 @@ SV_EXPORT int svrds_poll_ready(struct pollfd* fds, nfds_t n) {
   for (nfds_t i = 0; i < n; ++i) {
     fds[i].revents = 0;
     if (fds[i].fd < 0) continue;
-    Sock* s = sock_of(fds[i].fd);
-    if (!s) return -1;
-    std::lock_guard lk(s->rs_recv_lock);
+    std::unique_lock<std::mutex> lk;
+    Sock* s = sock_of_recv_locked(fds[i].fd, lk);
     // Not ours to answer for: the caller asks the kernel, which rewrites every revents.
-    if (s->lib_fd < 0) return -1;
+    if (!s || s->lib_fd < 0) return -1;
     // As unix_poll reports a stream socket's end.
     short r = 0;
     if (sock_readable(s)) r |= POLLIN | POLLRDNORM;
@@ -199,8 +198,8 @@ SV_EXPORT int svrds_lazy_tokens(void) {
 }
 
 SV_EXPORT void svrds_expose(int fd) {
-  if (Sock* s = sock_of(fd)) {
-    std::lock_guard lk(s->rs_recv_lock);
+  std::unique_lock<std::mutex> lk;
+  if (Sock* s = sock_of_recv_locked(fd, lk)) {
     if (!s->exposed) {
       s->exposed = true;
       sock_update_poll_locked(s);
@@ -210,10 +209,10 @@ SV_EXPORT void svrds_expose(int fd) {
 
 SV_EXPORT void svrds_kernel_wait_begin(const struct pollfd* fds, nfds_t n, void** socks) {
   for (nfds_t i = 0; i < n; ++i) {
-    Sock* s = fds[i].fd >= 0 ? sock_of(fds[i].fd) : nullptr;
+    std::unique_lock<std::mutex> lk;
+    Sock* s = fds[i].fd >= 0 ? sock_of_recv_locked(fds[i].fd, lk) : nullptr;
     socks[i] = s;
     if (!s) continue;
-    std::lock_guard lk(s->rs_recv_lock);
     ++s->sleepers;
     sock_update_poll_locked(s);  // the byte now says what the stack knows
   }

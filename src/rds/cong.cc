@@ -62,15 +62,18 @@ bool cong_rcvbuf_changed(Sock* s) {
 }
 
 // Whoever changed `congested` calls this after it: the last such call sees the last change,
-// so the bit ends as the socket wants it however receives and deliveries interleave.
+// so the bit ends as the sockets want it however receives and deliveries interleave. The map
+// has one bit per port for the process, and sockets on other addresses (or IPv6) may share
+// the port: the bit is set while any open one is congested.
 void cong_sync_port(Sock* s) {
   if (!s->bound) return;
-  bool want;
-  {
-    std::lock_guard lk(s->rs_recv_lock);
-    want = s->congested;
-  }
   const uint16_t port = ntohs(s->bound_addr.sin_port);
+  bool want = false;
+  for (auto& [fd, o] : g().socks) {
+    if (!o->bound || o->closing || ntohs(o->bound_addr.sin_port) != port) continue;
+    std::lock_guard lk(o->rs_recv_lock);
+    if ((want = o->congested)) break;
+  }
   uint8_t& byte = g().lcong[port >> 3];
   const auto bit = static_cast<uint8_t>(1u << (port & 7));
   if (static_cast<bool>(byte & bit) == want) return;

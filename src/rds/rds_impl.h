@@ -542,6 +542,8 @@ int raw_close(int fd);
 // The open socket behind fd, or null; takes no lock for fd < kMaxFd. The table changes under
 // the stack lock (socket, close).
 Sock* sock_of(int fd);
+// sock_of, its rs_recv_lock taken (into lk): the socket found is still fd's once locked.
+Sock* sock_of_recv_locked(int fd, std::unique_lock<std::mutex>& lk);
 void sock_table_add(Sock* s);
 void sock_table_remove(int fd);
 // errno for a descriptor sock_of does not know: EBADFD if it is an RDS socket inherited

@@ -279,10 +279,9 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
                                                                         int flags) {
   // Under the socket's rs_recv_lock only (net/rds rds_recvmsg): the stack lock is taken
   // just when a receive clears the port's congestion, to send the map.
-  Sock* s = sock_of(fd);
+  std::unique_lock<std::mutex> lk;
+  Sock* s = sock_of_recv_locked(fd, lk);
   if (!s) return fail(no_sock(fd));
-  std::unique_lock lk(s->rs_recv_lock);
-  if (s->closing) return fail(EBADF);
   if (flags & MSG_OOB) return 0;
   // Nothing is ever queued on an RDS socket's error queue (zero-copy completions come as
   // control messages): sock_recv_errqueue's EAGAIN, and no datagram taken.

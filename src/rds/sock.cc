@@ -70,7 +70,7 @@ void sock_fork_release(Sock* s) {
 }
 
 Sock* sock_of(int fd) {
-  Global& G = g();  // first: in a forked child, this lets go of the parent's sockets
+  Global& G = g();  // first: in a forked child, the parent's stack is let go of here
   Sock* s = nullptr;
   if (fd >= 0 && fd < kMaxFd) {
     s = g_sock_at[fd].load(std::memory_order_acquire);
@@ -79,6 +79,16 @@ Sock* sock_of(int fd) {
     if (auto it = G.socks.find(fd); it != G.socks.end()) s = it->second;
   }
   return s && !s->closing.load(std::memory_order_acquire) ? s : nullptr;
+}
+
+Sock* sock_of_recv_locked(int fd, std::unique_lock<std::mutex>& lk) {
+  for (;;) {
+    Sock* s = sock_of(fd);
+    if (!s) return nullptr;
+    lk = std::unique_lock(s->rs_recv_lock);
+    if (!s->closing) return s;
+    lk.unlock();  // closed between the look and the lock: fd may be a new socket's by now
+  }
 }
 
 void sock_wake(Sock* s) {

@@ -45,6 +45,37 @@ TEST(RdsCong, CongestedPortIsEnobufsAndReliefIsNotified) {
   svrds_close(rx);
 }
 
+// The congestion map has one bit per port, and sockets on two addresses may hold the same
+// port: the bit stays set while either is congested. Closing the other one, which never was,
+// must not clear it (a receive or a close syncs the bit with every open socket on the port).
+TEST(RdsCong, ClosingAnUncongestedSocketOnASharedPortKeepsTheBit) {
+  int tx = bound_socket(port(44)), rx = bound_socket(port(45));
+  int other = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
+  sockaddr_in a2 = addr(port(45), "127.0.0.2");
+  ASSERT_EQ(svrds_bind(other, reinterpret_cast<sockaddr*>(&a2), sizeof a2), 0) << strerror(errno);
+  int small = 4096, big = 1 << 20, one = 1;
+  ASSERT_EQ(svrds_setsockopt(rx, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+  ASSERT_EQ(svrds_setsockopt(tx, SOL_SOCKET, SO_SNDBUF, &big, sizeof big), 0);
+  ASSERT_EQ(svrds_setsockopt(tx, SOL_RDS, RDS_CONG_MONITOR, &one, sizeof one), 0);
+  std::vector<char> m(1000, 'c');
+  bool enobufs = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!enobufs && std::chrono::steady_clock::now() < deadline) {
+    if (send_to(tx, port(45), m.data(), m.size(), MSG_DONTWAIT) != 1000) {
+      enobufs = errno == ENOBUFS;
+      if (!enobufs) wait_for(tx, POLLOUT, 100);
+    }
+  }
+  ASSERT_TRUE(enobufs);
+  ASSERT_EQ(svrds_close(other), 0);
+  // A map that cleared the bit would reach the monitoring sender as POLLIN within this.
+  EXPECT_FALSE(wait_for(tx, POLLIN, 500) & POLLIN) << "the port's congestion was relieved";
+  EXPECT_EQ(send_to(tx, port(45), m.data(), m.size(), MSG_DONTWAIT), -1);
+  EXPECT_EQ(errno, ENOBUFS);
+  svrds_close(tx);
+  svrds_close(rx);
+}
+
 // An RDMA send refused for congestion (ENOBUFS) lets go of the registration of its local
 // buffers: each refused retry kept one pinned until ibv_reg_mr failed for good. With the
 // device's regions capped (SOFTVERBS_MAX_MR, read when this process opens it), many more
