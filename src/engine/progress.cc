@@ -1,7 +1,9 @@
 #include "engine/progress.h"
 
+#include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -40,28 +42,44 @@ void Progress::release_after_fork(Progress& p) {
   // F_DUPFD_CLOEXEC, or held by another process), and the number may since be another
   // file of the application's: only a socket whose inode is the entry's is closed. (The
   // child of an RDS process lost the pipe it had just made this way.)
-  struct Target {
-    int fd;
-    unsigned long ino;
-  };
-  std::vector<Target> targets;
+  // No malloc here: in the child of a threaded process only async-signal-safe calls are
+  // safe (fork(2)), and an allocator lock another thread held at the fork stays held (TSan's
+  // did: a child hung in fopen). The file is read with read(2) into pages of its own.
   char path[64];
   std::snprintf(path, sizeof path, "/proc/self/fdinfo/%d", p.epfd_);
-  if (FILE* f = std::fopen(path, "re")) {
-    char line[256];
-    while (std::fgets(line, sizeof line, f)) {
-      if (std::strncmp(line, "tfd:", 4) != 0) continue;
-      const char* ino = std::strstr(line, "ino:");  // since Linux 3.8; else 0: no check
-      targets.push_back({static_cast<int>(std::strtol(line + 4, nullptr, 10)),
-                         ino ? std::strtoul(ino + 4, nullptr, 16) : 0});
+  const int f = open(path, O_RDONLY | O_CLOEXEC);
+  size_t cap = 1 << 16, len = 0;
+  void* m = f >= 0 ? mmap(nullptr, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                   : MAP_FAILED;
+  auto* buf = static_cast<char*>(m == MAP_FAILED ? nullptr : m);
+  while (buf) {
+    if (len + 1 == cap) {  // grow, keeping room for a NUL
+      void* g = mremap(buf, cap, cap * 2, MREMAP_MAYMOVE);
+      if (g == MAP_FAILED) break;
+      buf = static_cast<char*>(g);
+      cap *= 2;
     }
-    std::fclose(f);  // before closing: its descriptor must not be taken for one of them
+    const ssize_t n = read(f, buf + len, cap - 1 - len);
+    if (n <= 0) break;
+    len += static_cast<size_t>(n);
   }
-  for (const Target& t : targets) {
-    struct stat st {};
-    if (t.fd < 0 || t.fd == p.epfd_ || t.fd == p.evfd_ || fstat(t.fd, &st) != 0) continue;
-    if (t.ino == 0 || (S_ISSOCK(st.st_mode) && st.st_ino == t.ino)) close(t.fd);
+  if (f >= 0) close(f);  // before closing: its descriptor must not be taken for one of them
+  for (char* line = buf; line && line < buf + len;) {
+    char* end = static_cast<char*>(std::memchr(line, '\n', static_cast<size_t>(buf + len - line)));
+    if (!end) end = buf + len;
+    *end = '\0';  // the last line's terminator is the room kept above
+    if (std::strncmp(line, "tfd:", 4) == 0) {
+      const int fd = static_cast<int>(std::strtol(line + 4, nullptr, 10));
+      const char* ino_at = std::strstr(line, "ino:");  // since Linux 3.8; else 0: no check
+      const unsigned long ino = ino_at ? std::strtoul(ino_at + 4, nullptr, 16) : 0;
+      struct stat st {};
+      if (fd >= 0 && fd != p.epfd_ && fd != p.evfd_ && fstat(fd, &st) == 0 &&
+          (ino == 0 || (S_ISSOCK(st.st_mode) && st.st_ino == ino)))
+        close(fd);
+    }
+    line = end + 1;
   }
+  if (buf) munmap(buf, cap);
   close(p.evfd_);
   close(p.epfd_);
 }

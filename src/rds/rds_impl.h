@@ -39,6 +39,7 @@
 #include <infiniband/verbs.h>
 #include <linux/rds.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <rdma/rdma_cma.h>
 
 #include <atomic>
@@ -539,6 +540,7 @@ extern std::atomic<bool> g_lazy_tokens;
 ssize_t raw_send(int fd, const void* b, size_t n, int flags);
 ssize_t raw_recv(int fd, void* b, size_t n, int flags);
 int raw_close(int fd);
+int raw_poll(pollfd* p, nfds_t n, int timeout_ms);  // never the shim's poll()
 // The open socket behind fd, or null; takes no lock for fd < kMaxFd. The table changes under
 // the stack lock (socket, close).
 Sock* sock_of(int fd);

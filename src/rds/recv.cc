@@ -273,6 +273,34 @@ bool put_zcookies(Sock* s, msghdr* msg, CmsgOut& out) {
   return true;
 }
 
+// A blocking receive's sleep (rs_recv_lock held; held again on return, the caller looks
+// again whatever woke it). Where the stack has a wait descriptor (svrds_block_prepare), as the
+// shim's poll() does: in poll() on it and on app_fd's POLLIN byte, kept in step while we are
+// counted in `sleepers`. The bytes of the next message then wake this thread, which takes
+// them in itself (svrds_busy_poll) rather than the progress thread delivering them and waking
+// it: one wake-up per message instead of two. A delivery by another thread sets the byte;
+// close() hangs app_fd up. The poll is bounded all the same: app_fd may be closed, and its
+// number taken by another file, before the poll starts. Otherwise, and while completed
+// zero-copy cookies are queued (they make the byte readable, but a blocking receive waits
+// for data, notifications or congestion updates only, as net/rds's), on rs_recv_cv.
+void recv_sleep(Sock* s, std::unique_lock<std::mutex>& lk) {
+  const int wfd = g().cq_wait_fd.load(std::memory_order_acquire);
+  if (wfd < 0 || !s->zcookies.empty() || s->app_fd < 0) {
+    s->rs_recv_cv.wait(lk);
+    return;
+  }
+  ++s->sleepers;
+  sock_update_poll_locked(s);
+  pollfd p[2] = {{s->app_fd, POLLIN, 0}, {wfd, POLLIN, 0}};
+  lk.unlock();
+  svrds_block_prepare();
+  const int r = raw_poll(p, 2, 1000);
+  svrds_block_done();
+  if (r > 0 && p[1].revents) svrds_busy_poll();  // the stack's bytes came in: take them in here
+  lk.lock();
+  --s->sleepers;
+}
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, msghdr* msg,
@@ -361,7 +389,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_recvmsg(int fd, 
       }
       return fail(EAGAIN);
     }
-    s->rs_recv_cv.wait(lk);
+    recv_sleep(s, lk);
     if (s->closing) return fail(EBADF);
   }
   // 3. one datagram. It is taken off the queue and its payload copied out with the lock let

@@ -51,6 +51,10 @@ ssize_t raw_send(int fd, const void* b, size_t n, int flags) {
 ssize_t raw_recv(int fd, void* b, size_t n, int flags) {
   return syscall(SYS_recvfrom, fd, b, n, flags, nullptr, nullptr);
 }
+int raw_poll(pollfd* p, nfds_t n, int timeout_ms) {
+  timespec ts{timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
+  return static_cast<int>(syscall(SYS_ppoll, p, n, timeout_ms < 0 ? nullptr : &ts, nullptr, 0));
+}
 int raw_close(int fd) {
   return static_cast<int>(syscall(SYS_close, fd));
 }

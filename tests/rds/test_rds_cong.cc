@@ -49,9 +49,9 @@ TEST(RdsCong, CongestedPortIsEnobufsAndReliefIsNotified) {
 // port: the bit stays set while either is congested. Closing the other one, which never was,
 // must not clear it (a receive or a close syncs the bit with every open socket on the port).
 TEST(RdsCong, ClosingAnUncongestedSocketOnASharedPortKeepsTheBit) {
-  int tx = bound_socket(port(44)), rx = bound_socket(port(45));
+  int tx = bound_socket(port(46)), rx = bound_socket(port(47));
   int other = svrds_socket(AF_RDS, SOCK_SEQPACKET, 0);
-  sockaddr_in a2 = addr(port(45), "127.0.0.2");
+  sockaddr_in a2 = addr(port(47), "127.0.0.2");
   ASSERT_EQ(svrds_bind(other, reinterpret_cast<sockaddr*>(&a2), sizeof a2), 0) << strerror(errno);
   int small = 4096, big = 1 << 20, one = 1;
   ASSERT_EQ(svrds_setsockopt(rx, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
@@ -61,7 +61,7 @@ TEST(RdsCong, ClosingAnUncongestedSocketOnASharedPortKeepsTheBit) {
   bool enobufs = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (!enobufs && std::chrono::steady_clock::now() < deadline) {
-    if (send_to(tx, port(45), m.data(), m.size(), MSG_DONTWAIT) != 1000) {
+    if (send_to(tx, port(47), m.data(), m.size(), MSG_DONTWAIT) != 1000) {
       enobufs = errno == ENOBUFS;
       if (!enobufs) wait_for(tx, POLLOUT, 100);
     }
@@ -70,7 +70,7 @@ TEST(RdsCong, ClosingAnUncongestedSocketOnASharedPortKeepsTheBit) {
   ASSERT_EQ(svrds_close(other), 0);
   // A map that cleared the bit would reach the monitoring sender as POLLIN within this.
   EXPECT_FALSE(wait_for(tx, POLLIN, 500) & POLLIN) << "the port's congestion was relieved";
-  EXPECT_EQ(send_to(tx, port(45), m.data(), m.size(), MSG_DONTWAIT), -1);
+  EXPECT_EQ(send_to(tx, port(47), m.data(), m.size(), MSG_DONTWAIT), -1);
   EXPECT_EQ(errno, ENOBUFS);
   svrds_close(tx);
   svrds_close(rx);

@@ -142,3 +142,39 @@ TEST(RdsThreads, CloseWakesEveryReceiverAsleepOnTheSocket) {
   EXPECT_EQ(rc, 0) << "10: set-up; 11: a receive returned with nothing sent; 12: close; 13: "
                       "a receiver was not woken by close; 14: a receiver woke without EBADF";
 }
+
+// A thread blocked in recvmsg waits on the stack's wait descriptor too (as a blocked poll()
+// does through the shim), so the bytes of its next message wake it and it takes them in
+// itself: the message's completions are counted as taken on a caller's thread
+// (busy_poll_completions), not by the device's progress thread. With SOFTVERBS_RDS_WAIT_RX=0
+// it sleeps on the socket's condition variable and takes nothing in.
+TEST(RdsThreads, ABlockedReceiverTakesInItsOwnMessage) {
+  const char* e = std::getenv("SOFTVERBS_RDS_WAIT_RX");
+  const bool on = !(e && std::strcmp(e, "0") == 0);
+  const int rc = in_private_child([on] {
+    int a, b;
+    if (!bound_pair(port(4), port(5), &a, &b)) return 10;
+    std::vector<char> buf(64);
+    uint32_t v = 7;
+    // The connection up, its first message taken.
+    if (send_to(a, port(5), &v, 4) != 4 || recv_one(b, buf) != 4) return 11;
+    int taken_here = 0;
+    for (uint32_t i = 0; i < 20; ++i) {
+      const uint64_t before = counter(a, "busy_poll_completions");
+      std::thread sender([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the receiver is asleep
+        if (send_to(a, port(5), &i, 4) != 4) _exit(12);
+      });
+      const ssize_t n = svrds_recvfrom(b, buf.data(), buf.size(), 0, nullptr, nullptr);
+      sender.join();
+      if (n != 4 || std::memcmp(buf.data(), &i, 4) != 0) return 13;
+      taken_here += counter(a, "busy_poll_completions") != before;
+    }
+    // On: every message, but a wake-up may find the lock taken and leave one to its holder.
+    if (on ? taken_here < 15 : taken_here != 0) return on ? 14 : 15;
+    return 0;
+  });
+  EXPECT_EQ(rc, 0) << "10/11: set-up; 12/13: send, receive; 14: the receiver was woken by "
+                      "another thread's delivery; 15: it took completions with "
+                      "SOFTVERBS_RDS_WAIT_RX=0";
+}
