@@ -304,6 +304,7 @@ SV_EXPORT int svrds_bind(int fd, const sockaddr* addr, socklen_t len) {
   s->lock_fd = lock;
   s->bound = true;
   s->bound_addr = a;
+  g().bound_v4[bound_key(a.sin_addr, a.sin_port)] = s;
   ping_claim(a.sin_addr);
   return 0;
 }
@@ -581,6 +582,8 @@ SV_EXPORT int svrds_close(int fd) {
   for (auto& [k, mr] : s->mrs) keys.push_back(k);
   for (uint32_t k : keys) free_mr(s, k);
   if (s->bound) registry_release(s->lock_fd, s->bound_addr);
+  if (s->bound && !s->v6)
+    g().bound_v4.erase(bound_key(s->bound_addr.sin_addr, s->bound_addr.sin_port));
   int lib_fd, app_fd;
   {
     // A receive or a poll in another thread sees it closed (and its descriptors gone) or

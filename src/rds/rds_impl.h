@@ -55,6 +55,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "rds/counters.h"
@@ -441,6 +442,8 @@ struct Global {
   // looks a descriptor up without mu.
   std::map<int, Sock*> socks;
   std::mutex socks_mu;
+  // Open IPv4-bound sockets by (address, port) (bound_key): the receive path's lookup.
+  std::unordered_map<uint64_t, Sock*> bound_v4;
   std::map<ConnKey, Conn*> conns;
   // verbs objects
   ibv_context* verbs = nullptr;
@@ -503,6 +506,11 @@ struct Global {
 };
 
 Global& g();
+
+// Global::bound_v4's key: an address and port, both in network order.
+inline uint64_t bound_key(in_addr a, uint16_t port_be) {
+  return (static_cast<uint64_t>(a.s_addr) << 16) | port_be;
+}
 
 // API edge: set errno and return -1, as the socket calls do.
 inline int fail(int e) {

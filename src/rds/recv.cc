@@ -14,13 +14,12 @@
 namespace sv::rds {
 namespace {
 
-// The socket bound to exactly (the address the sender sent to, port), as rds_find_bound.
+// The socket bound to exactly (the address the sender sent to, port), as rds_find_bound
+// looks it up in its hash table: once per message delivered.
 Sock* find_bound(const in_addr& local, uint16_t port) {
-  for (auto& [fd, s] : g().socks)
-    if (s->bound && !s->v6 && ntohs(s->bound_addr.sin_port) == port &&
-        s->bound_addr.sin_addr.s_addr == local.s_addr)
-      return s;
-  return nullptr;
+  const auto& t = g().bound_v4;
+  const auto it = t.find(bound_key(local, htons(port)));
+  return it == t.end() ? nullptr : it->second;
 }
 
 void queue_pong(Conn* c, uint16_t to_port) {
