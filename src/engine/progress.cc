@@ -65,9 +65,11 @@ void Progress::release_after_fork(Progress& p) {
   }
   if (f >= 0) close(f);  // before closing: its descriptor must not be taken for one of them
   for (char* line = buf; line && line < buf + len;) {
+    // Whole lines only (the kernel ends each with one): a read cut short must not turn
+    // "tfd:     17 ... ino:..." into a "tfd:      1" with no inode to check.
     char* end = static_cast<char*>(std::memchr(line, '\n', static_cast<size_t>(buf + len - line)));
-    if (!end) end = buf + len;
-    *end = '\0';  // the last line's terminator is the room kept above
+    if (!end) break;
+    *end = '\0';
     if (std::strncmp(line, "tfd:", 4) == 0) {
       const int fd = static_cast<int>(std::strtol(line + 4, nullptr, 10));
       const char* ino_at = std::strstr(line, "ino:");  // since Linux 3.8; else 0: no check

@@ -393,6 +393,7 @@ SV_EXPORT int svrds_setsockopt(int fd, int level, int optname, const void* optva
       const uint32_t val = v < 0 ? INT32_MAX / 2 : std::max(static_cast<uint32_t>(v), floor);
       (snd ? s->sndbuf : s->rcvbuf) = val;
       sock_update_poll(s);
+      sock_wake(s);  // a sender waiting for space may have it now
       return 0;
     }
     return 0;  // other generic options have no effect on RDS here

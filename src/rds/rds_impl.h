@@ -200,7 +200,8 @@ uint64_t mono_ns();
 // runs under rs_recv_lock.
 struct Sock {
   std::mutex rs_recv_lock;
-  std::condition_variable rs_recv_cv;  // recvmsg sleeps here (rs_recv_lock)
+  // recvmsg, and a sendmsg waiting for send space, sleep here (rs_recv_lock)
+  std::condition_variable rs_recv_cv;
   // Written under both locks: the descriptors (close), the receive options below.
   int app_fd = -1;    // handed to the application
   int lib_fd = -1;    // our end of the socketpair
@@ -226,7 +227,7 @@ struct Sock {
   uint64_t cong_mask = 0;           // stack lock
   std::map<uint32_t, ibv_mr*> mrs;  // rkey -> MR (RDS_GET_MR)
   std::map<uint32_t, uint64_t> mr_flags;
-  std::condition_variable cv;  // blocked senders sleep here (the stack lock)
+  std::condition_variable cv;  // senders blocked by congestion sleep here (the stack lock)
   // Set under both locks: the descriptor is closed (sock_of no longer finds the socket).
   std::atomic<bool> closing = false;
 
@@ -477,6 +478,7 @@ struct Global {
   // softverbs_cq_wait_fd of cq, set once the stack is up (-1: none, another provider, or
   // SOFTVERBS_RDS_WAIT_RX=0): a thread blocking in poll() waits on it too (svrds_block_prepare).
   std::atomic<int> cq_wait_fd{-1};
+  std::atomic<bool> rx_taker{false};  // a blocked recvmsg waits on cq_wait_fd (recv.cc)
   bool started = false;
   // Our congestion map: one bit per port, little-endian bit order (net/rds cong.c).
   std::vector<uint8_t> lcong = std::vector<uint8_t>(kCongMapBytes, 0);

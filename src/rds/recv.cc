@@ -279,23 +279,33 @@ bool put_zcookies(Sock* s, msghdr* msg, CmsgOut& out) {
 // them in itself (svrds_busy_poll) rather than the progress thread delivering them and waking
 // it: one wake-up per message instead of two. A delivery by another thread sets the byte;
 // close() hangs app_fd up. The poll is bounded all the same: app_fd may be closed, and its
-// number taken by another file, before the poll starts. Otherwise, and while completed
-// zero-copy cookies are queued (they make the byte readable, but a blocking receive waits
-// for data, notifications or congestion updates only, as net/rds's), on rs_recv_cv.
+// number taken by another file, before the poll starts. One sleeping receiver at a time
+// waits on the wait descriptor (Global::rx_taker): it takes in the bytes of every socket,
+// and the others wait for their byte alone, rather than all waking for each message and all
+// but one finding the stack lock taken. Otherwise, and while completed zero-copy cookies
+// or a congestion-update POLLIN are pending (they make the byte readable, but a blocking
+// receive waits for data, notifications or congestion updates only, as net/rds's), on
+// rs_recv_cv.
 void recv_sleep(Sock* s, std::unique_lock<std::mutex>& lk) {
-  const int wfd = g().cq_wait_fd.load(std::memory_order_acquire);
-  if (wfd < 0 || !s->zcookies.empty() || s->app_fd < 0) {
+  Global& G = g();
+  if (G.cq_wait_fd.load(std::memory_order_acquire) < 0 || !s->zcookies.empty() || s->cong_poll ||
+      s->app_fd < 0) {
     s->rs_recv_cv.wait(lk);
     return;
   }
   ++s->sleepers;
   sock_update_poll_locked(s);
-  pollfd p[2] = {{s->app_fd, POLLIN, 0}, {wfd, POLLIN, 0}};
+  pollfd p[2] = {{s->app_fd, POLLIN, 0}, {-1, POLLIN, 0}};
   lk.unlock();
-  svrds_block_prepare();
+  bool no_taker = false;
+  const bool taker = G.rx_taker.compare_exchange_strong(no_taker, true, std::memory_order_acq_rel);
+  if (taker) p[1].fd = svrds_block_prepare();  // -1: poll ignores the entry
   const int r = raw_poll(p, 2, 1000);
-  svrds_block_done();
-  if (r > 0 && p[1].revents) svrds_busy_poll();  // the stack's bytes came in: take them in here
+  if (taker) {
+    if (p[1].fd >= 0) svrds_block_done();
+    G.rx_taker.store(false, std::memory_order_release);
+  }
+  if (r > 0 && p[1].fd >= 0 && p[1].revents) svrds_busy_poll();  // take the stack's bytes in
   lk.lock();
   --s->sleepers;
 }

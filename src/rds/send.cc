@@ -285,6 +285,27 @@ bool nonblocking(Sock* s, int flags) {
 
 }  // namespace
 
+namespace {
+// A blocking sender waits for send space with the stack lock let go, asleep on the socket's
+// rs_recv_cv: a sleeper on the stack lock (StackMutex::wait) makes every completion handler
+// that finds the lock taken give its work up to the engine thread for as long as it sleeps.
+// snd_bytes is an atomic that unqueue_from_sock lowers before it takes rs_recv_lock (the poll
+// state) and wakes the socket, so a sender that saw it full under that lock is woken. The
+// stack lock goes without its backlog, which the engine thread takes: this thread's posts
+// are still quiet (QuietPosts), and what the backlog posted would complete unannounced.
+// Callers re-check everything once the lock is theirs again.
+void wait_for_space(Sock* s, std::unique_lock<StackMutex>& lk) {
+  StackMutex& mu = *lk.release();
+  mu.unlock_to_engine();
+  {
+    std::unique_lock rl(s->rs_recv_lock);
+    while (s->snd_bytes >= s->sndbuf && !s->closing) s->rs_recv_cv.wait(rl);
+  }
+  mu.lock();
+  lk = std::unique_lock(mu, std::adopt_lock);
+}
+}  // namespace
+
 extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, const msghdr* msg,
                                                                         int flags) {
   Global& G = g();
@@ -503,7 +524,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
       abandon();
       return fail(EAGAIN);
     }
-    G.mu.wait(s->cv);
+    wait_for_space(s, lk);
     if (s->closing) {
       ops_release(m.get());
       return fail(EBADF);
