@@ -85,18 +85,30 @@ void cong_map_received(Conn* c, const std::byte* map, size_t len) {
   if (len != kCongMapBytes) return;
   count(Ctr::cong_update_received);
   const uint64_t portmask = wire::rds_cong_update(c->fcong, map, len);
+  g().cong_gen.fetch_add(1, std::memory_order_relaxed);
   for (auto& [fd, s] : g().socks) {
-    if (s->cong_monitor && (s->cong_mask & portmask)) {
+    {
+      // Under the lock a blocked sender checks cong_gen with (send.cc wait_for_cong_update).
       std::lock_guard lk(s->rs_recv_lock);
-      s->cong_notify |= s->cong_mask & portmask;
-      s->cong_mask &= ~portmask;
-      sock_update_poll_locked(s);
-    } else if (!s->cong_monitor && s->seen_congestion && portmask) {
-      std::lock_guard lk(s->rs_recv_lock);
-      s->cong_poll = true;  // "retry ENOBUFS'd sends after POLLIN" (rds-api.md §3.2)
-      sock_update_poll_locked(s);
+      if (s->cong_monitor && (s->cong_mask & portmask)) {
+        s->cong_notify |= s->cong_mask & portmask;
+        s->cong_mask &= ~portmask;
+        sock_update_poll_locked(s);
+      } else if (!s->cong_monitor && s->seen_congestion && portmask) {
+        s->cong_poll = true;  // "retry ENOBUFS'd sends after POLLIN" (rds-api.md §3.2)
+        sock_update_poll_locked(s);
+      }
     }
     sock_wake(s);  // blocked senders re-check
+  }
+}
+
+void cong_map_forgotten(Conn* c) {
+  c->fcong.clear();
+  g().cong_gen.fetch_add(1, std::memory_order_relaxed);
+  for (auto& [fd, s] : g().socks) {
+    { std::lock_guard lk(s->rs_recv_lock); }  // see cong_map_received
+    sock_wake(s);
   }
 }
 

@@ -27,7 +27,6 @@ namespace sv::rds {
   X(conn_up) \
   X(conn_up_by_receive) \
   X(cq_backlog_runs) \
-  X(cq_handler_declined) \
   X(cq_handler_deferred) \
   X(cq_handler_runs) \
   X(dir_lookup) \

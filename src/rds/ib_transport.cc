@@ -662,7 +662,7 @@ void conn_down(Conn* c, const char* why) {
   // Forget the peer's congestion map: it may have changed while we were down, and a stale
   // congested bit would refuse every send (ENOBUFS) so nothing is queued and nobody
   // reconnects. The next connection brings the current map (cong_send_map at conn_up).
-  c->fcong.clear();
+  cong_map_forgotten(c);
   if (!c->send_q.empty()) schedule_reconnect(c);
 }
 
@@ -1064,10 +1064,7 @@ bool on_cq_ready(ibv_cq*, void*) {
   Global& G = g();
   std::unique_lock lk(G.mu, std::try_to_lock);
   if (!lk.owns_lock()) {
-    if (!G.mu.defer()) {
-      count(Ctr::cq_handler_declined);
-      return false;
-    }
+    G.mu.defer();
     // Its holder takes them in as it lets go, unless it let go before it could see our mark.
     if (!lk.try_lock()) {
       count(Ctr::cq_handler_deferred);
@@ -1247,24 +1244,8 @@ void StackMutex::unlock_to_engine() {
   if (backlog_.load(std::memory_order_seq_cst)) wake_engine();
 }
 
-bool StackMutex::defer() {
+void StackMutex::defer() {
   backlog_.store(true, std::memory_order_seq_cst);
-  return sleepers_.load(std::memory_order_seq_cst) == 0;
-}
-
-void StackMutex::wait(std::condition_variable& cv) {
-  sleepers_.fetch_add(1, std::memory_order_seq_cst);
-  // A backlog is not run here: the caller's quiet posts (QuietPosts) are still on, and the
-  // completions of what the backlog posted would raise no notification while we sleep. The
-  // engine thread takes it, as it takes a declined handler's work.
-  if (backlog_.load(std::memory_order_seq_cst)) {
-    const ErrnoKeeper keep;
-    wake_engine();
-  }
-  std::unique_lock<std::mutex> raw(mu_, std::adopt_lock);
-  cv.wait(raw);
-  raw.release();
-  sleepers_.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 Global& g() {

@@ -227,7 +227,6 @@ struct Sock {
   uint64_t cong_mask = 0;           // stack lock
   std::map<uint32_t, ibv_mr*> mrs;  // rkey -> MR (RDS_GET_MR)
   std::map<uint32_t, uint64_t> mr_flags;
-  std::condition_variable cv;  // senders blocked by congestion sleep here (the stack lock)
   // Set under both locks: the descriptor is closed (sock_of no longer finds the socket).
   std::atomic<bool> closing = false;
 
@@ -406,14 +405,12 @@ inline uint64_t rx_ack_seq(const Conn* c) {
 // The stack lock, with a socket backlog as net/core/sock.c has one: softirq input for a
 // socket its user owns waits on sk_backlog, and release_sock runs it before letting go. Here,
 // the completion handler on the device's progress thread must not wait for the lock, and
-// leaving its work to the engine thread costs a wake-up and a second wait for the same lock
-// (every such give-up was counted as cq_handler_declined). So a handler that finds the lock
-// taken marks the backlog (defer) and the holder takes the completions in as it unlocks, then
-// looks again once it has let go, for a mark made meanwhile. A holder about to sleep on a
-// socket's condition variable (wait) hands a marked backlog to the engine thread; a handler
-// that comes between that look and the sleep sees a sleeper and gives up as before, so
-// nothing waits on a holder that sleeps. Lockable: lock_guard and unique_lock take it as a
-// std::mutex.
+// leaving its work to the engine thread costs a wake-up and a second wait for the same lock.
+// So a handler that finds the lock taken marks the backlog (defer) and the holder takes the
+// completions in as it unlocks, then looks again once it has let go, for a mark made
+// meanwhile. Nobody sleeps holding the lock: blocked socket calls let it go and sleep on their
+// socket (rs_recv_cv), so the handler never has to give its work up to the engine thread.
+// Lockable: lock_guard and unique_lock take it as a std::mutex.
 class StackMutex {
  public:
   void lock() { mu_.lock(); }
@@ -422,19 +419,14 @@ class StackMutex {
   // Lets go without running the backlog, which goes to the engine thread (a fork handler).
   void unlock_to_engine();
   // Called by a completion handler that found the lock taken, before it tries once more:
-  // false if a holder may be about to sleep (the handler gives up), else the holder
-  // takes the completions in.
-  bool defer();
+  // the holder takes the completions in.
+  void defer();
   // The handler holds the lock: what a deferral asked for is done by it.
   void backlog_taken() { backlog_.store(false, std::memory_order_relaxed); }
-  // cv.wait with the lock held, as the socket calls block (callers recheck what they wait
-  // for, as for any wakeup).
-  void wait(std::condition_variable& cv);
 
  private:
   std::mutex mu_;
   std::atomic<bool> backlog_{false};
-  std::atomic<int> sleepers_{0};
 };
 
 struct Global {
@@ -479,6 +471,9 @@ struct Global {
   // SOFTVERBS_RDS_WAIT_RX=0): a thread blocking in poll() waits on it too (svrds_block_prepare).
   std::atomic<int> cq_wait_fd{-1};
   std::atomic<bool> rx_taker{false};  // a blocked recvmsg waits on cq_wait_fd (recv.cc)
+  // Raised (under mu) whenever a peer's congestion map changes or is forgotten, then every
+  // socket is woken: what a sender blocked by congestion waits for (send.cc).
+  std::atomic<uint64_t> cong_gen{0};
   bool started = false;
   // Our congestion map: one bit per port, little-endian bit order (net/rds cong.c).
   std::vector<uint8_t> lcong = std::vector<uint8_t>(kCongMapBytes, 0);
@@ -699,6 +694,7 @@ bool cong_rcvbuf_changed(Sock* s);
 void cong_sync_port(Sock* s);
 void cong_send_map(Conn* c);  // queue our map on c
 void cong_map_received(Conn* c, const std::byte* map, size_t len);
+void cong_map_forgotten(Conn* c);  // the connection went down: its peer's map is unknown
 
 // directory.cc: owners of (ip, port) on other hosts
 inline constexpr uint16_t kRdsCmPort = 18635;  // RDS_CM_PORT, where Linux RDS/IB listens

@@ -286,23 +286,38 @@ bool nonblocking(Sock* s, int flags) {
 }  // namespace
 
 namespace {
-// A blocking sender waits for send space with the stack lock let go, asleep on the socket's
-// rs_recv_cv: a sleeper on the stack lock (StackMutex::wait) makes every completion handler
-// that finds the lock taken give its work up to the engine thread for as long as it sleeps.
-// snd_bytes is an atomic that unqueue_from_sock lowers before it takes rs_recv_lock (the poll
-// state) and wakes the socket, so a sender that saw it full under that lock is woken. The
-// stack lock goes without its backlog, which the engine thread takes: this thread's posts
-// are still quiet (QuietPosts), and what the backlog posted would complete unannounced.
-// Callers re-check everything once the lock is theirs again.
-void wait_for_space(Sock* s, std::unique_lock<StackMutex>& lk) {
+// A blocking sender waits with the stack lock let go, asleep on the socket's rs_recv_cv, so
+// nobody ever sleeps holding the stack lock's place and a completion handler that finds it
+// taken can always leave its work to the holder (StackMutex). The stack lock goes without
+// its backlog, which the engine thread takes: this thread's posts are still quiet
+// (QuietPosts), and what the backlog posted would complete unannounced. Callers re-check
+// everything once the lock is theirs again.
+// Waiting for send space: snd_bytes is an atomic that unqueue_from_sock lowers before it
+// takes rs_recv_lock (the poll state) and wakes the socket, so a sender that saw it full
+// under that lock is woken.
+template <typename Pred>
+void wait_off_stack_lock(Sock* s, std::unique_lock<StackMutex>& lk, Pred ready) {
   StackMutex& mu = *lk.release();
   mu.unlock_to_engine();
   {
     std::unique_lock rl(s->rs_recv_lock);
-    while (s->snd_bytes >= s->sndbuf && !s->closing) s->rs_recv_cv.wait(rl);
+    while (!ready() && !s->closing) s->rs_recv_cv.wait(rl);
   }
   mu.lock();
   lk = std::unique_lock(mu, std::adopt_lock);
+}
+
+void wait_for_space(Sock* s, std::unique_lock<StackMutex>& lk) {
+  wait_off_stack_lock(s, lk, [s] { return s->snd_bytes < s->sndbuf; });
+}
+
+// A sender blocked by its destination's congestion waits the same way for the next change
+// of any peer's map (Global::cong_gen, raised under the stack lock, which we hold here; the
+// changer takes each socket's rs_recv_lock before waking it).
+void wait_for_cong_update(Sock* s, std::unique_lock<StackMutex>& lk) {
+  const uint64_t seen = g().cong_gen.load(std::memory_order_relaxed);
+  wait_off_stack_lock(s, lk,
+                      [seen] { return g().cong_gen.load(std::memory_order_relaxed) != seen; });
 }
 }  // namespace
 
@@ -511,7 +526,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
       return fail(ENOBUFS);
     }
     count(Ctr::cong_send_blocked);
-    G.mu.wait(s->cv);
+    wait_for_cong_update(s, lk);
     if (s->closing) {
       ops_release(m.get());  // close() let go of the socket's regions, the mapped one too
       return fail(EBADF);

@@ -96,7 +96,6 @@ Sock* sock_of_recv_locked(int fd, std::unique_lock<std::mutex>& lk) {
 }
 
 void sock_wake(Sock* s) {
-  s->cv.notify_all();
   s->rs_recv_cv.notify_all();
 }
 
