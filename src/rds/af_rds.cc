@@ -405,6 +405,7 @@ SV_EXPORT int svrds_setsockopt(int fd, int level, int optname, const void* optva
       if (!s->bound) return fail(ENOTCONN);
       sockaddr_in d;
       std::memcpy(&d, optval, sizeof d);
+      QuietPosts quiet;  // the ack that retires a cancelled zero-copy send (retire_later)
       drop_to(s, &d, true);
       return 0;
     }
@@ -565,6 +566,7 @@ SV_EXPORT int svrds_close(int fd) {
     return raw_close(fd);
   }
   std::lock_guard lk(g().mu);
+  QuietPosts quiet;  // the acks it flushes, the maps it sends
   Sock* s = sock_of(fd);
   if (!s) return fail(no_sock(fd));
   // Closing cancels what this socket still has queued (rds(7) "Reliability").

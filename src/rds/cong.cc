@@ -9,6 +9,7 @@
 // One map per process here, covering the ports of all its addresses.
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "rds/rds_impl.h"
@@ -85,6 +86,7 @@ void cong_map_received(Conn* c, const std::byte* map, size_t len) {
   if (len != kCongMapBytes) return;
   count(Ctr::cong_update_received);
   const uint64_t portmask = wire::rds_cong_update(c->fcong, map, len);
+  if (!portmask) return;  // no port was freed: nobody waits for this one
   g().cong_gen.fetch_add(1, std::memory_order_relaxed);
   for (auto& [fd, s] : g().socks) {
     {
@@ -104,7 +106,9 @@ void cong_map_received(Conn* c, const std::byte* map, size_t len) {
 }
 
 void cong_map_forgotten(Conn* c) {
+  const bool had_bits = std::any_of(c->fcong.begin(), c->fcong.end(), [](uint8_t b) { return b; });
   c->fcong.clear();
+  if (!had_bits) return;  // nobody waits on this connection's map
   g().cong_gen.fetch_add(1, std::memory_order_relaxed);
   for (auto& [fd, s] : g().socks) {
     { std::lock_guard lk(s->rs_recv_lock); }  // see cong_map_received

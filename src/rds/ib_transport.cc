@@ -1038,8 +1038,7 @@ void after_completions_locked() {
 // softverbs' completion handler (include/softverbs/verbs_ext.h): the device's progress thread
 // hands us the CQ right after it queued a completion, so a message goes from the wire to the
 // socket on that thread, without the engine thread's wake-up (net/rds does this work in its
-// CQ tasklet). When the stack lock is taken it leaves the work to the holder (StackMutex), or
-// to the engine thread if a holder may be about to sleep.
+// CQ tasklet). When the stack lock is taken it leaves the work to the holder (StackMutex).
 // Takes the completions in, the stack lock held: the completion handler's work, whether the
 // handler itself does it or the lock's holder, for a handler that found the lock taken.
 void take_completions_locked() {

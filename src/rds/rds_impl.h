@@ -200,7 +200,7 @@ uint64_t mono_ns();
 // runs under rs_recv_lock.
 struct Sock {
   std::mutex rs_recv_lock;
-  // recvmsg, and a sendmsg waiting for send space, sleep here (rs_recv_lock)
+  // recvmsg, and a sendmsg waiting for send space or a congestion update, sleep here
   std::condition_variable rs_recv_cv;
   // Written under both locks: the descriptors (close), the receive options below.
   int app_fd = -1;    // handed to the application

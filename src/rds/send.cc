@@ -463,10 +463,13 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   }
   auto undo_map = [&] {
     if (map) {
+      // RDS_FREE_MR may have freed it while we slept waiting (the stack lock let go).
       const auto rk = static_cast<uint32_t>(mapped_cookie);
-      ibv_dereg_mr(s->mrs[rk]);
-      s->mrs.erase(rk);
-      s->mr_flags.erase(rk);
+      if (auto it = s->mrs.find(rk); it != s->mrs.end()) {
+        ibv_dereg_mr(it->second);
+        s->mrs.erase(it);
+        s->mr_flags.erase(rk);
+      }
     }
   };
   // A message that goes no further: its mapped region and its ops' registrations go too (an
