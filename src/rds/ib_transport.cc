@@ -629,7 +629,10 @@ void release_buffers(Conn* c) {
   c->free_slots.clear();
   // The QP's own memory (header arena, rings) was freed into the allocator, which keeps it;
   // a peer that went away should cost nothing, so hand free pages back (rare: per close).
-  malloc_trim(0);
+  // On the engine thread, outside the stack lock: malloc_trim walks every arena, and every
+  // completion handler would wait for it (they leave their work to the lock's holder).
+  g().heap_trim_due.store(true, std::memory_order_relaxed);
+  wake_engine();
 }
 
 void conn_down(Conn* c, const char* why) {
@@ -1081,7 +1084,8 @@ void engine_loop() {
   uint64_t last_publish = 0;
   bool trim_heap = false;
   for (;;) {
-    if (trim_heap) {  // not under G.mu: it walks every arena (trim_when_quiet)
+    if (trim_heap || G.heap_trim_due.exchange(false, std::memory_order_relaxed)) {
+      // not under G.mu: it walks every arena (trim_when_quiet, release_buffers)
       malloc_trim(0);
       trim_heap = false;
     }

@@ -474,6 +474,7 @@ struct Global {
   // Raised (under mu) whenever a peer's congestion map changes or is forgotten, then every
   // socket is woken: what a sender blocked by congestion waits for (send.cc).
   std::atomic<uint64_t> cong_gen{0};
+  std::atomic<bool> heap_trim_due{false};  // the engine thread runs malloc_trim (release_buffers)
   bool started = false;
   // Our congestion map: one bit per port, little-endian bit order (net/rds cong.c).
   std::vector<uint8_t> lcong = std::vector<uint8_t>(kCongMapBytes, 0);
