@@ -12,7 +12,7 @@
 // message gets a per-connection sequence number, stays on the retransmit list until the
 // peer's RDS ack (never TCP's), goes back on the send queue when the connection bounces,
 // and the receiver drops anything whose sequence it has already seen (dedupe purely by
-// sequence). RDMA ops run on a QP of their own per connection (Conn::rid). The message
+// sequence). RDMA ops run on a QP of their own per connection (Conn::chan_id). The message
 // that reports a Write goes at once, marked fenced: a fence behind the Write on that QP
 // tells the receiver when the data has landed, and it holds the message until then (RC
 // order, not a wait for the Write's completion at the sender). Reads and atomics keep the

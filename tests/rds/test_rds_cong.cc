@@ -9,6 +9,26 @@
 
 using namespace rdstest;
 
+namespace {
+// Sends 1000-byte messages from tx to dport (non-blocking, waiting for POLLOUT on EAGAIN)
+// until one is refused with ENOBUFS: true then, false after 5 s or another error. *accepted
+// counts the messages taken before.
+bool send_until_enobufs(int tx, uint16_t dport, int* accepted = nullptr) {
+  std::vector<char> m(1000, 'c');
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (send_to(tx, dport, m.data(), m.size(), MSG_DONTWAIT) == 1000) {
+      if (accepted) ++*accepted;
+      continue;
+    }
+    if (errno == ENOBUFS) return true;
+    if (errno != EAGAIN) return false;
+    wait_for(tx, POLLOUT, 100);
+  }
+  return false;
+}
+}  // namespace
+
 TEST(RdsCong, CongestedPortIsEnobufsAndReliefIsNotified) {
   int tx = bound_socket(port(40)), rx = bound_socket(port(41));
   int small = 4096, big = 1 << 20, one = 1;
@@ -17,19 +37,7 @@ TEST(RdsCong, CongestedPortIsEnobufsAndReliefIsNotified) {
   ASSERT_EQ(svrds_setsockopt(tx, SOL_RDS, RDS_CONG_MONITOR, &one, sizeof one), 0);
   std::vector<char> m(1000, 'c');
   int accepted = 0;
-  bool enobufs = false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (!enobufs && std::chrono::steady_clock::now() < deadline) {
-    if (send_to(tx, port(41), m.data(), m.size(), MSG_DONTWAIT) == 1000) {
-      ++accepted;
-    } else if (errno == ENOBUFS) {
-      enobufs = true;
-    } else {
-      ASSERT_EQ(errno, EAGAIN);
-      wait_for(tx, POLLOUT, 100);
-    }
-  }
-  ASSERT_TRUE(enobufs) << "after " << accepted << " messages";
+  ASSERT_TRUE(send_until_enobufs(tx, port(41), &accepted)) << "after " << accepted << " messages";
   EXPECT_GE(accepted, 4) << "rcvbuf is a soft limit: the first messages exceed it";
   // The receiver drains: its port leaves the map and the monitor reports it.
   std::vector<char> buf(2000);
@@ -57,19 +65,11 @@ TEST(RdsCong, ClosingAnUncongestedSocketOnASharedPortKeepsTheBit) {
   ASSERT_EQ(svrds_setsockopt(rx, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
   ASSERT_EQ(svrds_setsockopt(tx, SOL_SOCKET, SO_SNDBUF, &big, sizeof big), 0);
   ASSERT_EQ(svrds_setsockopt(tx, SOL_RDS, RDS_CONG_MONITOR, &one, sizeof one), 0);
-  std::vector<char> m(1000, 'c');
-  bool enobufs = false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (!enobufs && std::chrono::steady_clock::now() < deadline) {
-    if (send_to(tx, port(47), m.data(), m.size(), MSG_DONTWAIT) != 1000) {
-      enobufs = errno == ENOBUFS;
-      if (!enobufs) wait_for(tx, POLLOUT, 100);
-    }
-  }
-  ASSERT_TRUE(enobufs);
+  ASSERT_TRUE(send_until_enobufs(tx, port(47)));
   ASSERT_EQ(svrds_close(other), 0);
   // A map that cleared the bit would reach the monitoring sender as POLLIN within this.
   EXPECT_FALSE(wait_for(tx, POLLIN, 500) & POLLIN) << "the port's congestion was relieved";
+  std::vector<char> m(1000, 'c');
   EXPECT_EQ(send_to(tx, port(47), m.data(), m.size(), MSG_DONTWAIT), -1);
   EXPECT_EQ(errno, ENOBUFS);
   svrds_close(tx);
@@ -86,19 +86,7 @@ TEST(RdsCong, ACongestionRefusedRdmaSendKeepsNoRegistration) {
   int small = 4096, big = 1 << 20;
   ASSERT_EQ(svrds_setsockopt(rx, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
   ASSERT_EQ(svrds_setsockopt(tx, SOL_SOCKET, SO_SNDBUF, &big, sizeof big), 0);
-  std::vector<char> m(1000, 'c');
-  bool enobufs = false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (!enobufs && std::chrono::steady_clock::now() < deadline) {
-    if (send_to(tx, port(45), m.data(), m.size(), MSG_DONTWAIT) == 1000) continue;
-    if (errno == ENOBUFS) {
-      enobufs = true;
-    } else {
-      ASSERT_EQ(errno, EAGAIN);
-      wait_for(tx, POLLOUT, 100);
-    }
-  }
-  ASSERT_TRUE(enobufs) << "the receiver's port never became congested";
+  ASSERT_TRUE(send_until_enobufs(tx, port(45))) << "the receiver's port never became congested";
   std::vector<char> local(4096, 'l');
   std::vector<rds_iovec> lv{{reinterpret_cast<uint64_t>(local.data()), local.size()}};
   for (int i = 0; i < 400; ++i) {
