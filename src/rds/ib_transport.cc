@@ -1084,7 +1084,8 @@ void engine_loop() {
   uint64_t last_publish = 0;
   bool trim_heap = false;
   for (;;) {
-    if (trim_heap || G.heap_trim_due.exchange(false, std::memory_order_relaxed)) {
+    // The flag first: a trim for trim_when_quiet covers release_buffers' too.
+    if (G.heap_trim_due.exchange(false, std::memory_order_relaxed) || trim_heap) {
       // not under G.mu: it walks every arena (trim_when_quiet, release_buffers)
       malloc_trim(0);
       trim_heap = false;

@@ -202,7 +202,8 @@ struct Sock {
   std::mutex rs_recv_lock;
   // recvmsg, and a sendmsg waiting for send space or a congestion update, sleep here
   std::condition_variable rs_recv_cv;
-  // Written under both locks: the descriptors (close), the receive options below.
+  // Written under both locks: the descriptors (close), and rcvtstamp, tstamp_new, rx_traces,
+  // rx_trace_pos and zerocopy below. The addresses, recverr and cong_monitor: the stack lock.
   int app_fd = -1;    // handed to the application
   int lib_fd = -1;    // our end of the socketpair
   uint64_t inum = 0;  // RDS_INFO_SOCKETS: the inode of app_fd, unique on the host
@@ -471,8 +472,8 @@ struct Global {
   // SOFTVERBS_RDS_WAIT_RX=0): a thread blocking in poll() waits on it too (svrds_block_prepare).
   std::atomic<int> cq_wait_fd{-1};
   std::atomic<bool> rx_taker{false};  // a blocked recvmsg waits on cq_wait_fd (recv.cc)
-  // Raised (under mu) whenever a peer's congestion map changes or is forgotten, then every
-  // socket is woken: what a sender blocked by congestion waits for (send.cc).
+  // Raised (under mu) when a peer's congestion map frees a port, or a map with a bit set is
+  // forgotten, then every socket is woken: what a sender blocked by congestion waits for.
   std::atomic<uint64_t> cong_gen{0};
   std::atomic<bool> heap_trim_due{false};  // the engine thread runs malloc_trim (release_buffers)
   bool started = false;
@@ -516,10 +517,12 @@ inline int fail(int e) {
   return -1;
 }
 
-// A sendmsg's posts (held under the stack lock) made quiet with softverbs_cq_quiet: what
-// completes at once (a Send TCP took) raises no CQ event, which would wake the engine thread
-// only for it to wait for the lock we hold; the destructor takes those completions in
-// instead, the lock still held. Does nothing on another verbs provider.
+// Posts made under the stack lock (sendmsg, close, cancel, the engine thread, a backlog run)
+// made quiet with softverbs_cq_quiet: what completes at once (a Send TCP took) raises no CQ
+// event, which would wake the engine thread only for it to wait for the lock we hold; the
+// destructor takes those completions in instead, the lock held. It stays on while a blocked
+// sendmsg sleeps with the lock let go (send.cc), which posts nothing meanwhile. Does nothing
+// on another verbs provider.
 class QuietPosts {
  public:
   QuietPosts();

@@ -312,8 +312,9 @@ void wait_for_space(Sock* s, std::unique_lock<StackMutex>& lk) {
 }
 
 // A sender blocked by its destination's congestion waits the same way for the next change
-// of any peer's map (Global::cong_gen, raised under the stack lock, which we hold here; the
-// changer takes each socket's rs_recv_lock before waking it).
+// of any peer's map that frees a port or forgets the map (Global::cong_gen, raised under the
+// stack lock, which we hold here; the changer takes each socket's rs_recv_lock before waking
+// it).
 void wait_for_cong_update(Sock* s, std::unique_lock<StackMutex>& lk) {
   const uint64_t seen = g().cong_gen.load(std::memory_order_relaxed);
   wait_off_stack_lock(s, lk,

@@ -22,7 +22,10 @@ bool send_until_enobufs(int tx, uint16_t dport, int* accepted = nullptr) {
       continue;
     }
     if (errno == ENOBUFS) return true;
-    if (errno != EAGAIN) return false;
+    if (errno != EAGAIN) {
+      ADD_FAILURE() << "send: " << strerror(errno);
+      return false;
+    }
     wait_for(tx, POLLOUT, 100);
   }
   return false;

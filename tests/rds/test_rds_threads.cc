@@ -78,6 +78,7 @@ TEST(RdsThreads, ReceivesPollsAndOptionsBesideSendsAndCongestion) {
       while (!stop.load()) {
         pollfd p{b, POLLIN, 0};
         if (svrds_poll_ready(&p, 1) < 0) recv_err = 2;
+        std::this_thread::yield();
       }
     });
     std::thread options([&] {
@@ -170,8 +171,10 @@ TEST(RdsThreads, ABlockedReceiverTakesInItsOwnMessage) {
       if (n != 4 || std::memcmp(buf.data(), &i, 4) != 0) return 13;
       taken_here += counter(a, "busy_poll_completions") != before;
     }
-    // On: every message, but a wake-up may find the lock taken and leave one to its holder.
-    if (on ? taken_here < 15 : taken_here != 0) return on ? 14 : 15;
+    // On: most messages. A sender that still holds the stack lock as the bytes come in may
+    // take them itself (its quiet posts drain the CQ), and under load the receiver may not
+    // be asleep yet when the message is sent. Off: none, ever.
+    if (on ? taken_here < 10 : taken_here != 0) return on ? 14 : 15;
     return 0;
   });
   EXPECT_EQ(rc, 0) << "10/11: set-up; 12/13: send, receive; 14: the receiver was woken by "
