@@ -53,13 +53,13 @@ void Progress::release_after_fork(Progress& p) {
                    : MAP_FAILED;
   auto* buf = static_cast<char*>(m == MAP_FAILED ? nullptr : m);
   while (buf) {
-    if (len + 1 == cap) {  // grow, keeping room for a NUL
+    if (len == cap) {
       void* g = mremap(buf, cap, cap * 2, MREMAP_MAYMOVE);
       if (g == MAP_FAILED) break;
       buf = static_cast<char*>(g);
       cap *= 2;
     }
-    const ssize_t n = read(f, buf + len, cap - 1 - len);
+    const ssize_t n = read(f, buf + len, cap - len);
     if (n <= 0) break;
     len += static_cast<size_t>(n);
   }
