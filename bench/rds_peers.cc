@@ -12,9 +12,9 @@
 //
 //   rds_peers: peers N bytes S msgs M: RSS K KiB/peer, private P KiB/peer
 //
-// and lets the peers exit. With -M it exits 4 if a peer cost more than MAX_KIB of RSS (the
-// default suite's rds_idle_peer_memory: issue 28's 256 KiB per idle peer). Exits 1 if a
-// peer failed, 5 if a receive failed, 2 for bad arguments.
+// and lets the peers exit. With -M it exits 4 if a peer still cost more than MAX_KIB of RSS 10 s
+// after that (the default suite's rds_idle_peer_memory: issue 28's 256 KiB per idle peer). Exits 1
+// if a peer failed, 5 if a receive failed, 2 for bad arguments.
 #include <arpa/inet.h>
 #include <linux/rds.h>
 #include <softverbs/rds.h>
@@ -160,7 +160,15 @@ int main(int argc, char** argv) {
       return 5;
   }
   usleep(static_cast<useconds_t>(quiet_ms) * 1000);
-  const long rss = sv::proc_self_kib("status", "VmRSS") - rss0;
+  // With -M, a loaded machine gets up to 10 s more: the engine gives memory back on its own
+  // clock (quiet spells of SOFTVERBS_IDLE_TRIM_MS, a signaled ack, then the pool and the heap),
+  // and a busy CI host can stretch those steps past QUIET_MS. What is asserted is that the
+  // memory goes back, not how soon.
+  long rss = sv::proc_self_kib("status", "VmRSS") - rss0;
+  for (int waited = 0; max_kib > 0 && rss / n > max_kib && waited < 10000; waited += 100) {
+    usleep(100 * 1000);
+    rss = sv::proc_self_kib("status", "VmRSS") - rss0;
+  }
   const long priv = sv::proc_self_kib("smaps_rollup", "Private_Dirty") - priv0;
   std::printf("rds_peers: peers %d bytes %zu msgs %d: RSS %ld KiB/peer, private %ld KiB/peer\n", n,
               bytes, msgs, rss / n, priv / n);
