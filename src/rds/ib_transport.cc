@@ -27,6 +27,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 
 #include "engine/log.h"
 #include "rds/rds_impl.h"
@@ -1083,6 +1084,7 @@ void engine_loop() {
   Global& G = g();
   uint64_t last_publish = 0;
   bool trim_heap = false;
+  std::string publish;  // built under G.mu, written without it
   for (;;) {
     // The flag first: a trim for trim_when_quiet covers release_buffers' too.
     if (G.heap_trim_due.exchange(false, std::memory_order_relaxed) || trim_heap) {
@@ -1090,6 +1092,7 @@ void engine_loop() {
       malloc_trim(0);
       trim_heap = false;
     }
+    if (!publish.empty()) info_write(std::exchange(publish, {}));
     int timeout = 500;  // also the rds-info publication period
     {
       // The earliest of: a reconnect timer, a directory retry or claim, a delayed ack.
@@ -1157,7 +1160,7 @@ void engine_loop() {
     idle_sweep();
     trim_heap = trim_when_quiet();
     if (now_ms() - last_publish >= 500) {
-      info_publish();
+      publish = info_snapshot_locked();
       last_publish = now_ms();
     }
     after_completions_locked();
@@ -1178,12 +1181,21 @@ void release_after_fork(Global& G) {
 ForkLocal<Global> g_stack(&release_after_fork);
 
 // The child walks the parent's tables: hold the stack lock across fork() so they are whole.
+// And publish_mu: the engine thread writes its snapshot outside the stack lock, and may hold
+// the host-wide retired-sum flock while it folds; a child forked then would keep that lock
+// (an flock belongs to the open file) for every process of the user until it exits.
 void fork_prepare() {
-  if (Global* G = g_stack.peek()) G->mu.lock();
+  if (Global* G = g_stack.peek()) {
+    G->mu.lock();
+    G->publish_mu.lock();
+  }
 }
 void fork_parent() {
   // Not the stack's work here: other libraries' fork handlers may still hold their locks.
-  if (Global* G = g_stack.peek()) G->mu.unlock_to_engine();
+  if (Global* G = g_stack.peek()) {
+    G->publish_mu.unlock();
+    G->mu.unlock_to_engine();
+  }
 }
 }  // namespace
 

@@ -184,9 +184,9 @@ wire::InfoMeta my_meta() {
 }
 }  // namespace
 
-void info_publish() {
+std::string info_snapshot_locked() {
   Global& G = g();
-  if (G.info_retired) return;  // exiting: our counters are in the retired sum already
+  if (G.info_retired) return {};  // exiting: our counters are in the retired sum already
   // File: repeated [int id][int each][u32 bytes][records].
   std::string blob;
   const wire::InfoMeta meta = my_meta();
@@ -198,6 +198,12 @@ void info_publish() {
     if (local_records(id, r, &each) < 0) continue;
     wire::info_blob_append(blob, id, each, r.data(), static_cast<uint32_t>(r.size()));
   }
+  return blob;
+}
+
+namespace {
+// Global::publish_mu held.
+void write_snapshot_publish_locked(const std::string& blob) {
   const std::string dir = info_dir();
   if (!shared_dir_ready(dir.substr(0, dir.rfind('/'))) || !shared_dir_ready(dir)) return;
   const std::string path = snapshot_path(getpid());
@@ -208,6 +214,13 @@ void info_publish() {
     first_published = getpid();
   }
   replace_file(path, blob);
+}
+}  // namespace
+
+void info_write(const std::string& blob) {
+  std::lock_guard lk(g().publish_mu);
+  if (blob.empty() || g().info_retired) return;
+  write_snapshot_publish_locked(blob);
 }
 
 namespace {
@@ -408,7 +421,12 @@ void remote_records(int optname, int each, std::vector<char>& out) {
 // sum's folded list, and its snapshot is then not counted. A sum's list covers only its
 // own user's snapshots, so nobody can make another user's counters disappear.
 void counter_view(std::vector<char>& all) {
-  fold_stale_own();
+  {
+    // Not beside the engine thread's first publication's fold: two of our descriptors of the
+    // retired-sum lock would exclude each other (flock), and one would give up.
+    std::lock_guard lk(g().publish_mu);
+    fold_stale_own();
+  }
   struct Snap {
     uid_t owner;
     uint64_t gen;
@@ -476,6 +494,7 @@ void info_unpublish() {
   Global& G = g();
   std::lock_guard lk(G.mu);
   if (!G.cm_port || G.info_retired) return;  // never used RDS, or done
+  std::lock_guard plk(G.publish_mu);
   G.info_retired = true;
   const std::string dir = info_dir();
   if (!shared_dir_ready(dir.substr(0, dir.rfind('/'))) || !shared_dir_ready(dir)) return;
@@ -490,8 +509,9 @@ void info_unpublish() {
   if (lk_fd >= 0) close(lk_fd);
   // Not folded: our last counters stay in a snapshot, for our next process to fold.
   G.info_retired = false;
-  info_publish();
+  const std::string blob = info_snapshot_locked();
   G.info_retired = true;
+  write_snapshot_publish_locked(blob);
 }
 
 int info_get(int optname, void* buf, socklen_t* len) {

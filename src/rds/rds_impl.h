@@ -479,8 +479,14 @@ struct Global {
   bool started = false;
   // Our congestion map: one bit per port, little-endian bit order (net/rds cong.c).
   std::vector<uint8_t> lcong = std::vector<uint8_t>(kCongMapBytes, 0);
-  Counters counters{};        // rds-info -c (counters.h)
-  bool info_retired = false;  // our counters are in the retired sum: publish no more (info.cc)
+  Counters counters{};  // rds-info -c (counters.h)
+  // Our counters are in the retired sum: publish no more (info.cc). Written under mu and
+  // publish_mu, read under either.
+  bool info_retired = false;
+  // Serializes writing our snapshot (info_write, outside mu) with retiring it
+  // (info_unpublish): a snapshot built before the retirement and written after it would
+  // count our counters twice once folded. Taken after mu, never before it.
+  std::mutex publish_mu;
   // ib_transport.cc: connection ids (in wr ids), reconnect timers (connection, channel),
   // RDMA channels: ours (active, by id) and the peers' (passive: we only respond on them).
   std::map<uint32_t, Conn*> conn_by_id;
@@ -686,7 +692,11 @@ void mr_base_lost(Conn* c);  // the data connection went down: its question with
 // info.cc: RDS_INFO_* snapshots of this process' RDS stack. Returns the record size, or
 // -ENOSPC with *len set to the bytes needed (net/rds info.c protocol).
 int info_get(int optname, void* buf, socklen_t* len);
-void info_publish();  // engine thread, every ~500 ms
+// The engine thread, every ~500 ms: this process' records under the stack lock (empty when
+// retired), then written to its snapshot file without it (file I/O, and at first a fold
+// of stale snapshots, would hold up every send and completion).
+std::string info_snapshot_locked();
+void info_write(const std::string& blob);
 void info_unpublish();
 
 // cong.c-style congestion (cong.cc)

@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "rds/rds_impl.h"
 #include "softverbs/rds.h"
@@ -279,6 +281,51 @@ using namespace sv::rds;
 
 namespace {
 
+// The iovecs' bytes, len of them in all (their checked sum).
+void copy_iovecs(const msghdr* msg, size_t len, std::vector<std::byte>* out) {
+  out->resize(len);
+  size_t off = 0;
+  for (size_t i = 0; i < msg->msg_iovlen; ++i) {
+    if (msg->msg_iov[i].iov_len)  // a zero-length iovec may have a null base
+      std::memcpy(out->data() + off, msg->msg_iov[i].iov_base, msg->msg_iov[i].iov_len);
+    off += msg->msg_iov[i].iov_len;
+  }
+}
+
+// A payload at least this long is copied in with the stack lock let go; a shorter one costs
+// less to copy (about 1 us) than letting the lock go and taking it back, which may wake the
+// engine thread for a backlog.
+constexpr size_t kCopyOffLock = 16 * 1024;
+
+// Zero copy while the iovecs fit one SEND's gather list (with the header's entry); beyond
+// that the payload is copied (the cookie still completes when the message is released).
+bool zcopy_fits(const msghdr* msg) {
+  return msg->msg_iovlen <= kMaxZcopySge &&
+         msg->msg_iovlen < static_cast<size_t>(max_local_sge(false));
+}
+
+// A zero-copy send's regions, one per non-empty iovec, in order; deregistered unless the
+// message took them.
+struct ZcopyRegs {
+  std::vector<ibv_mr*> mrs;
+  int err = 0;
+  void reg(ibv_pd* pd, const msghdr* msg) {
+    for (size_t i = 0; i < msg->msg_iovlen && !err; ++i) {
+      if (!msg->msg_iov[i].iov_len) continue;
+      if (ibv_mr* mr = ibv_reg_mr(pd, msg->msg_iov[i].iov_base, msg->msg_iov[i].iov_len, 0))
+        mrs.push_back(mr);
+      else
+        err = errno ? errno : ENOMEM;
+    }
+    if (err) release();
+  }
+  void release() {
+    for (ibv_mr* mr : mrs) ibv_dereg_mr(mr);
+    mrs.clear();
+  }
+  ~ZcopyRegs() { release(); }
+};
+
 bool nonblocking(Sock* s, int flags) {
   return (flags & MSG_DONTWAIT) || (fcntl(s->app_fd, F_GETFL) & O_NONBLOCK);
 }
@@ -325,10 +372,7 @@ void wait_for_cong_update(Sock* s, std::unique_lock<StackMutex>& lk) {
 extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, const msghdr* msg,
                                                                         int flags) {
   Global& G = g();
-  std::unique_lock lk(G.mu);
-  QuietPosts quiet;  // before lk is let go: its destructor takes in what our posts completed
-  Sock* s = sock_of(fd);
-  if (!s) return fail(no_sock(fd));
+  if (!sock_of(fd)) return fail(no_sock(fd));  // lock-free; looked up again under the lock
   // 0. The iovecs, as sendmsg(2) checks them before any protocol sees the call: more than
   // UIO_MAXIOV is EMSGSIZE (copy_msghdr_from_user), a length past SSIZE_MAX is EINVAL
   // (import_iovec). Their sum saturates: past RDS_MAX_MSG_SIZE it is EMSGSIZE below, and it
@@ -348,6 +392,11 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   // 1. flags: Linux RDS takes MSG_DONTWAIT and MSG_ZEROCOPY only (MSG_CMSG_COMPAT is the
   // kernel's own); MSG_NOSIGNAL, MSG_MORE and the rest are EOPNOTSUPP (net/rds send.c).
   if (flags & ~(MSG_DONTWAIT | MSG_ZEROCOPY)) return fail(EOPNOTSUPP);
+  ZcopyRegs zreg;  // before lk: a refused send's regions go after the lock is let go
+  std::unique_lock lk(G.mu);
+  QuietPosts quiet;  // before lk is let go: its destructor takes in what our posts completed
+  Sock* s = sock_of(fd);
+  if (!s) return fail(no_sock(fd));  // closed meanwhile
   {
     std::lock_guard rlk(s->rs_recv_lock);
     if (s->cong_poll) {  // the congestion-update POLLIN has been seen: this is the retry
@@ -445,6 +494,28 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   if (int r = transport_start()) return fail(-r);
   // A device without atomics (Linux RDS: a transport without xmit_atomic, send.c).
   if (atomic && !G.atomics) return fail(EOPNOTSUPP);
+
+  // The payload goes in now, as net/rds's rds_sendmsg copies it into the message
+  // (rds_message_copy_from_user) once the arguments are checked and before the RDMA
+  // arguments, the connection and the queue. A large copy, and a zero-copy send's
+  // registration (a verbs call), run with the stack lock let go: a 1 MiB copy under it held
+  // up every completion and receive on the stack for its length. A registration that failed
+  // fails the send where it always did, after the waits.
+  const bool gather = zcopy && zcopy_fits(msg);  // else its payload is copied
+  std::vector<std::byte> payload;
+  if (gather || len >= kCopyOffLock) {
+    StackMutex& mu = *lk.release();
+    mu.unlock_to_engine();  // as wait_off_stack_lock: our posts are still quiet
+    if (gather)
+      zreg.reg(G.pd, msg);
+    else
+      copy_iovecs(msg, len, &payload);
+    mu.lock();
+    lk = std::unique_lock(mu, std::adopt_lock);
+    if (s->closing) return fail(EBADF);  // close() ran meanwhile
+  } else {
+    copy_iovecs(msg, len, &payload);
+  }
 
   auto m = std::make_unique<Message>();
   m->sock = s;
@@ -553,33 +624,20 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
     m->zcopy = true;
     m->zcookie = *zcookie;
   }
-  // Zero copy while the iovecs fit one SEND's gather list; beyond that the payload is copied
-  // (the cookie still completes when the message is released).
-  if (zcopy && msg->msg_iovlen <= kMaxZcopySge &&
-      msg->msg_iovlen < static_cast<size_t>(max_local_sge(false))) {
-    for (size_t i = 0; i < msg->msg_iovlen; ++i) {
-      if (!msg->msg_iov[i].iov_len) continue;
-      ibv_mr* mr = ibv_reg_mr(G.pd, msg->msg_iov[i].iov_base, msg->msg_iov[i].iov_len, 0);
-      if (!mr) {
-        const int e = errno ? errno : ENOMEM;
-        for (ibv_mr* x : m->zmrs) ibv_dereg_mr(x);
-        m->zmrs.clear();
-        undo_map();
-        return fail(e == EINVAL ? EFAULT : e);
-      }
-      m->zmrs.push_back(mr);
-      m->zsge.push_back({reinterpret_cast<uint64_t>(msg->msg_iov[i].iov_base),
-                         static_cast<uint32_t>(msg->msg_iov[i].iov_len), mr->lkey});
+  if (gather) {
+    if (zreg.err) {
+      undo_map();
+      return fail(zreg.err == EINVAL ? EFAULT : zreg.err);
     }
+    m->zmrs = std::exchange(zreg.mrs, {});
+    size_t k = 0;
+    for (size_t i = 0; i < msg->msg_iovlen; ++i)
+      if (msg->msg_iov[i].iov_len)
+        m->zsge.push_back({reinterpret_cast<uint64_t>(msg->msg_iov[i].iov_base),
+                           static_cast<uint32_t>(msg->msg_iov[i].iov_len), m->zmrs[k++]->lkey});
     count(Ctr::send_zcopy);
   } else {
-    m->payload.resize(len);
-    size_t off = 0;
-    for (size_t i = 0; i < msg->msg_iovlen; ++i) {
-      if (msg->msg_iov[i].iov_len)  // a zero-length iovec may have a null base
-        std::memcpy(m->payload.data() + off, msg->msg_iov[i].iov_base, msg->msg_iov[i].iov_len);
-      off += msg->msg_iov[i].iov_len;
-    }
+    m->payload = std::move(payload);
   }
   s->snd_bytes += len;
   if (s->snd_bytes >= s->sndbuf / 2) m->h.flags |= sv::wire::kRdsFlagAckRequired;
