@@ -285,10 +285,12 @@ namespace {
 void copy_iovecs(const msghdr* msg, size_t len, std::vector<std::byte>* out) {
   out->resize(len);
   size_t off = 0;
-  for (size_t i = 0; i < msg->msg_iovlen; ++i) {
-    if (msg->msg_iov[i].iov_len)  // a zero-length iovec may have a null base
-      std::memcpy(out->data() + off, msg->msg_iov[i].iov_base, msg->msg_iov[i].iov_len);
-    off += msg->msg_iov[i].iov_len;
+  for (size_t i = 0; i < msg->msg_iovlen && off < len; ++i) {
+    // At most what was summed: another thread of the caller may change the lengths.
+    const size_t l = std::min(msg->msg_iov[i].iov_len, len - off);
+    if (l)  // a zero-length iovec may have a null base
+      std::memcpy(out->data() + off, msg->msg_iov[i].iov_base, l);
+    off += l;
   }
 }
 
@@ -392,7 +394,9 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   // 1. flags: Linux RDS takes MSG_DONTWAIT and MSG_ZEROCOPY only (MSG_CMSG_COMPAT is the
   // kernel's own); MSG_NOSIGNAL, MSG_MORE and the rest are EOPNOTSUPP (net/rds send.c).
   if (flags & ~(MSG_DONTWAIT | MSG_ZEROCOPY)) return fail(EOPNOTSUPP);
-  ZcopyRegs zreg;  // before lk: a refused send's regions go after the lock is let go
+  // Before lk: a refused send's regions and payload go after the lock is let go.
+  ZcopyRegs zreg;
+  std::vector<std::byte> payload;
   std::unique_lock lk(G.mu);
   QuietPosts quiet;  // before lk is let go: its destructor takes in what our posts completed
   Sock* s = sock_of(fd);
@@ -502,7 +506,6 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   // up every completion and receive on the stack for its length. A registration that failed
   // fails the send where it always did, after the waits.
   const bool gather = zcopy && zcopy_fits(msg);  // else its payload is copied
-  std::vector<std::byte> payload;
   if (gather || len >= kCopyOffLock) {
     StackMutex& mu = *lk.release();
     mu.unlock_to_engine();  // as wait_off_stack_lock: our posts are still quiet
@@ -630,11 +633,10 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
       return fail(zreg.err == EINVAL ? EFAULT : zreg.err);
     }
     m->zmrs = std::exchange(zreg.mrs, {});
-    size_t k = 0;
-    for (size_t i = 0; i < msg->msg_iovlen; ++i)
-      if (msg->msg_iov[i].iov_len)
-        m->zsge.push_back({reinterpret_cast<uint64_t>(msg->msg_iov[i].iov_base),
-                           static_cast<uint32_t>(msg->msg_iov[i].iov_len), m->zmrs[k++]->lkey});
+    // From the regions, not from a second read of the iovecs after the waits.
+    for (ibv_mr* mr : m->zmrs)
+      m->zsge.push_back(
+          {reinterpret_cast<uint64_t>(mr->addr), static_cast<uint32_t>(mr->length), mr->lkey});
     count(Ctr::send_zcopy);
   } else {
     m->payload = std::move(payload);

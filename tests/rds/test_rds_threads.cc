@@ -213,8 +213,13 @@ TEST(RdsThreads, ALargeSendCopiesItsPayloadOffTheStackLock) {
     // The stack and both connections up, so the stalled send needs nothing but its copy.
     if (send_to(a, port(7), "x", 1) != 1 || recv_one(b, buf) != 1) return 11;
     if (send_to(c, port(7), "y", 1) != 1 || recv_one(b, buf) != 1) return 11;
-    const int uffd = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
-    if (uffd < 0) return 77;  // not permitted here (unprivileged, vm.unprivileged_userfaultfd=0)
+    // User-mode faults only (the copy is a memcpy in user space): what an unprivileged user
+    // may ask for since Linux 5.11; a kernel without the flag says EINVAL.
+    int uffd =
+        static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY));
+    if (uffd < 0 && errno == EINVAL)
+      uffd = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
+    if (uffd < 0) return 77;  // not permitted here (vm.unprivileged_userfaultfd=0, old kernel)
     uffdio_api api{};
     api.api = UFFD_API;
     if (ioctl(uffd, UFFDIO_API, &api) != 0) return 12;
@@ -230,17 +235,22 @@ TEST(RdsThreads, ALargeSendCopiesItsPayloadOffTheStackLock) {
       const ssize_t n = send_to(a, port(7), region, kLen);
       send_errno = n < 0 ? errno : 0;
     });
+    // From here every step sets result and nothing returns until the pages are served and
+    // both threads joined.
+    int result = 0;
     uffd_msg fault{};
     if (!wait_for(uffd, POLLIN) || read(uffd, &fault, sizeof fault) != sizeof fault ||
         fault.event != UFFD_EVENT_PAGEFAULT)
-      return 13;
+      result = 13;
     // The sender is stopped inside its copy. Another socket's send goes through meanwhile.
     std::atomic<bool> other_sent{false};
-    std::thread other([&] { other_sent = send_to(c, port(7), "z", 1) == 1; });
-    int result = 0;
-    for (int i = 0; i < 200 && !other_sent.load(); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (!other_sent.load()) result = 20;
+    std::thread other;
+    if (!result) {
+      other = std::thread([&] { other_sent = send_to(c, port(7), "z", 1) == 1; });
+      for (int i = 0; i < 200 && !other_sent.load(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (!other_sent.load()) result = 20;
+    }
     if (!result) {
       sockaddr_in from{};
       if (recv_one(b, buf, &from) != 1 || buf[0] != 'z' || ntohs(from.sin_port) != port(8))
@@ -250,9 +260,13 @@ TEST(RdsThreads, ALargeSendCopiesItsPayloadOffTheStackLock) {
     // Serve every page of the region (zeros): the copy finishes.
     uffdio_zeropage zp{};
     zp.range = {reinterpret_cast<uint64_t>(region), kLen};
-    if (ioctl(uffd, UFFDIO_ZEROPAGE, &zp) != 0) return 14;
+    if (ioctl(uffd, UFFDIO_ZEROPAGE, &zp) != 0) {
+      sender.detach();  // still stopped on its page: _exit ends it
+      if (other.joinable()) other.detach();
+      return 14;
+    }
     sender.join();
-    other.join();
+    if (other.joinable()) other.join();
     if (result) return result;
     if (send_errno.load() != EBADF) return 23;
     // Nothing of the closed socket's message arrives.
