@@ -20,9 +20,11 @@ namespace sv::rds {
   X(conn_connect_attempts) \
   X(conn_connect_raced) \
   X(conn_created) \
+  X(conn_down_deferred) \
   X(conn_idle_close) \
   X(conn_reject_bad_addr) \
   X(conn_reject_bad_priv) \
+  X(conn_reject_in_xmit) \
   X(conn_reset) \
   X(conn_up) \
   X(conn_up_by_receive) \
@@ -71,6 +73,7 @@ namespace sv::rds {
   X(send_drop_acked) \
   X(send_drop_no_sock) \
   X(send_pong) \
+  X(send_post_unlocked) \
   X(send_queue_full) \
   X(send_queued) \
   X(send_queued_by_sock) \
@@ -87,6 +90,7 @@ namespace sv::rds {
   X(send_atomic_unsupported) \
   X(send_rdma_verdict) \
   X(send_rerouted) \
+  X(send_xmit_raced) \
   X(send_zcopy) \
   X(wc_stale)
 // clang-format on

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cassert>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -72,7 +73,6 @@ uint64_t now_ms() {
                                    .count());
 }
 
-void conn_down(Conn* c, const char* why);
 void rdma_chan_down(Conn* c, const char* why);
 void comm_established(Conn* c);
 int drain_cq_locked();
@@ -636,8 +636,17 @@ void release_buffers(Conn* c) {
   wake_engine();
 }
 
+}  // namespace
+
 void conn_down(Conn* c, const char* why) {
   if (c->tearing_down || (c->state == ConnState::down && !c->id)) return;
+  if (c->in_xmit) {
+    // A sendmsg is posting on the QP with the stack lock let go: the QP, its send slots and
+    // its queues are that thread's until it has the lock back, and it tears down then.
+    if (!c->down_owed) c->down_owed = why;
+    count(Ctr::conn_down_deferred);
+    return;
+  }
   SV_INFO("rds: connection %s -> %s down: %s", addr_text(c->local).c_str(),
           addr_text(c->peer).c_str(), why);
   // Completions generated before the disconnect event (the error that caused it, with
@@ -669,6 +678,8 @@ void conn_down(Conn* c, const char* why) {
   cong_map_forgotten(c);
   if (!c->send_q.empty()) schedule_reconnect(c);
 }
+
+namespace {
 
 // Events after which an rdma_cm id (and its QP) is of no further use.
 bool cm_id_lost(rdma_cm_event_type e) {
@@ -930,6 +941,13 @@ void handle_cm(rdma_cm_event* ev) {
       }
       // A new connection from this peer replaces whatever we had (a rebooted or
       // reconnecting peer, net/rds threads.c).
+      // Not while a sendmsg posts on the old QP with the lock let go (its teardown would be
+      // put off, and pc is taken over at once): the peer retries with backoff.
+      if (pc->in_xmit) {
+        rdma_reject(id, nullptr, 0);
+        count(Ctr::conn_reject_in_xmit);
+        break;
+      }
       if (pc->id) conn_down(pc, "replaced");
       id->context = pc;
       pc->id = id;
@@ -1254,6 +1272,16 @@ void StackMutex::unlock() {
   }
 }
 
+void StackMutex::reacquire_after_post() {
+  mu_.lock();
+  if (backlog_.load(std::memory_order_relaxed) &&
+      backlog_.exchange(false, std::memory_order_acq_rel)) {
+    const ErrnoKeeper keep;
+    count(Ctr::cq_backlog_runs);
+    take_completions_locked();  // the poster's posts are quiet already (sendmsg's QuietPosts)
+  }
+}
+
 void StackMutex::unlock_to_engine() {
   const ErrnoKeeper keep;
   mu_.unlock();
@@ -1365,6 +1393,8 @@ int transport_start() {
     }
   });
   std::thread(engine_loop).detach();
+  G.test_post_window_ms =
+      static_cast<uint32_t>(settings::uint_value(SV_SETTING("SOFTVERBS_RDS_TEST_POST_WINDOW_MS")));
   G.started = true;
   return 0;
 }
@@ -1397,10 +1427,10 @@ void rdma_chan_kick(Conn* c) {
     rdma_chan_connect(c);
 }
 
-void conn_kick(Conn* c) {
+void conn_kick(Conn* c, XmitMode mode) {
   rdma_post_pending(c);
   if (c->state == ConnState::up) {
-    xmit(c);
+    xmit(c, mode);
   } else if (c->state == ConnState::down && !c->send_q.empty() && !c->reconnect_pending) {
     start_connect(c);
   }
@@ -1411,6 +1441,10 @@ void conn_send_ack(Conn* c) {
 }
 
 bool conn_send_header(Conn* c, wire::RdsHeader h) {
+  if (c->in_xmit) {  // its poster sends what is due once it has the lock back (xmit)
+    c->hdr_owed = true;
+    return false;
+  }
   if (c->free_slots.empty() || !c->id || !c->id->qp) return false;
   const int slot = c->free_slots.back();
   c->free_slots.pop_back();
@@ -1436,21 +1470,39 @@ bool conn_send_header(Conn* c, wire::RdsHeader h) {
   return true;
 }
 
-int post_data_send(Conn* c, ibv_send_wr* wr) {
+PostRec prep_data_send(Conn* c, ibv_send_wr* wr) {
+  const PostRec r{wr->wr_id, c->since_signal, c->signal_next};
   // Signal when enough went unsignaled or slots run low, so slots keep coming back.
   const bool sig = ++c->since_signal >= kSignalEvery ||
                    c->free_slots.size() < static_cast<size_t>(kSignalEvery) || c->signal_next;
   c->signal_next = false;
   wr->send_flags = sig ? IBV_SEND_SIGNALED : 0;
-  ibv_send_wr* bad;
-  if (ibv_post_send(c->id->qp, wr, &bad)) {
-    --c->since_signal;
-    return -1;
-  }
   if (sig) c->since_signal = 0;
   c->posted.push_back(wr->wr_id);
   ++c->posts;
-  return 0;
+  return r;
+}
+
+bool unprep_data_send(Conn* c, const PostRec& r) {
+  // Nothing else posted on the data QP since (in_xmit, or the lock held), and a completion
+  // retires only up to an id that completed, which this one never did: it is the newest.
+  assert(!c->posted.empty() && c->posted.back() == r.wr_id);
+  if (c->posted.empty() || c->posted.back() != r.wr_id) return false;
+  c->posted.pop_back();
+  --c->posts;
+  // What asked for a signal meanwhile (retire_later, trim_when_quiet, the exit's flush)
+  // still stands.
+  c->since_signal = std::max(c->since_signal, r.since_signal);
+  c->signal_next = c->signal_next || r.signal_next;
+  return true;
+}
+
+int post_data_send(Conn* c, ibv_send_wr* wr) {
+  const PostRec r = prep_data_send(c, wr);
+  ibv_send_wr* bad;
+  if (ibv_post_send(c->id->qp, wr, &bad) == 0) return 0;
+  unprep_data_send(c, r);
+  return -1;
 }
 
 void flush_acks_locked() {

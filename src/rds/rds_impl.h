@@ -381,7 +381,19 @@ struct Conn {
   std::chrono::steady_clock::time_point last_active{};  // last completion or connect
   // The last_active its send slots were given back for (trim_when_quiet), once per quiet spell.
   std::chrono::steady_clock::time_point slots_trimmed_for{};
-  bool signal_next = false;    // the next send is signaled (trim_when_quiet's ack)
+  bool signal_next = false;  // the next send is signaled (trim_when_quiet's ack)
+  // A sendmsg is posting on the data QP with the stack lock let go (xmit, net/rds's
+  // RDS_IN_XMIT: one task feeds a connection at a time). Nothing else posts on the data QP
+  // meanwhile, so `posted` stays in post order: an xmit leaves xmit_again, a header-only
+  // send hdr_owed, and conn_down its reason in down_owed, for the poster to act on once it
+  // has the lock back. The message being posted stays at the front of send_q until then.
+  bool in_xmit = false;
+  bool xmit_again = false;
+  bool hdr_owed = false;
+  const char* down_owed = nullptr;
+  // The highest ack on_ack took: a message the peer acked while its poster had the lock let
+  // go was not on `retrans` yet, and is released when the poster sees it.
+  uint64_t acked_seq = 0;
   std::vector<uint8_t> fcong;  // the peer's congestion map (RDS_CONG_MAP_BYTES)
   bool map_queued = false;     // send our map when the connection allows
 };
@@ -419,6 +431,12 @@ class StackMutex {
   void unlock();  // ib_transport.cc
   // Lets go without running the backlog, which goes to the engine thread (a fork handler).
   void unlock_to_engine();
+  // Around a post made with the lock let go (xmit from sendmsg): no backlog run as it lets
+  // go, which would take completions in ahead of the post; once it has the lock back it runs
+  // what a handler marked before or meanwhile (ib_transport.cc), while its connection is still
+  // its own (in_xmit), so the other connections' deliveries do not wait for its whole send.
+  void release_for_post() { mu_.unlock(); }
+  void reacquire_after_post();
   // Called by a completion handler that found the lock taken, before it tries once more:
   // the holder takes the completions in.
   void defer();
@@ -477,6 +495,9 @@ struct Global {
   std::atomic<uint64_t> cong_gen{0};
   std::atomic<bool> heap_trim_due{false};  // the engine thread runs malloc_trim (release_buffers)
   bool started = false;
+  // SOFTVERBS_RDS_TEST_POST_WINDOW_MS, read at start: xmit's posts with the lock let go last
+  // this long (tests).
+  uint32_t test_post_window_ms = 0;
   // Our congestion map: one bit per port, little-endian bit order (net/rds cong.c).
   std::vector<uint8_t> lcong = std::vector<uint8_t>(kCongMapBytes, 0);
   Counters counters{};  // rds-info -c (counters.h)
@@ -605,7 +626,13 @@ void destroy_qp(rdma_cm_id* id);
 // The connection from our address laddr to the peer process `peer_gen` at faddr (whose
 // rdma_cm listener is on cm_port), created down if new.
 Conn* conn_get(uint64_t peer_gen, in_addr laddr, const sockaddr_in& faddr, uint16_t cm_port);
-void conn_kick(Conn* c);  // xmit what can be sent
+// How xmit posts: under the stack lock throughout, or (sendmsg's own kick, the outermost
+// call, holding nothing else) with it let go around each ibv_post_send on the data QP.
+enum class XmitMode : uint8_t { locked, may_unlock };
+void conn_kick(Conn* c, XmitMode mode = XmitMode::locked);  // xmit what can be sent
+// The connection goes down (its QP and buffers go, its queues wait for the next one), logged
+// with why; put off to the poster while a sendmsg posts on it with the lock let go.
+void conn_down(Conn* c, const char* why);
 // The peer process did not answer a connect: its messages for this host's addresses go
 // where their destination port is now (send.cc).
 void conn_reroute_orphans(Conn* c);
@@ -615,7 +642,18 @@ void conn_send_ack(Conn* c);
 bool conn_send_header(Conn* c, wire::RdsHeader h);
 void flush_acks_locked();          // send every pending (delayed) ack now
 void flush_acks_at_exit_locked();  // and wait (bounded) until they have left
-// Posts a SEND on the data QP, signaled only every kSignalEvery sends or when slots run low.
+// A SEND on the data QP, signaled only every kSignalEvery sends or when slots run low:
+// prep_data_send records it as posted (posted, posts, the signal decision) before it is, since
+// another thread may take its completion in before the poster has the lock back;
+// unprep_data_send undoes that for one that was not posted (the newest first).
+struct PostRec {
+  uint64_t wr_id;
+  int since_signal;
+  bool signal_next;
+};
+PostRec prep_data_send(Conn* c, ibv_send_wr* wr);
+bool unprep_data_send(Conn* c, const PostRec& r);  // false: it was not the newest (a bug)
+// Posts one recorded SEND on the data QP, undoing the record if it fails: 0, or -1.
 int post_data_send(Conn* c, ibv_send_wr* wr);
 uint32_t conn_id_of(Conn* c);
 // Scatter/gather entries a send (false) or an RDMA Read's local side (true) may have on
@@ -649,7 +687,7 @@ inline uint32_t wr_idx(uint64_t w) {
 
 // send.cc
 void conn_enqueue(Conn* c, Message* m);  // sequence m and queue it (and its ops) on c
-void xmit(Conn* c);
+void xmit(Conn* c, XmitMode mode = XmitMode::locked);
 // The peer has everything up to `ack`. False (nothing done) if that is more than we sent.
 bool on_ack(Conn* c, uint64_t ack);
 void on_send_complete(Conn* c, uint64_t wr_id, ibv_wc_status st);

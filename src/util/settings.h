@@ -92,6 +92,7 @@ inline constexpr Setting kAll[] = {
     // ignores the iova (Linux siw), else zero-based (rdma.cc).
     {"SOFTVERBS_RDS_MR_VA", Kind::uint, 2, 0, 2, 0},
     {"SOFTVERBS_RDS_TEST_LATE_ESTABLISHED", Kind::flag, 0, 0, 1, 0},
+    {"SOFTVERBS_RDS_TEST_POST_WINDOW_MS", Kind::uint, 0, 0, 10000, 0},
     {"SOFTVERBS_RDS_TEST_SRQ_BUFS", Kind::uint, 0, 0, 1024, 0},
     {"SOFTVERBS_RDS_TEST_SRQ_GROW", Kind::flag, 1, 0, 1, 0},
 };
