@@ -185,8 +185,6 @@ wire::InfoMeta my_meta() {
 }  // namespace
 
 std::string info_snapshot_locked() {
-  Global& G = g();
-  if (G.info_retired) return {};  // exiting: our counters are in the retired sum already
   // File: repeated [int id][int each][u32 bytes][records].
   std::string blob;
   const wire::InfoMeta meta = my_meta();
@@ -508,10 +506,7 @@ void info_unpublish() {
   }
   if (lk_fd >= 0) close(lk_fd);
   // Not folded: our last counters stay in a snapshot, for our next process to fold.
-  G.info_retired = false;
-  const std::string blob = info_snapshot_locked();
-  G.info_retired = true;
-  write_snapshot_publish_locked(blob);
+  write_snapshot_publish_locked(info_snapshot_locked());
 }
 
 int info_get(int optname, void* buf, socklen_t* len) {

@@ -730,9 +730,9 @@ void mr_base_lost(Conn* c);  // the data connection went down: its question with
 // info.cc: RDS_INFO_* snapshots of this process' RDS stack. Returns the record size, or
 // -ENOSPC with *len set to the bytes needed (net/rds info.c protocol).
 int info_get(int optname, void* buf, socklen_t* len);
-// The engine thread, every ~500 ms: this process' records under the stack lock (empty when
-// retired), then written to its snapshot file without it (file I/O, and at first a fold
-// of stale snapshots, would hold up every send and completion).
+// The engine thread, every ~500 ms: this process' records under the stack lock, then written to its
+// snapshot file without it (file I/O, and at first a fold of stale snapshots, would hold up every
+// send and completion).
 std::string info_snapshot_locked();
 void info_write(const std::string& blob);
 void info_unpublish();

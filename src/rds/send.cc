@@ -103,6 +103,13 @@ void conn_enqueue(Conn* c, Message* m) {
 
 namespace {
 
+// sendmsg copies a payload, and posts a fragment, of at least this many bytes with the stack
+// lock let go: long enough that the completions and other senders waiting for the lock are
+// worth letting in. Less is done with the lock held: letting go and taking it back, under
+// contention a second wait for it, cost a small send more than the work (posts: an 8 B
+// ping-pong beside a 1 MiB flood, median 21-110 us against 23-38 us held).
+constexpr size_t kOffLockBytes = 16 * 1024;
+
 // Posts a recorded SEND on the data QP; in may_unlock mode with the stack lock let go around
 // the call (in_xmit set). 0, or -1 if it was not posted.
 int post_recorded(Conn* c, ibv_send_wr* wr, XmitMode mode) {
@@ -143,6 +150,15 @@ void restore_ack(Conn* c, const AckState& a) {
   c->unacked += a.unacked;
 }
 
+// m, off the queues, is one the peer has: it goes, unless its fenced Write has not settled
+// (it reports then), or it is zero copy and this copy's SENDs may still read its buffers.
+void drop_acked(Conn* c, Message* m) {
+  count(Ctr::send_drop_acked);
+  if (park_unsettled(c, m)) return;
+  ops_report(m, RDS_RDMA_SUCCESS);
+  if (!retire_later(c, m)) release_message(m);
+}
+
 // Every fragment of m went: off the send queue, onto the retransmit queue (or gone, if the
 // peer acked it while its poster had the lock let go, or it is a congestion map).
 void message_sent(Conn* c, Message* m) {
@@ -155,24 +171,11 @@ void message_sent(Conn* c, Message* m) {
     return;
   }
   count(Ctr::send_queued);
-  if (m->h.sequence <= c->acked_seq) {
-    // The ack may cover an earlier copy (a retransmit's): a zero-copy message's buffers stay
-    // registered until this copy's SENDs retire.
-    count(Ctr::send_drop_acked);
-    if (park_unsettled(c, m)) return;  // its fenced Write reports when settled
-    ops_report(m, RDS_RDMA_SUCCESS);
-    if (!retire_later(c, m)) release_message(m);
-    return;
-  }
-  c->retrans.push_back(m);
+  if (m->h.sequence <= c->acked_seq)
+    drop_acked(c, m);  // the ack may cover an earlier copy (a retransmit's)
+  else
+    c->retrans.push_back(m);
 }
-
-// A fragment at least this long is posted with the lock let go (may_unlock): its post copies
-// it to the wire or the ring, long enough that the completions and other senders waiting for
-// the lock are worth letting in. A shorter one is posted with the lock held: letting go and
-// taking it back, under contention a second wait for it, cost a small send more than its
-// post (a 8 B ping-pong beside a 1 MiB flood: median 21-110 us, against 23-38 us held).
-constexpr size_t kPostOffLock = 16 * 1024;
 
 // Posts one sendmsg makes with the lock let go: then it goes on with the lock held, until
 // the slots run out, as net/rds's rds_send_xmit caps a pass (send_batch_count) rather than
@@ -181,7 +184,7 @@ constexpr int kUnlockedPosts = 32;
 
 // The loop of xmit. Returns once the queue is empty, no slot is free, a post failed, or
 // the connection went down (a teardown put off while the lock was let go).
-void xmit_queue(Conn* c, XmitMode& mode, int& unlocked_left) {
+void xmit_queue(Conn* c, XmitMode mode, int& unlocked_left) {
   while (c->state == ConnState::up && !c->send_q.empty() && c->id && c->id->qp) {
     Message* m = c->send_q.front();
     // The peer has it already (its ack came with a reconnect's accept, or while it was being
@@ -189,11 +192,7 @@ void xmit_queue(Conn* c, XmitMode& mode, int& unlocked_left) {
     if (m->frags_posted == 0 && m->h.sequence <= c->acked_seq &&
         !(m->h.flags & wire::kRdsFlagCongBitmap)) {
       c->send_q.pop_front();
-      count(Ctr::send_drop_acked);
-      if (!park_unsettled(c, m)) {
-        ops_report(m, RDS_RDMA_SUCCESS);
-        release_message(m);
-      }
+      drop_acked(c, m);
       continue;
     }
     if (m->op || m->atomic_op) {
@@ -261,10 +260,10 @@ void xmit_queue(Conn* c, XmitMode& mode, int& unlocked_left) {
       m->last_post = c->posts;
       const bool whole = m->frags_posted == nfrags;
       const AckState ack = whole ? take_ack(c) : AckState{};
-      if (mode == XmitMode::may_unlock && chunk >= kPostOffLock && --unlocked_left < 0)
-        mode = XmitMode::locked;
+      const bool off_lock =
+          mode == XmitMode::may_unlock && chunk >= kOffLockBytes && unlocked_left-- > 0;
       const bool failed =
-          post_recorded(c, &wr, chunk >= kPostOffLock ? mode : XmitMode::locked) != 0;
+          post_recorded(c, &wr, off_lock ? XmitMode::may_unlock : XmitMode::locked) != 0;
       if (failed) {
         if (unprep_data_send(c, rec)) c->free_slots.push_back(slot);
         --m->frags_posted;
@@ -418,11 +417,6 @@ void copy_iovecs(const msghdr* msg, size_t len, std::vector<std::byte>* out) {
   }
 }
 
-// A payload at least this long is copied in with the stack lock let go; a shorter one costs
-// less to copy (about 1 us) than letting the lock go and taking it back, which may wake the
-// engine thread for a backlog.
-constexpr size_t kCopyOffLock = 16 * 1024;
-
 // Zero copy while the iovecs fit one SEND's gather list (with the header's entry); beyond
 // that the payload is copied (the cookie still completes when the message is released).
 bool zcopy_fits(const msghdr* msg) {
@@ -468,16 +462,21 @@ namespace {
 // Waiting for send space: snd_bytes is an atomic that unqueue_from_sock lowers before it
 // takes rs_recv_lock (the poll state) and wakes the socket, so a sender that saw it full
 // under that lock is woken.
-template <typename Pred>
-void wait_off_stack_lock(Sock* s, std::unique_lock<StackMutex>& lk, Pred ready) {
+template <typename Fn>
+void off_stack_lock(std::unique_lock<StackMutex>& lk, Fn fn) {
   StackMutex& mu = *lk.release();
   mu.unlock_to_engine();
-  {
-    std::unique_lock rl(s->rs_recv_lock);
-    while (!ready() && !s->closing) s->rs_recv_cv.wait(rl);
-  }
+  fn();
   mu.lock();
   lk = std::unique_lock(mu, std::adopt_lock);
+}
+
+template <typename Pred>
+void wait_off_stack_lock(Sock* s, std::unique_lock<StackMutex>& lk, Pred ready) {
+  off_stack_lock(lk, [&] {
+    std::unique_lock rl(s->rs_recv_lock);
+    while (!ready() && !s->closing) s->rs_recv_cv.wait(rl);
+  });
 }
 
 void wait_for_space(Sock* s, std::unique_lock<StackMutex>& lk) {
@@ -630,15 +629,13 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
   // up every completion and receive on the stack for its length. A registration that failed
   // fails the send where it always did, after the waits.
   const bool gather = zcopy && zcopy_fits(msg);  // else its payload is copied
-  if (gather || len >= kCopyOffLock) {
-    StackMutex& mu = *lk.release();
-    mu.unlock_to_engine();  // as wait_off_stack_lock: our posts are still quiet
-    if (gather)
-      zreg.reg(G.pd, msg);
-    else
-      copy_iovecs(msg, len, &payload);
-    mu.lock();
-    lk = std::unique_lock(mu, std::adopt_lock);
+  if (gather || len >= kOffLockBytes) {
+    off_stack_lock(lk, [&] {  // our posts are still quiet
+      if (gather)
+        zreg.reg(G.pd, msg);
+      else
+        copy_iovecs(msg, len, &payload);
+    });
     if (s->closing) return fail(EBADF);  // close() ran meanwhile
   } else {
     copy_iovecs(msg, len, &payload);
