@@ -45,10 +45,13 @@ namespace sv::rds {
   X(rdma_base_asked) \
   X(rdma_chan_accepted) \
   X(rdma_chan_connect_attempts) \
+  X(rdma_chan_down_deferred) \
   X(rdma_chan_reset) \
   X(rdma_chan_up) \
   X(rdma_mr_alloc) \
   X(rdma_mr_free) \
+  X(rdma_post_raced) \
+  X(rdma_post_unlocked) \
   X(recv_bad_ack) \
   X(recv_delivered) \
   X(recv_delivered_to_app) \

@@ -73,7 +73,6 @@ uint64_t now_ms() {
                                    .count());
 }
 
-void rdma_chan_down(Conn* c, const char* why);
 void comm_established(Conn* c);
 int drain_cq_locked();
 
@@ -697,8 +696,17 @@ bool cm_id_lost(rdma_cm_event_type e) {
   }
 }
 
+}  // namespace
+
 void rdma_chan_down(Conn* c, const char* why) {
   if (c->chan_tearing_down || (c->chan_state == ConnState::down && !c->chan_id)) return;
+  if (c->chan_in_xmit) {
+    // A sendmsg is posting on the channel with the stack lock let go: its QP and its ops'
+    // records are that thread's until it has the lock back, and it tears down then.
+    if (!c->chan_down_owed) c->chan_down_owed = why;
+    count(Ctr::rdma_chan_down_deferred);
+    return;
+  }
   SV_INFO("rds: RDMA channel %s -> %s down: %s", addr_text(c->local).c_str(),
           addr_text(c->peer).c_str(), why);
   c->chan_state = ConnState::down;
@@ -719,6 +727,8 @@ void rdma_chan_down(Conn* c, const char* why) {
   rdma_chan_reset_ops(c);
   if (!c->rdma_q.empty()) schedule_reconnect(c, kChanRdma);
 }
+
+namespace {
 
 void rdma_chan_connect(Conn* c) {
   if (c->chan_state != ConnState::down) return;
@@ -1428,7 +1438,7 @@ void rdma_chan_kick(Conn* c) {
 }
 
 void conn_kick(Conn* c, XmitMode mode) {
-  rdma_post_pending(c);
+  rdma_post_pending(c, mode);
   if (c->state == ConnState::up) {
     xmit(c, mode);
   } else if (c->state == ConnState::down && !c->send_q.empty() && !c->reconnect_pending) {

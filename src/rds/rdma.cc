@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "rds/rds_impl.h"
 #include "util/settings.h"
@@ -127,32 +128,83 @@ void mr_base_ask(Conn* c, uint32_t rkey) {
   mr_base_flush(c);
 }
 
-bool post_op(Conn* c, Message* m) {
+// What post_op did with m's op: left it queued (the channel's queue is full, or it waits for
+// a base), put it on the channel, or was done with it (refused: its message is dropped).
+enum class Posted : uint8_t { queued, posted, done };
+
+Posted posted_if(bool done) {
+  return done ? Posted::done : Posted::queued;
+}
+
+// Posts wr (and what is chained to it) on the channel, recorded first as m's op under wid:
+// with the stack lock let go (off_lock), another thread may take its completion in before
+// the poster has the lock back, and on_rdma_complete ignores a wid it does not know (the op
+// would hang as posted for ever). 0, or ibv_post_send's error with the record undone. Once it
+// has returned 0, m may be gone (its op completed and released it meanwhile).
+int post_recorded_op(Conn* c, Message* m, RdmaOp* op, uint64_t wid, ibv_send_wr* wr, bool fence,
+                     bool off_lock) {
+  // Marked before the post too: on_rdma_complete settles a fenced Write by it, and xmit
+  // sends a fenced Write's message as soon as it sees it.
+  const bool newly_fenced = fence && !op->fenced;
+  const uint64_t last_post = m->last_post;
+  c->rdma_owner[wid] = m;
+  ++c->chan_inflight;
+  op->posted = true;
+  if (newly_fenced) {
+    op->fenced = true;
+    m->h.ext_fenced = true;  // from now on the message need not wait for the op
+  }
+  ibv_qp* qp = c->chan_id->qp;
+  ibv_send_wr* bad;
+  int e;
+  if (off_lock) {
+    e = post_off_lock(qp, wr, &c->chan_in_xmit);
+    count(Ctr::rdma_post_unlocked);
+  } else {
+    e = ibv_post_send(qp, wr, &bad);
+  }
+  if (!e) return 0;
+  // Not posted: no completion came for wid, and nothing could release m (op_in_flight).
+  c->rdma_owner.erase(wid);
+  --c->chan_inflight;
+  op->posted = false;
+  // The fence stays if a fragment of the message went meanwhile: the peer holds it for the
+  // fence (or its verdict), as after a channel lost under a fenced Write (op_unfinished).
+  if (newly_fenced && m->last_post == last_post) {
+    op->fenced = false;
+    m->h.ext_fenced = false;
+  }
+  return e;
+}
+
+// let_go: the stack lock was let go around the post (the queue may have changed meanwhile).
+Posted post_op(Conn* c, Message* m, XmitMode mode, bool* let_go) {
   RdmaOp* op = chan_op(m);
   // Queued before the peer's private data said it has no atomics (sendmsg refuses them
   // once it knows): posted, the peer would answer with a Terminate and the channel, with
   // every op behind this one, would go down for it. Refused before the message's Write
   // too, if it has one: both or neither (the Write reports DROPPED).
   if (c->peer_no_atomics && m->atomic_op && m->atomic_op->status < 0)
-    return refuse_op(m, m->atomic_op.get(), Ctr::send_atomic_unsupported);
+    return posted_if(refuse_op(m, m->atomic_op.get(), Ctr::send_atomic_unsupported));
   // The peer's regions are by virtual address: the cookie's offset counts from the base
   // it tells us (mr_base_answered posts the op then). A cookie naming no region of the
   // peer's fails as its Write or Read would have: REMOTE_ERROR (IB's remote access error).
   // (A failure verdict's op was posted once, so it has its base.)
   if (c->peer_va_mrs && !op->based && !op->verdict_due) {
     mr_base_ask(c, op->rkey);
-    return false;
+    return Posted::queued;
   }
-  if (op->no_region) return refuse_op(m, op, Ctr::send_rdma_no_region, RDS_RDMA_REMOTE_ERROR);
+  if (op->no_region)
+    return posted_if(refuse_op(m, op, Ctr::send_rdma_no_region, RDS_RDMA_REMOTE_ERROR));
   const uint64_t wid = make_wr_id(conn_id_of(c), c->chan_inc, kRdma, c->next_rdma_wr++);
   if (op->verdict_due) {
     // The peer holds this message for its fence: tell it the Write failed.
-    if (!post_fence(c, wid, m->h.sequence, false)) return false;
+    if (!post_fence(c, wid, m->h.sequence, false)) return Posted::queued;
     c->rdma_owner[wid] = m;
     ++c->chan_inflight;
     op->posted = true;
     count(Ctr::send_rdma_verdict);
-    return true;
+    return Posted::posted;
   }
   ibv_send_wr wr{};
   wr.wr_id = wid;
@@ -232,24 +284,35 @@ bool post_op(Conn* c, Message* m) {
     }
     wr.next = &confirm;
   }
-  ibv_send_wr* bad;
-  if (const int e = ibv_post_send(c->chan_id->qp, &wr, &bad)) {
-    if (e == ENOMEM) return false;  // send queue full: try again after completions
+  // Read before the post: once posted, m may be released under us (post_recorded_op).
+  const bool atomic = op->atomic;
+  const uint64_t bytes = op->bytes;
+  const bool newly_fenced = fence && !op->fenced;
+  const bool off_lock = mode == XmitMode::may_unlock && !atomic && bytes >= kOffLockBytes;
+  *let_go = off_lock;
+  if (const int e = post_recorded_op(c, m, op, wid, &wr, fence, off_lock)) {
+    if (e == ENOMEM) return Posted::queued;  // send queue full: try again after completions
     // The device refuses the op itself (e.g. a misaligned atomic target, which a NIC would
     // fail at completion): it fails alone, OTHER_ERROR, rather than block the queue.
-    return refuse_op(m, op, Ctr::send_rdma_refused);
+    return posted_if(refuse_op(m, op, Ctr::send_rdma_refused));
   }
-  c->rdma_owner[wid] = m;
-  ++c->chan_inflight;
-  op->posted = true;
-  if (fence && !op->fenced) {
-    op->fenced = true;
-    m->h.ext_fenced = true;  // from now on the message need not wait for the op
-    count(Ctr::send_rdma_fenced);
+  if (newly_fenced) count(Ctr::send_rdma_fenced);
+  count(atomic ? Ctr::send_atomic : Ctr::send_rdma);
+  if (!atomic) count(Ctr::send_rdma_bytes, bytes);
+  return Posted::posted;
+}
+
+// m's op was not posted: back on the channel's queue. Where it was, if the stack lock was
+// held throughout; else by sequence (the peer's fences must come in it), since a completion
+// taken in meanwhile may have queued another message's next op at the front.
+void requeue_op(Conn* c, Message* m, bool let_go) {
+  if (!let_go) {
+    c->rdma_q.push_front(m);
+    return;
   }
-  count(op->atomic ? Ctr::send_atomic : Ctr::send_rdma);
-  if (!op->atomic) count(Ctr::send_rdma_bytes, op->bytes);
-  return true;
+  auto at = std::find_if(c->rdma_q.begin(), c->rdma_q.end(),
+                         [m](const Message* q) { return q->h.sequence > m->h.sequence; });
+  c->rdma_q.insert(at, m);
 }
 
 // An error that belongs to the op itself (the peer refused it and terminated the stream),
@@ -352,19 +415,36 @@ void ops_release(Message* m) {
   }
 }
 
-void rdma_post_pending(Conn* c) {
+void rdma_post_pending(Conn* c, XmitMode mode) {
   if (c->rdma_q.empty()) return;
   if (c->chan_state != ConnState::up || !c->chan_id || !c->chan_id->qp) {
     rdma_chan_kick(c);
     return;
   }
-  bool refused = false;
-  while (!c->rdma_q.empty() && c->chan_inflight < kRdmaDepth) {
-    Message* m = c->rdma_q.front();
-    if (!post_op(c, m)) break;
-    c->rdma_q.pop_front();
-    if (!op_in_flight(m)) refused = true;
+  if (c->chan_in_xmit) {  // a sendmsg posts on this channel: it looks again (as xmit)
+    c->chan_again = true;
+    count(Ctr::rdma_post_raced);
+    return;
   }
+  bool refused = false;
+  do {
+    c->chan_again = false;
+    while (!c->rdma_q.empty() && c->chan_inflight < kRdmaDepth) {
+      // Off the queue while it is posted: with the lock let go, a completion taken in
+      // meanwhile may queue another message's op at the front.
+      Message* m = c->rdma_q.front();
+      c->rdma_q.pop_front();
+      bool let_go = false;
+      const Posted p = post_op(c, m, mode, &let_go);
+      if (p == Posted::queued) requeue_op(c, m, let_go);
+      if (p == Posted::done) refused = true;
+      if (const char* why = std::exchange(c->chan_down_owed, nullptr)) {
+        rdma_chan_down(c, why);  // put off while we posted: after the bookkeeping above
+        break;
+      }
+      if (p == Posted::queued) break;
+    }
+  } while (c->chan_again && c->chan_state == ConnState::up && c->chan_id);
   if (refused && c->state == ConnState::up) xmit(c);  // drop the refused ops' messages
 }
 

@@ -103,27 +103,13 @@ void conn_enqueue(Conn* c, Message* m) {
 
 namespace {
 
-// sendmsg copies a payload, and posts a fragment, of at least this many bytes with the stack
-// lock let go: long enough that the completions and other senders waiting for the lock are
-// worth letting in. Less is done with the lock held: letting go and taking it back, under
-// contention a second wait for it, cost a small send more than the work (posts: an 8 B
-// ping-pong beside a 1 MiB flood, median 21-110 us against 23-38 us held).
-constexpr size_t kOffLockBytes = 16 * 1024;
-
 // Posts a recorded SEND on the data QP; in may_unlock mode with the stack lock let go around
 // the call (in_xmit set). 0, or -1 if it was not posted.
 int post_recorded(Conn* c, ibv_send_wr* wr, XmitMode mode) {
   ibv_qp* qp = c->id->qp;
   ibv_send_wr* bad = nullptr;
   if (mode == XmitMode::locked) return ibv_post_send(qp, wr, &bad) ? -1 : 0;
-  StackMutex& mu = g().mu;
-  const uint32_t window_ms = g().test_post_window_ms;
-  c->in_xmit = true;
-  mu.release_for_post();
-  const int rc = ibv_post_send(qp, wr, &bad);
-  if (window_ms) usleep(window_ms * 1000);
-  mu.reacquire_after_post();
-  c->in_xmit = false;
+  const int rc = post_off_lock(qp, wr, &c->in_xmit);
   count(Ctr::send_post_unlocked);
   return rc ? -1 : 0;
 }
@@ -284,8 +270,25 @@ void xmit_queue(Conn* c, XmitMode mode, int& unlocked_left) {
 
 }  // namespace
 
+int post_off_lock(ibv_qp* qp, ibv_send_wr* wr, bool* busy) {
+  StackMutex& mu = g().mu;
+  const uint32_t window_ms = g().test_post_window_ms;
+  ibv_send_wr* bad = nullptr;
+  *busy = true;
+  mu.release_for_post();
+  const int rc = ibv_post_send(qp, wr, &bad);
+  if (window_ms) usleep(window_ms * 1000);
+  // Cleared even if the backlog run throws (bad_alloc): the QP would be no one's for good.
+  struct Clear {
+    bool* b;
+    ~Clear() { *b = false; }
+  } clear{busy};
+  mu.reacquire_after_post();
+  return rc;
+}
+
 void xmit(Conn* c, XmitMode mode) {
-  rdma_post_pending(c);
+  rdma_post_pending(c, mode);
   if (c->in_xmit) {  // a sendmsg feeds this connection: it looks again (net/rds backs off too)
     c->xmit_again = true;
     count(Ctr::send_xmit_raced);
