@@ -351,6 +351,54 @@ TEST(RdsRdmaCookie, BadCookieCostsOnlyItsOpNotTheSharedConnection) {
   svrds_close(other);
 }
 
+// sendmsg posts a large RDMA Write with the stack lock let go (rdma.cc post_recorded_op), and
+// the RDMA channel stays its own until it has the lock back: the teardown that the Write's own
+// failure brings meanwhile (a bad cookie: the peer Terminates the channel's stream) is put off
+// to the poster (rdma_chan_down_deferred), which tears the channel down once its post is
+// accounted for. The test hook holds each such post open 1 s. The op reports REMOTE_ERROR
+// once, its message is never delivered, and the next Write goes on a new channel and lands.
+TEST(RdsXmit, AChannelFailureWhileAWritePostsOffTheLockWaitsForThePoster) {
+  const int rc = in_private_child([] {
+    setenv("SOFTVERBS_RDS_TEST_POST_WINDOW_MS", "1000", 1);
+    setenv("SOFTVERBS_RDS_MR_VA", "0", 1);  // the bad cookie goes on the wire (no base lookup)
+    int a, b;
+    if (!bound_pair(port(40), port(41), &a, &b)) return 10;
+    constexpr size_t kLen = 32768;  // posted with the lock let go (kOffLockBytes)
+    std::vector<char> region(kLen, 0), src(kLen), buf(16);
+    for (size_t i = 0; i < kLen; ++i) src[i] = static_cast<char>(i * 7 + 1);
+    const uint64_t cookie = get_mr(b, region.data(), kLen);
+    std::vector<rds_iovec> local{{reinterpret_cast<uint64_t>(src.data()), kLen}};
+    // The RDMA channel up first (an op queued while it connects is posted by the engine
+    // thread, with the lock held): a small Write, posted with it held.
+    std::vector<rds_iovec> small{{reinterpret_cast<uint64_t>(src.data()), 512}};
+    rds_rdma_notify note{};
+    if (send_rdma(a, port(41), cookie, true, small, 0, 512, 0, "up") != 2 ||
+        !get_notify(a, note, 10000) || note.status != RDS_RDMA_SUCCESS || recv_one(b, buf) != 2)
+      return 10;
+    const uint64_t deferred = counter(a, "rdma_chan_down_deferred");
+    const uint64_t unlocked = counter(a, "rdma_post_unlocked");
+    const uint64_t resets = counter(a, "rdma_chan_reset");
+    if (send_rdma(a, port(41), 0x0badc0deull, true, local, 0, kLen, 1, "bad") != 3) return 11;
+    if (!get_notify(a, note, 10000) || note.user_token != 1 || note.status != RDS_RDMA_REMOTE_ERROR)
+      return 12;
+    if (counter(a, "rdma_post_unlocked") <= unlocked) return 13;
+    if (counter(a, "rdma_chan_down_deferred") <= deferred) return 14;
+    if (counter(a, "rdma_chan_reset") <= resets) return 15;  // the put-off teardown ran
+    if (send_rdma(a, port(41), cookie, true, local, 0, kLen, 2, "good") != 4) return 16;
+    if (!get_notify(a, note, 10000) || note.user_token != 2 || note.status != RDS_RDMA_SUCCESS)
+      return 17;
+    if (recv_one(b, buf) != 4 || std::memcmp(buf.data(), "good", 4) != 0) return 18;
+    if (std::memcmp(region.data(), src.data(), kLen) != 0) return 19;
+    if (recv_one(b, buf, nullptr, 0, 300) != -2) return 20;  // "bad" never comes
+    return 0;
+  });
+  EXPECT_EQ(rc, 0) << "10: set-up; 11: the send failed; 12: the bad op did not report "
+                      "REMOTE_ERROR; 13: it was not posted off the lock; 14: no teardown was put "
+                      "off; 15: the channel was never torn down; 16/17: the next Write failed; "
+                      "18: its message did not come first; 19: its data did not land; 20: the "
+                      "failed op's message arrived";
+}
+
 // A device that ignores ibv_reg_mr_iova2's iova (Linux siw) registers RDS regions at their
 // virtual address, so a zero-based cookie names nothing there. SOFTVERBS_RDS_MR_VA=1 makes
 // softverbs' RDS register that way too (the default, 2, does it only on such a device): the

@@ -363,3 +363,96 @@ TEST(RdsThreads, SendersRacingForOneConnectionLoseAndReorderNothing) {
          "an extra one arrived; 24: no post was made with the lock let go; 25: no sender "
          "found the connection taken";
 }
+
+// Four threads issue RDMA Writes over one connection, each to a region of the receiver's own,
+// 32 KiB each: large enough that sendmsg posts them on the RDMA channel with the stack lock let
+// go (rdma.cc, chan_in_xmit). The test hook holds each such post open 1 ms, so the senders race
+// for the channel: one that finds it taken leaves its op to the one posting. Every op reports
+// SUCCESS once, with its own token; every message arrives once, in its sender's order, after
+// its Write has landed (the fence); and the data is each Write's own.
+TEST(RdsThreads, RdmaWritersRacingForOneChannelLoseAndReorderNothing) {
+  const int rc = in_private_child([] {
+    setenv("SOFTVERBS_RDS_TEST_POST_WINDOW_MS", "1", 1);
+    constexpr int kSenders = 4, kPer = 24;
+    constexpr size_t kLen = 32768;
+    const int rx = bound_socket(port(30));
+    if (rx < 0) return 10;
+    int tx[kSenders];
+    std::vector<std::vector<char>> region(kSenders, std::vector<char>(kPer * kLen, 0));
+    uint64_t cookie[kSenders];
+    for (int i = 0; i < kSenders; ++i) {
+      tx[i] = bound_socket(port(31 + i));
+      cookie[i] = get_mr(rx, region[i].data(), region[i].size());
+      if (tx[i] < 0 || cookie[i] == 0) return 10;
+    }
+    {  // the connection and its RDMA channel up first
+      std::vector<char> b(16);
+      if (send_to(tx[0], port(30), "up", 2) != 2 || recv_one(rx, b) != 2) return 10;
+    }
+    auto fill = [](int sender, int seq, size_t i) {
+      return static_cast<char>(sender * 37 + seq * 11 + static_cast<int>(i % 253));
+    };
+    const uint64_t unlocked = counter(rx, "rdma_post_unlocked");
+    const uint64_t raced = counter(rx, "rdma_post_raced");
+    std::atomic<int> failed{0};
+    std::vector<std::thread> t;
+    for (int i = 0; i < kSenders; ++i)
+      t.emplace_back([&, i] {
+        std::vector<char> src(kLen);
+        std::set<uint64_t> tokens;
+        for (int seq = 0; seq < kPer; ++seq) {
+          for (size_t k = 0; k < kLen; ++k) src[k] = fill(i, seq, k);
+          std::vector<rds_iovec> local{{reinterpret_cast<uint64_t>(src.data()), kLen}};
+          const std::string msg = std::to_string(i) + " " + std::to_string(seq);
+          if (send_rdma(tx[i], port(30), cookie[i], true, local, seq * kLen, kLen,
+                        static_cast<uint64_t>(i) << 32 | static_cast<unsigned>(seq),
+                        msg.c_str()) != static_cast<ssize_t>(msg.size())) {
+            failed = 1;
+            return;
+          }
+          // Its op is done with src once it reports: the next Write may refill it.
+          rds_rdma_notify note{};
+          if (!get_notify(tx[i], note, 10000) || note.status != RDS_RDMA_SUCCESS ||
+              note.user_token != (static_cast<uint64_t>(i) << 32 | static_cast<unsigned>(seq)) ||
+              !tokens.insert(note.user_token).second) {
+            failed = 2;
+            return;
+          }
+        }
+      });
+    int next[kSenders] = {};
+    int result = 0;
+    std::vector<char> buf(64);
+    for (int got = 0; got < kSenders * kPer && !result; ++got) {
+      const ssize_t n = recv_one(rx, buf, nullptr, 0, 10000);
+      int sender = -1, seq = -1;
+      if (n <= 0 || std::sscanf(std::string(buf.data(), static_cast<size_t>(n)).c_str(), "%d %d",
+                                &sender, &seq) != 2) {
+        result = 20;
+        break;
+      }
+      if (sender < 0 || sender >= kSenders || seq != next[sender]) {
+        result = 21;  // lost, duplicated or out of its sender's order
+        break;
+      }
+      for (size_t k = 0; k < kLen && !result; ++k)
+        if (region[sender][seq * kLen + k] != fill(sender, seq, k)) result = 22;
+      ++next[sender];
+    }
+    for (auto& th : t) th.join();
+    if (failed.load()) return 10 + failed.load();
+    if (result) return result;
+    if (recv_one(rx, buf, nullptr, 0, 200) != -2) return 23;  // nothing more: no duplicate
+    std::fprintf(stderr, "unlocked RDMA posts %llu, raced %llu\n",
+                 static_cast<unsigned long long>(counter(rx, "rdma_post_unlocked") - unlocked),
+                 static_cast<unsigned long long>(counter(rx, "rdma_post_raced") - raced));
+    if (counter(rx, "rdma_post_unlocked") <= unlocked) return 24;
+    if (counter(rx, "rdma_post_raced") <= raced) return 25;
+    return 0;
+  });
+  EXPECT_EQ(rc, 0) << "10: set-up; 11: a send failed; 12: an op did not report SUCCESS once "
+                      "with its token; 20: a message did not arrive; 21: one was lost, "
+                      "duplicated or reordered; 22: its Write's data was not there; 23: an extra "
+                      "one arrived; 24: no op was posted with the lock let go; 25: no sender "
+                      "found the channel taken";
+}
