@@ -13,6 +13,7 @@ namespace sv::rds {
 // clang-format off
 #define SVRDS_COUNTERS(X) \
   X(busy_poll_completions) \
+  X(busy_poll_deferred) \
   X(cong_send_blocked) \
   X(cong_send_error) \
   X(cong_update_queued) \
@@ -20,6 +21,7 @@ namespace sv::rds {
   X(conn_connect_attempts) \
   X(conn_connect_raced) \
   X(conn_created) \
+  X(conn_down_by_poster) \
   X(conn_down_deferred) \
   X(conn_idle_close) \
   X(conn_reject_bad_addr) \
@@ -45,6 +47,7 @@ namespace sv::rds {
   X(rdma_base_asked) \
   X(rdma_chan_accepted) \
   X(rdma_chan_connect_attempts) \
+  X(rdma_chan_down_by_poster) \
   X(rdma_chan_down_deferred) \
   X(rdma_chan_reset) \
   X(rdma_chan_up) \

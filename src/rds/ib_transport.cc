@@ -603,12 +603,22 @@ int drain_cq_locked() {
     if (G.wc_backlog.empty()) {
       if (!more) break;
       constexpr int kBatch = 32;
-      ibv_wc wc[kBatch];
-      const int n = ibv_poll_cq(G.cq, kBatch, wc);
-      if (n <= 0) break;
-      G.wc_backlog.assign(wc, wc + n);
-      total += n;
-      more = n == kBatch;
+      std::lock_guard plk(G.poll_mu);
+      // A busy poller's catch first: it was polled before anything still in the CQ. It
+      // stands for a poll of its own (a short one ran the receive path already).
+      if (!G.polled.empty()) {
+        G.wc_backlog.swap(G.polled);
+        const int n = static_cast<int>(G.wc_backlog.size());
+        total += n;
+        more = n >= kBatch;
+      } else {
+        ibv_wc wc[kBatch];
+        const int n = ibv_poll_cq(G.cq, kBatch, wc);
+        if (n <= 0) break;
+        G.wc_backlog.assign(wc, wc + n);
+        total += n;
+        more = n == kBatch;
+      }
     }
     const ibv_wc w = G.wc_backlog.front();
     G.wc_backlog.pop_front();
@@ -1093,6 +1103,17 @@ void take_completions_locked() {
 
 bool on_cq_ready(ibv_cq*, void*) {
   Global& G = g();
+  // A busy poller in its receive pass (poll_mu) looks for our mark once it is over, and
+  // takes the lock for it: the progress thread does not wait for its pass. The same
+  // handshake as with the lock's holder (StackMutex::unlock).
+  if (!G.poll_mu.try_lock()) {
+    G.mu.defer();
+    if (!G.poll_mu.try_lock()) {
+      count(Ctr::cq_handler_deferred);
+      return true;
+    }
+  }
+  G.poll_mu.unlock();
   std::unique_lock lk(G.mu, std::try_to_lock);
   if (!lk.owns_lock()) {
     G.mu.defer();
@@ -1406,6 +1427,7 @@ int transport_start() {
   G.test_post_window_ms =
       static_cast<uint32_t>(settings::uint_value(SV_SETTING("SOFTVERBS_RDS_TEST_POST_WINDOW_MS")));
   G.started = true;
+  G.poll_cq.store(G.cq, std::memory_order_release);
   return 0;
 }
 
@@ -1586,14 +1608,36 @@ int max_local_sge(bool read) {
 
 // Busy polling from an application thread: ibv_poll_cq on an empty CQ lets the device
 // receive on the caller's thread too, so a message can go from the wire to the socket with
-// no thread handoff. Never waits for the stack lock.
+// no thread handoff. The poll, and the receive pass it runs, come before the stack lock
+// (Global::poll_mu); what it took is handled under the lock, or by its holder if it is taken
+// (the backlog, as a completion handler leaves it). Never waits for the stack lock.
 extern "C" __attribute__((visibility("default"))) int svrds_busy_poll() {
   sv::rds::Global& G = sv::rds::g();
-  std::unique_lock lk(G.mu, std::try_to_lock);
-  if (!lk.owns_lock() || !G.started) return 0;
-  sv::rds::QuietPosts quiet;  // acks and sends the completions let go
+  ibv_cq* cq = G.poll_cq.load(std::memory_order_acquire);
+  if (!cq) return 0;
   // This thread receives for the stack now: the device's progress thread steps back.
-  if (sv::rds::g_cq_busy_poll) sv::rds::g_cq_busy_poll(G.cq, 1);
+  if (sv::rds::g_cq_busy_poll) sv::rds::g_cq_busy_poll(cq, 1);
+  int took = 0;
+  {
+    // Another poller's pass: it deposits what it takes, and this one has nothing to add.
+    std::unique_lock plk(G.poll_mu, std::try_to_lock);
+    if (plk.owns_lock()) {
+      ibv_wc wc[32];
+      took = ibv_poll_cq(cq, 32, wc);
+      if (took > 0) G.polled.insert(G.polled.end(), wc, wc + took);
+    }
+  }
+  if (took <= 0 && !G.mu.backlog_marked()) return 0;
+  std::unique_lock lk(G.mu, std::try_to_lock);
+  if (!lk.owns_lock()) {
+    if (took <= 0) return 0;
+    G.mu.defer();  // its holder takes them in as it lets go (StackMutex::unlock)
+    if (!lk.try_lock()) {
+      sv::rds::count(sv::rds::Ctr::busy_poll_deferred);
+      return 0;
+    }
+  }
+  sv::rds::QuietPosts quiet;  // acks and sends the completions let go
   const int n = sv::rds::drain_cq_locked();
   if (n) {
     sv::rds::count(sv::rds::Ctr::busy_poll_completions,

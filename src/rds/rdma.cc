@@ -129,11 +129,14 @@ void mr_base_ask(Conn* c, uint32_t rkey) {
 }
 
 // What post_op did with m's op: left it queued (the channel's queue is full, or it waits for
-// a base), put it on the channel, or was done with it (refused: its message is dropped).
-enum class Posted : uint8_t { queued, posted, done };
+// a base), put it on the channel, or was done with it (refused: its message is dropped), or
+// refused it with a verdict owed (a fenced Write whose message may have gone while the lock
+// was let go: the peer holds it until it hears).
+enum class Posted : uint8_t { queued, posted, done, verdict };
 
-Posted posted_if(bool done) {
-  return done ? Posted::done : Posted::queued;
+// refuse_op's verdict: done with the op, or its failure verdict is owed (it goes next).
+Posted refused(bool done) {
+  return done ? Posted::done : Posted::verdict;
 }
 
 // Posts wr (and what is chained to it) on the channel, recorded first as m's op under wid:
@@ -185,7 +188,7 @@ Posted post_op(Conn* c, Message* m, XmitMode mode, bool* let_go) {
   // every op behind this one, would go down for it. Refused before the message's Write
   // too, if it has one: both or neither (the Write reports DROPPED).
   if (c->peer_no_atomics && m->atomic_op && m->atomic_op->status < 0)
-    return posted_if(refuse_op(m, m->atomic_op.get(), Ctr::send_atomic_unsupported));
+    return refused(refuse_op(m, m->atomic_op.get(), Ctr::send_atomic_unsupported));
   // The peer's regions are by virtual address: the cookie's offset counts from the base
   // it tells us (mr_base_answered posts the op then). A cookie naming no region of the
   // peer's fails as its Write or Read would have: REMOTE_ERROR (IB's remote access error).
@@ -195,7 +198,7 @@ Posted post_op(Conn* c, Message* m, XmitMode mode, bool* let_go) {
     return Posted::queued;
   }
   if (op->no_region)
-    return posted_if(refuse_op(m, op, Ctr::send_rdma_no_region, RDS_RDMA_REMOTE_ERROR));
+    return refused(refuse_op(m, op, Ctr::send_rdma_no_region, RDS_RDMA_REMOTE_ERROR));
   const uint64_t wid = make_wr_id(conn_id_of(c), c->chan_inc, kRdma, c->next_rdma_wr++);
   if (op->verdict_due) {
     // The peer holds this message for its fence: tell it the Write failed.
@@ -294,7 +297,7 @@ Posted post_op(Conn* c, Message* m, XmitMode mode, bool* let_go) {
     if (e == ENOMEM) return Posted::queued;  // send queue full: try again after completions
     // The device refuses the op itself (e.g. a misaligned atomic target, which a NIC would
     // fail at completion): it fails alone, OTHER_ERROR, rather than block the queue.
-    return posted_if(refuse_op(m, op, Ctr::send_rdma_refused));
+    return refused(refuse_op(m, op, Ctr::send_rdma_refused));
   }
   if (newly_fenced) count(Ctr::send_rdma_fenced);
   count(atomic ? Ctr::send_atomic : Ctr::send_rdma);
@@ -427,6 +430,7 @@ void rdma_post_pending(Conn* c, XmitMode mode) {
     return;
   }
   bool refused = false;
+  int unlocked_left = kUnlockedPosts;
   do {
     c->chan_again = false;
     while (!c->rdma_q.empty() && c->chan_inflight < kRdmaDepth) {
@@ -435,14 +439,17 @@ void rdma_post_pending(Conn* c, XmitMode mode) {
       Message* m = c->rdma_q.front();
       c->rdma_q.pop_front();
       bool let_go = false;
-      const Posted p = post_op(c, m, mode, &let_go);
-      if (p == Posted::queued) requeue_op(c, m, let_go);
+      const XmitMode m_mode = unlocked_left > 0 ? mode : XmitMode::locked;
+      const Posted p = post_op(c, m, m_mode, &let_go);
+      if (let_go) --unlocked_left;
+      if (p == Posted::queued || p == Posted::verdict) requeue_op(c, m, let_go);
       if (p == Posted::done) refused = true;
       if (const char* why = std::exchange(c->chan_down_owed, nullptr)) {
+        count(Ctr::rdma_chan_down_by_poster);
         rdma_chan_down(c, why);  // put off while we posted: after the bookkeeping above
         break;
       }
-      if (p == Posted::queued) break;
+      if (p == Posted::queued) break;  // (a verdict goes next: the loop goes on)
     }
   } while (c->chan_again && c->chan_state == ConnState::up && c->chan_id);
   if (refused && c->state == ConnState::up) xmit(c);  // drop the refused ops' messages

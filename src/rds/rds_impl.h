@@ -450,6 +450,9 @@ class StackMutex {
   void defer();
   // The handler holds the lock: what a deferral asked for is done by it.
   void backlog_taken() { backlog_.store(false, std::memory_order_relaxed); }
+  // A handler has left completions to the holder (a busy poller that found nothing itself
+  // takes the lock for them: its unlock runs the backlog).
+  bool backlog_marked() const { return backlog_.load(std::memory_order_seq_cst); }
 
  private:
   std::mutex mu_;
@@ -477,6 +480,15 @@ struct Global {
   bool cq_resizable = false;
   int cq_max = kCqFixed;          // the device's max_cqe
   std::deque<ibv_wc> wc_backlog;  // polled, not yet handled (drain_cq_locked)
+  // A busy poller polls cq before it takes mu (svrds_busy_poll): a poll of an empty CQ runs
+  // the device's receive path on the caller's thread (a 1 MiB Write placed, hundreds of us),
+  // which must not hold up every sender and completion of the stack. poll_mu serializes
+  // every poll of cq with putting what it took in `polled`, so completions are still handled
+  // in CQ order: a drain under mu takes `polled` before it polls again. Taken after mu,
+  // never before it; the progress thread only tries it (on_cq_ready).
+  std::mutex poll_mu;
+  std::deque<ibv_wc> polled;              // under poll_mu
+  std::atomic<ibv_cq*> poll_cq{nullptr};  // cq, published once the stack is up
   rdma_event_channel* cm_ch = nullptr;
   rdma_cm_id* listen_id = nullptr;
   uint16_t cm_port = 0;  // our rdma_cm listen port (host byte order)
@@ -644,6 +656,11 @@ enum class XmitMode : uint8_t { locked, may_unlock };
 // taking it back, under contention a second wait for it, cost a small send more than the work
 // (posts: an 8 B ping-pong beside a 1 MiB flood, median 21-110 us against 23-38 us held).
 inline constexpr size_t kOffLockBytes = 16 * 1024;
+// Posts one sendmsg makes with the lock let go, on each of the data QP and the RDMA channel:
+// then it goes on with the lock held, as net/rds's rds_send_xmit caps a pass
+// (send_batch_count) rather than feed the connection for every other sender while
+// completions keep making room.
+inline constexpr int kUnlockedPosts = 32;
 // Posts wr on qp with the stack lock let go, *busy (the QP's in-transmit bit) set across the
 // window; returns ibv_post_send's result. What a completion handler found in the window
 // (StackMutex's backlog) is taken in once the lock is back, before *busy is cleared.

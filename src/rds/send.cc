@@ -163,11 +163,6 @@ void message_sent(Conn* c, Message* m) {
     c->retrans.push_back(m);
 }
 
-// Posts one sendmsg makes with the lock let go: then it goes on with the lock held, until
-// the slots run out, as net/rds's rds_send_xmit caps a pass (send_batch_count) rather than
-// feed the connection for every other sender while completions keep freeing slots.
-constexpr int kUnlockedPosts = 32;
-
 // The loop of xmit. Returns once the queue is empty, no slot is free, a post failed, or
 // the connection went down (a teardown put off while the lock was let go).
 void xmit_queue(Conn* c, XmitMode mode, int& unlocked_left) {
@@ -259,6 +254,7 @@ void xmit_queue(Conn* c, XmitMode mode, int& unlocked_left) {
         message_sent(c, m);
       }
       if (const char* why = std::exchange(c->down_owed, nullptr)) {
+        count(Ctr::conn_down_by_poster);
         conn_down(c, why);  // put off while we posted: after the bookkeeping above
         return;
       }

@@ -377,13 +377,13 @@ TEST(RdsXmit, AChannelFailureWhileAWritePostsOffTheLockWaitsForThePoster) {
       return 10;
     const uint64_t deferred = counter(a, "rdma_chan_down_deferred");
     const uint64_t unlocked = counter(a, "rdma_post_unlocked");
-    const uint64_t resets = counter(a, "rdma_chan_reset");
+    const uint64_t by_poster = counter(a, "rdma_chan_down_by_poster");
     if (send_rdma(a, port(41), 0x0badc0deull, true, local, 0, kLen, 1, "bad") != 3) return 11;
     if (!get_notify(a, note, 10000) || note.user_token != 1 || note.status != RDS_RDMA_REMOTE_ERROR)
       return 12;
     if (counter(a, "rdma_post_unlocked") <= unlocked) return 13;
     if (counter(a, "rdma_chan_down_deferred") <= deferred) return 14;
-    if (counter(a, "rdma_chan_reset") <= resets) return 15;  // the put-off teardown ran
+    if (counter(a, "rdma_chan_down_by_poster") != by_poster + 1) return 15;  // and it ran it
     if (send_rdma(a, port(41), cookie, true, local, 0, kLen, 2, "good") != 4) return 16;
     if (!get_notify(a, note, 10000) || note.user_token != 2 || note.status != RDS_RDMA_SUCCESS)
       return 17;
@@ -392,11 +392,12 @@ TEST(RdsXmit, AChannelFailureWhileAWritePostsOffTheLockWaitsForThePoster) {
     if (recv_one(b, buf, nullptr, 0, 300) != -2) return 20;  // "bad" never comes
     return 0;
   });
-  EXPECT_EQ(rc, 0) << "10: set-up; 11: the send failed; 12: the bad op did not report "
-                      "REMOTE_ERROR; 13: it was not posted off the lock; 14: no teardown was put "
-                      "off; 15: the channel was never torn down; 16/17: the next Write failed; "
-                      "18: its message did not come first; 19: its data did not land; 20: the "
-                      "failed op's message arrived";
+  EXPECT_EQ(rc, 0)
+      << "10: set-up; 11: the send failed; 12: the bad op did not report "
+         "REMOTE_ERROR; 13: it was not posted off the lock; 14: no teardown was put "
+         "off; 15: the poster did not tear the channel down; 16/17: the next Write failed; "
+         "18: its message did not come first; 19: its data did not land; 20: the "
+         "failed op's message arrived";
 }
 
 // A device that ignores ibv_reg_mr_iova2's iova (Linux siw) registers RDS regions at their
