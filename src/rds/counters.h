@@ -13,7 +13,6 @@ namespace sv::rds {
 // clang-format off
 #define SVRDS_COUNTERS(X) \
   X(busy_poll_completions) \
-  X(busy_poll_deferred) \
   X(cong_send_blocked) \
   X(cong_send_error) \
   X(cong_update_queued) \

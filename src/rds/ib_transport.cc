@@ -1609,8 +1609,8 @@ int max_local_sge(bool read) {
 // Busy polling from an application thread: ibv_poll_cq on an empty CQ lets the device
 // receive on the caller's thread too, so a message can go from the wire to the socket with
 // no thread handoff. The poll, and the receive pass it runs, come before the stack lock
-// (Global::poll_mu); what it took is handled under the lock, or by its holder if it is taken
-// (the backlog, as a completion handler leaves it). Never waits for the stack lock.
+// (Global::poll_mu); what it took is then handled under the lock. Waits for the lock only
+// when it took something.
 extern "C" __attribute__((visibility("default"))) int svrds_busy_poll() {
   sv::rds::Global& G = sv::rds::g();
   ibv_cq* cq = G.poll_cq.load(std::memory_order_acquire);
@@ -1627,15 +1627,14 @@ extern "C" __attribute__((visibility("default"))) int svrds_busy_poll() {
       if (took > 0) G.polled.insert(G.polled.end(), wc, wc + took);
     }
   }
-  if (took <= 0 && !G.mu.backlog_marked()) return 0;
-  std::unique_lock lk(G.mu, std::try_to_lock);
-  if (!lk.owns_lock()) {
-    if (took <= 0) return 0;
-    G.mu.defer();  // its holder takes them in as it lets go (StackMutex::unlock)
-    if (!lk.try_lock()) {
-      sv::rds::count(sv::rds::Ctr::busy_poll_deferred);
-      return 0;
-    }
+  std::unique_lock lk(G.mu, std::defer_lock);
+  if (took > 0) {
+    // What it took may well be what this thread waits for: it takes it in itself (one
+    // wake-up, not a handoff to the holder and a second one), waiting for the lock if need
+    // be. It holds nothing else, and no holder of the lock sleeps.
+    lk.lock();
+  } else if (!G.mu.backlog_marked() || !lk.try_lock()) {
+    return 0;  // nothing of its own; a handler's mark is the holder's to run
   }
   sv::rds::QuietPosts quiet;  // acks and sends the completions let go
   const int n = sv::rds::drain_cq_locked();
