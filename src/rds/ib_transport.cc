@@ -74,7 +74,9 @@ uint64_t now_ms() {
 }
 
 void comm_established(Conn* c);
-int drain_cq_locked();
+int drain_cq_locked(bool own_deposit = false);
+// This thread holds Global::poll_mu already (a completion handler, for its whole run).
+thread_local bool tl_poll_held = false;
 
 // The address of a connection's end, for the log (RDS connections are between addresses).
 std::string addr_text(const sockaddr_in& a) {
@@ -595,7 +597,7 @@ void comm_established(Conn* c) {
 // handled in CQ order. Handling them in a local batch reordered one QP's receives (the
 // nested drain took a later message first, and the earlier one was then a duplicate: a
 // message lost, and everything behind its fence held for ever).
-int drain_cq_locked() {
+int drain_cq_locked(bool own_deposit) {
   Global& G = g();
   int total = 0;
   bool more = true;
@@ -603,14 +605,17 @@ int drain_cq_locked() {
     if (G.wc_backlog.empty()) {
       if (!more) break;
       constexpr int kBatch = 32;
-      std::lock_guard plk(G.poll_mu);
-      // A busy poller's catch first: it was polled before anything still in the CQ. It
-      // stands for a poll of its own (a short one ran the receive path already).
+      std::unique_lock plk(G.poll_mu, std::defer_lock);
+      if (!tl_poll_held) plk.lock();
+      // A busy poller's catch first: it was polled before anything still in the CQ. The
+      // CQ is polled after it, since a drain must see everything completed so far
+      // (conn_down's); only the busy poller's own drain, whose short poll ran the receive
+      // path a moment ago, takes it as that poll.
       if (!G.polled.empty()) {
         G.wc_backlog.swap(G.polled);
         const int n = static_cast<int>(G.wc_backlog.size());
         total += n;
-        more = n >= kBatch;
+        more = !own_deposit || n >= kBatch;
       } else {
         ibv_wc wc[kBatch];
         const int n = ibv_poll_cq(G.cq, kBatch, wc);
@@ -1105,15 +1110,20 @@ bool on_cq_ready(ibv_cq*, void*) {
   Global& G = g();
   // A busy poller in its receive pass (poll_mu) looks for our mark once it is over, and
   // takes the lock for it: the progress thread does not wait for its pass. The same
-  // handshake as with the lock's holder (StackMutex::unlock).
-  if (!G.poll_mu.try_lock()) {
+  // handshake as with the lock's holder (StackMutex::unlock). Held from then on, so that
+  // the handler's drains, its unlock's backlog run included, never wait for one either.
+  std::unique_lock plk(G.poll_mu, std::try_to_lock);
+  if (!plk.owns_lock()) {
     G.mu.defer();
-    if (!G.poll_mu.try_lock()) {
+    if (!plk.try_lock()) {
       count(Ctr::cq_handler_deferred);
       return true;
     }
   }
-  G.poll_mu.unlock();
+  struct PollHeld {
+    PollHeld() { tl_poll_held = true; }
+    ~PollHeld() { tl_poll_held = false; }
+  } held;  // (after plk, before lk: cleared once lk's unlock has run, before poll_mu goes)
   std::unique_lock lk(G.mu, std::try_to_lock);
   if (!lk.owns_lock()) {
     G.mu.defer();
@@ -1631,13 +1641,13 @@ extern "C" __attribute__((visibility("default"))) int svrds_busy_poll() {
   if (took > 0) {
     // What it took may well be what this thread waits for: it takes it in itself (one
     // wake-up, not a handoff to the holder and a second one), waiting for the lock if need
-    // be. It holds nothing else, and no holder of the lock sleeps.
+    // be. It holds nothing else.
     lk.lock();
   } else if (!G.mu.backlog_marked() || !lk.try_lock()) {
     return 0;  // nothing of its own; a handler's mark is the holder's to run
   }
   sv::rds::QuietPosts quiet;  // acks and sends the completions let go
-  const int n = sv::rds::drain_cq_locked();
+  const int n = sv::rds::drain_cq_locked(true);
   if (n) {
     sv::rds::count(sv::rds::Ctr::busy_poll_completions,
                    static_cast<uint64_t>(n));  // taken on a caller's thread

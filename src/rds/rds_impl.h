@@ -484,8 +484,8 @@ struct Global {
   // the device's receive path on the caller's thread (a 1 MiB Write placed, hundreds of us),
   // which must not hold up every sender and completion of the stack. poll_mu serializes
   // every poll of cq with putting what it took in `polled`, so completions are still handled
-  // in CQ order: a drain under mu takes `polled` before it polls again. Taken after mu,
-  // never before it; the progress thread only tries it (on_cq_ready).
+  // in CQ order: a drain under mu takes `polled` before it polls again. Taken after mu;
+  // the progress thread only tries it, before mu (on_cq_ready), and then holds it.
   std::mutex poll_mu;
   std::deque<ibv_wc> polled;              // under poll_mu
   std::atomic<ibv_cq*> poll_cq{nullptr};  // cq, published once the stack is up
