@@ -1106,32 +1106,34 @@ void take_completions_locked() {
   }
 }
 
+// Tries lk; if it is taken, marks the stack's backlog and tries once more: its holder takes
+// the completions in as it lets go, unless it let go before it could see the mark.
+template <class Lock>
+bool try_or_leave(Lock& lk) {
+  if (lk.try_lock()) return true;
+  g().mu.defer();
+  return lk.try_lock();
+}
+
 bool on_cq_ready(ibv_cq*, void*) {
   Global& G = g();
   // A busy poller in its receive pass (poll_mu) looks for our mark once it is over, and
   // takes the lock for it: the progress thread does not wait for its pass. The same
   // handshake as with the lock's holder (StackMutex::unlock). Held from then on, so that
   // the handler's drains, its unlock's backlog run included, never wait for one either.
-  std::unique_lock plk(G.poll_mu, std::try_to_lock);
-  if (!plk.owns_lock()) {
-    G.mu.defer();
-    if (!plk.try_lock()) {
-      count(Ctr::cq_handler_deferred);
-      return true;
-    }
+  std::unique_lock plk(G.poll_mu, std::defer_lock);
+  if (!try_or_leave(plk)) {
+    count(Ctr::cq_handler_deferred);
+    return true;
   }
   struct PollHeld {
     PollHeld() { tl_poll_held = true; }
     ~PollHeld() { tl_poll_held = false; }
   } held;  // (after plk, before lk: cleared once lk's unlock has run, before poll_mu goes)
-  std::unique_lock lk(G.mu, std::try_to_lock);
-  if (!lk.owns_lock()) {
-    G.mu.defer();
-    // Its holder takes them in as it lets go, unless it let go before it could see our mark.
-    if (!lk.try_lock()) {
-      count(Ctr::cq_handler_deferred);
-      return true;
-    }
+  std::unique_lock lk(G.mu, std::defer_lock);
+  if (!try_or_leave(lk)) {
+    count(Ctr::cq_handler_deferred);
+    return true;
   }
   G.mu.backlog_taken();
   count(Ctr::cq_handler_runs);
