@@ -1126,10 +1126,8 @@ bool on_cq_ready(ibv_cq*, void*) {
     count(Ctr::cq_handler_deferred);
     return true;
   }
-  struct PollHeld {
-    PollHeld() { tl_poll_held = true; }
-    ~PollHeld() { tl_poll_held = false; }
-  } held;  // (after plk, before lk: cleared once lk's unlock has run, before poll_mu goes)
+  // (after plk, before lk: cleared once lk's unlock has run, before poll_mu goes)
+  const ScopedFlag held(tl_poll_held);
   std::unique_lock lk(G.mu, std::defer_lock);
   if (!try_or_leave(lk)) {
     count(Ctr::cq_handler_deferred);

@@ -139,20 +139,24 @@ Posted refused(bool done) {
   return done ? Posted::done : Posted::verdict;
 }
 
+// m's op is on the channel under wid (on_rdma_complete finds it by wid).
+void record_posted(Conn* c, Message* m, RdmaOp* op, uint64_t wid) {
+  c->rdma_owner[wid] = m;
+  ++c->chan_inflight;
+  op->posted = true;
+}
+
 // Posts wr (and what is chained to it) on the channel, recorded first as m's op under wid:
 // with the stack lock let go (off_lock), another thread may take its completion in before
 // the poster has the lock back, and on_rdma_complete ignores a wid it does not know (the op
 // would hang as posted for ever). 0, or ibv_post_send's error with the record undone. Once it
 // has returned 0, m may be gone (its op completed and released it meanwhile).
-int post_recorded_op(Conn* c, Message* m, RdmaOp* op, uint64_t wid, ibv_send_wr* wr, bool fence,
-                     bool off_lock) {
+int post_recorded_op(Conn* c, Message* m, RdmaOp* op, uint64_t wid, ibv_send_wr* wr,
+                     bool newly_fenced, bool off_lock) {
   // Marked before the post too: on_rdma_complete settles a fenced Write by it, and xmit
   // sends a fenced Write's message as soon as it sees it.
-  const bool newly_fenced = fence && !op->fenced;
   const uint64_t last_post = m->last_post;
-  c->rdma_owner[wid] = m;
-  ++c->chan_inflight;
-  op->posted = true;
+  record_posted(c, m, op, wid);
   if (newly_fenced) {
     op->fenced = true;
     m->h.ext_fenced = true;  // from now on the message need not wait for the op
@@ -203,9 +207,7 @@ Posted post_op(Conn* c, Message* m, XmitMode mode, bool* let_go) {
   if (op->verdict_due) {
     // The peer holds this message for its fence: tell it the Write failed.
     if (!post_fence(c, wid, m->h.sequence, false)) return Posted::queued;
-    c->rdma_owner[wid] = m;
-    ++c->chan_inflight;
-    op->posted = true;
+    record_posted(c, m, op, wid);  // (posted with the lock held: after is soon enough)
     count(Ctr::send_rdma_verdict);
     return Posted::posted;
   }
@@ -293,7 +295,7 @@ Posted post_op(Conn* c, Message* m, XmitMode mode, bool* let_go) {
   const bool newly_fenced = fence && !op->fenced;
   const bool off_lock = mode == XmitMode::may_unlock && !atomic && bytes >= kOffLockBytes;
   *let_go = off_lock;
-  if (const int e = post_recorded_op(c, m, op, wid, &wr, fence, off_lock)) {
+  if (const int e = post_recorded_op(c, m, op, wid, &wr, newly_fenced, off_lock)) {
     if (e == ENOMEM) return Posted::queued;  // send queue full: try again after completions
     // The device refuses the op itself (e.g. a misaligned atomic target, which a NIC would
     // fail at completion): it fails alone, OTHER_ERROR, rather than block the queue.

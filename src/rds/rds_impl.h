@@ -665,6 +665,14 @@ inline constexpr int kUnlockedPosts = 32;
 // window; returns ibv_post_send's result. What a completion handler found in the window
 // (StackMutex's backlog) is taken in once the lock is back, before *busy is cleared.
 int post_off_lock(ibv_qp* qp, ibv_send_wr* wr, bool* busy);
+// Sets a flag for a scope (an in-transmit bit, the handler's hold of poll_mu).
+struct ScopedFlag {
+  bool& flag;
+  explicit ScopedFlag(bool& f) : flag(f) { flag = true; }
+  ~ScopedFlag() { flag = false; }
+  ScopedFlag(const ScopedFlag&) = delete;
+  ScopedFlag& operator=(const ScopedFlag&) = delete;
+};
 void conn_kick(Conn* c, XmitMode mode = XmitMode::locked);  // xmit what can be sent
 // The connection goes down (its QP and buffers go, its queues wait for the next one), logged
 // with why; put off to the poster while a sendmsg posts on it with the lock let go.

@@ -103,12 +103,12 @@ void conn_enqueue(Conn* c, Message* m) {
 
 namespace {
 
-// Posts a recorded SEND on the data QP; in may_unlock mode with the stack lock let go around
-// the call (in_xmit set). 0, or -1 if it was not posted.
-int post_recorded(Conn* c, ibv_send_wr* wr, XmitMode mode) {
+// Posts a recorded SEND on the data QP; off_lock: with the stack lock let go around the call
+// (in_xmit set). 0, or -1 if it was not posted.
+int post_recorded(Conn* c, ibv_send_wr* wr, bool off_lock) {
   ibv_qp* qp = c->id->qp;
   ibv_send_wr* bad = nullptr;
-  if (mode == XmitMode::locked) return ibv_post_send(qp, wr, &bad) ? -1 : 0;
+  if (!off_lock) return ibv_post_send(qp, wr, &bad) ? -1 : 0;
   const int rc = post_off_lock(qp, wr, &c->in_xmit);
   count(Ctr::send_post_unlocked);
   return rc ? -1 : 0;
@@ -243,8 +243,7 @@ void xmit_queue(Conn* c, XmitMode mode, int& unlocked_left) {
       const AckState ack = whole ? take_ack(c) : AckState{};
       const bool off_lock =
           mode == XmitMode::may_unlock && chunk >= kOffLockBytes && unlocked_left-- > 0;
-      const bool failed =
-          post_recorded(c, &wr, off_lock ? XmitMode::may_unlock : XmitMode::locked) != 0;
+      const bool failed = post_recorded(c, &wr, off_lock) != 0;
       if (failed) {
         if (unprep_data_send(c, rec)) c->free_slots.push_back(slot);
         --m->frags_posted;
@@ -270,15 +269,12 @@ int post_off_lock(ibv_qp* qp, ibv_send_wr* wr, bool* busy) {
   StackMutex& mu = g().mu;
   const uint32_t window_ms = g().test_post_window_ms;
   ibv_send_wr* bad = nullptr;
-  *busy = true;
+  // Cleared once the lock is back and its backlog run, even if that throws (bad_alloc): the
+  // QP would be no one's for good.
+  const ScopedFlag in_window(*busy);
   mu.release_for_post();
   const int rc = ibv_post_send(qp, wr, &bad);
   if (window_ms) usleep(window_ms * 1000);
-  // Cleared even if the backlog run throws (bad_alloc): the QP would be no one's for good.
-  struct Clear {
-    bool* b;
-    ~Clear() { *b = false; }
-  } clear{busy};
   mu.reacquire_after_post();
   return rc;
 }
