@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -328,20 +329,32 @@ void cq_block_begin(Cq* cq, bool drain) {
 
 void cq_kick(Cq* cq) {
   if (cq->blockers.load() == 0) return;  // nobody sleeps on the set: no stale readiness
-  if (const int kick = cq->kick_fd.load(); kick >= 0) {
+  // Counted, then looked again (seq_cst, the reverse of cq_block_end): either the last
+  // blocker's decrement comes first and we do not write, or it sees us and waits for the
+  // write before it drains.
+  cq->kickers.fetch_add(1);
+  if (const int kick = cq->kick_fd.load(); kick >= 0 && cq->blockers.load() != 0) {
     const int saved = errno;
     const uint64_t one = 1;
     (void)!write(kick, &one, sizeof one);
     errno = saved;
   }
+  cq->kickers.fetch_sub(1);
 }
 
 void cq_block_end(Cq* cq, bool drain) {
   if (!busy_poll_hold_ns()) return;
-  if (drain) drain_kick(cq);  // what it woke for is taken in next
-  cq_busy_poll_mark(cq);      // it takes in what woke it, then ownership decays as a spinner's
+  cq_busy_poll_mark(cq);  // it takes in what woke it, then ownership decays as a spinner's
   const uint64_t since = cq->block_since.load(std::memory_order_relaxed);
-  if (cq->blockers.fetch_sub(1) != 1 || !cq->recheck_parked.exchange(false)) return;
+  const bool last = cq->blockers.fetch_sub(1) == 1;
+  if (drain) {
+    // What it woke for is taken in next. The last one out first lets a kick that saw it
+    // asleep finish (a write, no lock taken), or the set would stay readable after its poll
+    // took everything (WaitFdWakesTheBlockerWhoseOwnPollReceives, under TSan in CI).
+    while (last && cq->kickers.load() != 0) std::this_thread::yield();
+    drain_kick(cq);
+  }
+  if (!last || !cq->recheck_parked.exchange(false)) return;
   // A short sleep leaves the recheck to the timer already set, at most kBlockRecheckNs out
   // (set in this sleep, or by an earlier short one; a long one posted when it ended). A
   // long sleep may have pushed the timer further: look now. One post per long sleep, while a

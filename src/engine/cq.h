@@ -112,6 +112,10 @@ struct Cq {
   // ring whose producer was told not to ring (a spinner owned the QP, engine/qp_shm.cc), so a
   // thread that blocks finds the set readable. Drained by cq_block_begin.
   std::atomic<int> kick_fd{-1};
+  // cq_kicks between their look at blockers and their write: the last blocker to wake waits
+  // for them before its drain, or a kick that saw it asleep would land after it took
+  // everything, and the set would stay readable with nothing to read.
+  std::atomic<int> kickers{0};
   // Threads in ibv_get_cq_event that own this CQ's receive path right now (channel->mu).
   int channel_sleepers = 0;
   // The thread that last slept on it in ibv_get_cq_event: its arm does not hand the sockets

@@ -494,7 +494,13 @@ bool shm_take_bells_locked(Qp* qp) {
     alive = false;  // EOF, reset, or a socket shut down under us
     break;
   }
-  c.shm->rx.bell_taken();
+  // Only a bell taken off the socket is cleared. The producer sets bell_pending before its
+  // send(): a look in between finds the flag and no byte, and a clear there would leave the
+  // byte, when it lands, in the socket with its bytes already read, the wait set readable
+  // with nothing to take until the next kBellCheckNs look (a sleeper spinning meanwhile;
+  // WaitFdWakesTheBlockerWhoseOwnPollReceives under load). Left pending, the next empty
+  // read looks again and takes it; the producer rings no more meanwhile, as its byte is due.
+  if (took || !alive) c.shm->rx.bell_taken();
   if (!alive) qp->shm_gone.store(true);
   // Bells come for data and for room alike: whoever takes one kicks a TX waiting for room
   // (its own re-look after setting tx_blocked covers a bell taken before that; qp_requester).
