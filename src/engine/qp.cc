@@ -651,6 +651,19 @@ namespace {
 // the hold's timer is kPingPongAckHold wide.
 constexpr uint8_t kPingPongAnswers = 8;
 constexpr uint64_t kPingPongAckHold = 1'000'000;  // ns
+// The wide net saves a busy poller's thread the timer posts that wake the progress thread
+// (on 2 cores each wake pre-empts a spinner). Not for a consumer that sleeps in
+// ibv_get_cq_event: ib_send_lat -e went 38-41 us typical with it, 7.2-8.1 without, over TCP
+// (the sides wake from a deeper sleep). Through a ring, only while a poller owns the
+// receive path (busy_poll.h): there, the ring's 8 B ib_send_lat averaged 3.8-4.0 us with the
+// 50 us hold (its timer posts cost 30k context switches per 200k round trips), 1.1-1.6 with
+// the wide net; typical unchanged.
+bool wide_net_ok(const Qp* qp) {
+  return qp->scq->channel_owner.load(std::memory_order_relaxed) == 0 &&
+         qp->rcq->channel_owner.load(std::memory_order_relaxed) == 0 &&
+         (!qp->tx_ring.load(std::memory_order_relaxed) ||
+          qp->rx_handed.load(std::memory_order_relaxed));
+}
 
 // SOFTVERBS_TX_BATCH_US (default 10, 0: off): the doorbell batching window.
 uint64_t tx_batch_ns() {
@@ -788,8 +801,7 @@ void flush_timer_fired(QpRef ref, uint64_t at, uint32_t retry_us) {
       tx_flush_locked(qp);
     return;
   }
-  if (qp->ack_answers >= kPingPongAnswers && qp->holds != qp->holds_seen &&
-      !qp->tx_ring.load(std::memory_order_relaxed)) {
+  if (qp->ack_answers >= kPingPongAnswers && qp->holds != qp->holds_seen && wide_net_ok(qp)) {
     qp->holds_seen = qp->holds;
     post_flush_timer_locked(qp, now + kPingPongAckHold, now);
   }
@@ -804,30 +816,33 @@ void post_flush_timer_locked(Qp* qp, uint64_t at, uint64_t now) {
 }  // namespace
 
 void tx_post_locked(Qp* qp) {
-  // Through a shared-memory ring a frame costs no system call: nothing to batch.
-  if (qp->tx_ring.load(std::memory_order_relaxed)) {
-    qp->tx_deferred.store(false, std::memory_order_relaxed);  // what was held leaves with it
-    tx_run_locked(qp);
-    return;
-  }
-  const uint64_t window = tx_batch_ns();
-  const uint64_t now = window ? sv::mono_ns() : 0;
   // A post that answers what the peer sent since the last one is a ping-pong's turn: when
   // the round trip is shorter than the window, holding it back would cost every turn a
   // flush (a poll, or the timer) -- 10-12 us per 8 B SEND one-way instead of 4-6.
   const uint32_t turns = qp->rx_turns.load(std::memory_order_relaxed);
   const bool answers = turns != qp->tx_turns_seen;
   qp->tx_turns_seen = turns;
+  // An answer that carries the ack held for it: one more turn of a ping-pong.
+  auto send_now = [&] {
+    if (answers && qp->conn.ack_to_send != qp->conn.ack_sent && qp->ack_answers < UINT8_MAX)
+      ++qp->ack_answers;
+    qp->tx_deferred.store(false, std::memory_order_relaxed);  // what was held leaves with it
+    qp->ack_held = false;
+    tx_run_locked(qp);
+  };
+  // Through a shared-memory ring a frame costs no system call: nothing to batch. Its turns
+  // count all the same, for the wide net (wide_net_ok).
+  if (qp->tx_ring.load(std::memory_order_relaxed)) {
+    send_now();
+    return;
+  }
+  const uint64_t window = tx_batch_ns();
+  const uint64_t now = window ? sv::mono_ns() : 0;
   if (window && !answers && now < qp->tx_window_end_ns && may_defer(qp)) {
     tx_defer_locked(qp, window);
     return;
   }
-  // An answer that carries the ack held for it: one more turn of a ping-pong.
-  if (answers && qp->conn.ack_to_send != qp->conn.ack_sent && qp->ack_answers < UINT8_MAX)
-    ++qp->ack_answers;
-  qp->tx_deferred.store(false, std::memory_order_relaxed);
-  qp->ack_held = false;
-  tx_run_locked(qp);
+  send_now();
   if (window) qp->tx_window_end_ns = now + window;
 }
 
@@ -893,8 +908,7 @@ void tx_ack_locked(Qp* qp, bool requested, bool no_one_answer) {
     // (tx_flush_locked) ends the streak. (IB's responder acks at once, in hardware: what
     // this saves is our sendmsg of an ack alone, the cost IB does not have.)
     ++qp->holds;
-    const bool ping_pong =
-        qp->ack_answers >= kPingPongAnswers && !qp->tx_ring.load(std::memory_order_relaxed);
+    const bool ping_pong = qp->ack_answers >= kPingPongAnswers && wide_net_ok(qp);
     const uint64_t hold = ping_pong ? std::max(hold_ns, kPingPongAckHold) : hold_ns;
     qp->ack_held = true;
     qp->ack_held_to = qp->conn.ack_to_send;
