@@ -652,12 +652,14 @@ namespace {
 constexpr uint8_t kPingPongAnswers = 8;
 constexpr uint64_t kPingPongAckHold = 1'000'000;  // ns
 // The wide net saves a busy poller's thread the timer posts that wake the progress thread
-// (on 2 cores each wake pre-empts a spinner). Not for a consumer that sleeps in
-// ibv_get_cq_event: ib_send_lat -e went 38-41 us typical with it, 7.2-8.1 without, over TCP
-// (the sides wake from a deeper sleep). Through a ring, only while a poller owns the
-// receive path (busy_poll.h): there, the ring's 8 B ib_send_lat averaged 3.8-4.0 us with the
-// 50 us hold (its timer posts cost 30k context switches per 200k round trips), 1.1-1.6 with
-// the wide net; typical unchanged.
+// (on 2 cores each wake pre-empts a spinner). Through a ring, only while a poller owns the
+// receive path (busy_poll.h): the ring's 8 B ib_send_lat averaged 3.8-4.0 us with the 50 us
+// hold (its timer posts: 30k context switches per 200k round trips), 1.1-1.6 with the wide
+// net, typical unchanged. Not for a consumer that sleeps in ibv_get_cq_event, which has no
+// spinner to pre-empt: there the 50 us timer's wake-ups keep the CPUs out of the idle state
+// whose wake-up costs this VM 30-40 us (blocking sockperf: 44 us one-way), and ib_send_lat
+// -e measured 7.2-10 us typical with it, 36-41 without, over TCP and between namespaces alike,
+// with the same system calls per round trip and less CPU (37 us against 57 per round trip).
 bool wide_net_ok(const Qp* qp) {
   return qp->scq->channel_owner.load(std::memory_order_relaxed) == 0 &&
          qp->rcq->channel_owner.load(std::memory_order_relaxed) == 0 &&

@@ -260,12 +260,15 @@ TEST_F(XProcIbPeer, BusyPollAHeldAckLeavesWhenThePollerStopsWithoutArming) {
 // is a wider net (qp.cc tx_ack_locked: 1 ms, or the hold if longer: 200 ms in the
 // busy_poll_ack_without_timer run, 1 ms in busy_poll_ping_pong_ack's, where the timer also
 // re-arms itself between turns); the turn that gets no answer, the poller having stopped
-// without arming, is still acked by it, and the requester's Write completes. On TCP: the net is
-// widened there (through shared memory a timer per hold time is 25 round trips, and no syscall is
-// saved).
-TEST_F(XProcIbPeer, BusyPollAPingPongsLastHeldAckLeavesWhenThePollerStopsWithoutArming) {
-  setenv("SOFTVERBS_SHM", "0", 1);
-  g_child_env = {"SOFTVERBS_IB_COMPLETION=1", "SOFTVERBS_SHM=0"};
+// without arming, is still acked by it, and the requester's Write completes. Over TCP and
+// through shared memory alike: a ring's turns count too, and while this thread polls the
+// net is as wide there (qp.cc wide_net_ok).
+class XProcIbPeerPingPong : public XProcIbPeer, public testing::WithParamInterface<bool> {};
+
+TEST_P(XProcIbPeerPingPong, BusyPollAPingPongsLastHeldAckLeavesWhenThePollerStopsWithoutArming) {
+  const std::string shm = GetParam() ? "1" : "0";
+  setenv("SOFTVERBS_SHM", shm.c_str(), 1);
+  g_child_env = {"SOFTVERBS_IB_COMPLETION=1", "SOFTVERBS_SHM=" + shm};
   Connect();
   g_child_env.clear();
   unsetenv("SOFTVERBS_SHM");
@@ -296,8 +299,23 @@ TEST_F(XProcIbPeer, BusyPollAPingPongsLastHeldAckLeavesWhenThePollerStopsWithout
       ASSERT_EQ(remote->poll(CqSel::recv, 1).size(), 1u) << "turn " << i;
     }
   }
+  // Where the bytes went: the ring, when asked for (its set-up follows the first FPDUs, and
+  // the published statistics follow it).
+  sv::wire::QpStatsView q;
+  bool on_ring = false;
+  for (int i = 0; i < (GetParam() ? 200 : 1) && !on_ring; ++i) {
+    if (i) std::this_thread::sleep_for(Ms(10));
+    on_ring =
+        published_qp(getpid(), local->qp->qp_num, q) && q.transport == sv::wire::kTransportShm;
+  }
+  EXPECT_EQ(on_ring, GetParam());
   EXPECT_EQ(softverbs_cq_busy_poll(local->rcq, 0), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, XProcIbPeerPingPong, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& p) {
+                           return std::string(p.param ? "shm" : "tcp");
+                         });
 
 // RDS's fenced Write: a Write and a Send behind it, placed by one pass of the poller (a
 // stream: nobody answers both), whose requester asked for the Placement Ack. It leaves at
