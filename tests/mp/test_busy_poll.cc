@@ -266,12 +266,11 @@ TEST_F(XProcIbPeer, BusyPollAHeldAckLeavesWhenThePollerStopsWithoutArming) {
 class XProcIbPeerPingPong : public XProcIbPeer, public testing::WithParamInterface<bool> {};
 
 TEST_P(XProcIbPeerPingPong, BusyPollAPingPongsLastHeldAckLeavesWhenThePollerStopsWithoutArming) {
-  const std::string shm = GetParam() ? "1" : "0";
-  setenv("SOFTVERBS_SHM", shm.c_str(), 1);
-  g_child_env = {"SOFTVERBS_IB_COMPLETION=1", "SOFTVERBS_SHM=" + shm};
+  // One side refusing keeps the QP on TCP. Only the child's setting: ours is read once per
+  // process (shm_wanted), so a setenv here would hold for every test after this one.
+  g_child_env = {"SOFTVERBS_IB_COMPLETION=1", GetParam() ? "SOFTVERBS_SHM=1" : "SOFTVERBS_SHM=0"};
   Connect();
   g_child_env.clear();
-  unsetenv("SOFTVERBS_SHM");
   ASSERT_FALSE(HasFatalFailure());
   ASSERT_EQ(softverbs_cq_busy_poll(local->rcq, 1), 0);
   constexpr uint64_t kTurns = 12;  // more than the streak that widens the net (8)
