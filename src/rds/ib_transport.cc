@@ -1282,10 +1282,34 @@ struct ErrnoKeeper {
 };
 }  // namespace
 
+namespace {
+// This thread's regions to deregister once it lets the stack lock go (dereg_after_unlock).
+// Only the lock's holder adds, and each unlock empties it, so a fork (whose prepare handler
+// takes the lock) never copies a pending one into the child. Its capacity stays: no
+// allocation per message once it has grown.
+thread_local std::vector<ibv_mr*> tl_deregs;
+
+void run_deregs() {
+  if (tl_deregs.empty()) return;
+  count(Ctr::rdma_local_dereg_unlocked, tl_deregs.size());
+  for (ibv_mr* mr : tl_deregs) ibv_dereg_mr(mr);
+  tl_deregs.clear();
+}
+}  // namespace
+
+void dereg_after_unlock(ibv_mr* mr) {
+  tl_deregs.push_back(mr);
+}
+
 void StackMutex::unlock() {
   // The socket calls let go as they return, errno set: what the backlog's own calls leave in
-  // errno (a peer's reset) must not become theirs.
+  // errno (a peer's reset), or a deregistration's, must not become theirs.
   const ErrnoKeeper keep;
+  unlock_and_run_backlog();
+  run_deregs();
+}
+
+void StackMutex::unlock_and_run_backlog() {
   // One backlog run under the lock, and one more if a mark came as we let go: a holder is not
   // kept past that by a steady stream of completions (each can mark the backlog anew). What
   // is still marked then goes to the engine thread, whose own unlock runs it.
@@ -1327,6 +1351,7 @@ void StackMutex::unlock_to_engine() {
   const ErrnoKeeper keep;
   mu_.unlock();
   if (backlog_.load(std::memory_order_seq_cst)) wake_engine();
+  run_deregs();
 }
 
 void StackMutex::defer() {

@@ -413,9 +413,9 @@ void ops_report(Message* m, int status_if_unknown) {
 void ops_release(Message* m) {
   for (RdmaOp* op : {m->op.get(), m->atomic_op.get()}) {
     if (!op) continue;
-    for (ibv_mr* mr : op->local_mrs) ibv_dereg_mr(mr);
+    for (ibv_mr* mr : op->local_mrs) dereg_after_unlock(mr);
     op->local_mrs.clear();
-    if (op->atomic_mr) ibv_dereg_mr(op->atomic_mr);
+    if (op->atomic_mr) dereg_after_unlock(op->atomic_mr);
     op->atomic_mr = nullptr;
   }
 }

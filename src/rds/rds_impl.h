@@ -436,7 +436,7 @@ class StackMutex {
  public:
   void lock() { mu_.lock(); }
   bool try_lock() { return mu_.try_lock(); }
-  void unlock();  // ib_transport.cc
+  void unlock();  // ib_transport.cc; then the deregistrations dereg_after_unlock queued
   // Lets go without running the backlog, which goes to the engine thread (a fork handler).
   void unlock_to_engine();
   // Around a post made with the lock let go (xmit from sendmsg): no backlog run as it lets
@@ -455,6 +455,7 @@ class StackMutex {
   bool backlog_marked() const { return backlog_.load(std::memory_order_seq_cst); }
 
  private:
+  void unlock_and_run_backlog();
   std::mutex mu_;
   std::atomic<bool> backlog_{false};
 };
@@ -707,6 +708,14 @@ void rdma_chan_kick(Conn* c);  // connect the RDMA channel if it is down
 // The RDMA channel goes down (its QP goes, its ops wait for the next one or fail), logged with
 // why; put off to the poster while a sendmsg posts on it with the lock let go.
 void rdma_chan_down(Conn* c, const char* why);
+// A local region whose use is over (a zero-copy send's pages, an RDMA op's local SGEs or
+// atomic result: lkeys only, which no peer can name): deregistered once the calling thread
+// lets the stack lock go, not under it (net/rds drops a message's pages with rds_message_put
+// outside c_lock). ibv_dereg_mr takes the key table's write lock, which waits for a placement
+// in progress under its read lock (a 1 MiB Write: 100 us and more), and every RDS caller would
+// wait with it. Regions a peer holds a key to (RDS_GET_MR's) still go at once: their key must
+// stop working before the call that frees them returns. Caller holds the stack lock.
+void dereg_after_unlock(ibv_mr* mr);
 
 // WR ids: connection id << 40 | QP incarnation << 32 | kind << 24 | index. The incarnation
 // tells a completion of the QP we destroyed from one of its successor: completions the old QP

@@ -87,7 +87,7 @@ void release_message(Message* m) {
   if (m->op || m->atomic_op)
     for (auto& [k, c] : g().conns) std::erase(c->rdma_q, m);
   unqueue_from_sock(m);
-  for (ibv_mr* mr : m->zmrs) ibv_dereg_mr(mr);
+  for (ibv_mr* mr : m->zmrs) dereg_after_unlock(mr);
   if (m->zcopy && m->sock && !m->sock->closing) queue_zcookie(m->sock, m->zcookie);
   ops_release(m);
   delete m;
