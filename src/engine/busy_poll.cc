@@ -332,14 +332,21 @@ void cq_kick(Cq* cq) {
   // Counted, then looked again (seq_cst, the reverse of cq_block_end): either the last
   // blocker's decrement comes first and we do not write, or it sees us and waits for the
   // write before it drains.
-  cq->kickers.fetch_add(1);
+  // Let go by a guard: write() is a cancellation point, and an application thread cancelled
+  // in it (glibc unwinds) must not leave the count up, or every last blocker would wait.
+  struct Kicking {
+    Cq* cq;
+    explicit Kicking(Cq* c) : cq(c) { cq->kickers.fetch_add(1); }
+    ~Kicking() { cq->kickers.fetch_sub(1); }
+    Kicking(const Kicking&) = delete;
+    Kicking& operator=(const Kicking&) = delete;
+  } const kicking(cq);
   if (const int kick = cq->kick_fd.load(); kick >= 0 && cq->blockers.load() != 0) {
     const int saved = errno;
     const uint64_t one = 1;
     (void)!write(kick, &one, sizeof one);
     errno = saved;
   }
-  cq->kickers.fetch_sub(1);
 }
 
 void cq_block_end(Cq* cq, bool drain) {

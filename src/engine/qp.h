@@ -240,6 +240,7 @@ struct Conn {
   bool shm_tx_switch = false;        // tx_mu: once this batch is sent, TX goes to the ring
   bool rx_switch_after_seg = false;  // rx_mu: the peer's bytes after this segment are in its ring
   uint64_t bell_check_ns = 0;        // rx_mu: when RX last looked at the socket for bells
+  uint64_t bell_wait_since = 0;      // rx_mu: since when bell_pending is set with no byte come
   bool shm_placed = false;   // tx_mu: the peer publishes its placed count in the segment (our
                              // TX is on the ring, so it maps it): Conn::acks_unseen reads it
   bool ref_pending = false;  // rx_mu: this segment's data is read from the peer at its

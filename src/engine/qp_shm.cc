@@ -474,12 +474,14 @@ void shm_rx_switch_locked(Qp* qp) {
   c.rx_begin = c.rx_end = 0;
   c.shm->rx.bell_taken();
   c.bell_check_ns = 0;
+  c.bell_wait_since = 0;
   SV_INFO("qp %u: receives through shared memory", qp->qpn());
 }
 
 bool shm_take_bells_locked(Qp* qp) {
   Conn& c = qp->conn;
-  c.bell_check_ns = coarse_ns();
+  const uint64_t now = coarse_ns();
+  c.bell_check_ns = now;
   char buf[256];
   bool alive = true, took = false;
   for (;;) {
@@ -500,7 +502,20 @@ bool shm_take_bells_locked(Qp* qp) {
   // with nothing to take until the next kBellCheckNs look (a sleeper spinning meanwhile;
   // WaitFdWakesTheBlockerWhoseOwnPollReceives under load). Left pending, the next empty
   // read looks again and takes it; the producer rings no more meanwhile, as its byte is due.
-  if (took || !alive) c.shm->rx.bell_taken();
+  // Unless its send failed (ring_bell does not look: ENOBUFS under memory pressure): a flag
+  // still without its byte a kBellCheckNs later is cleared, or the producer would never
+  // ring again.
+  if (took || !alive) {
+    c.shm->rx.bell_taken();
+    c.bell_wait_since = 0;
+  } else if (c.shm->rx.bell_pending()) {
+    if (!c.bell_wait_since) {
+      c.bell_wait_since = now;
+    } else if (now - c.bell_wait_since >= kBellCheckNs) {
+      c.shm->rx.bell_taken();
+      c.bell_wait_since = 0;
+    }
+  }
   if (!alive) qp->shm_gone.store(true);
   // Bells come for data and for room alike: whoever takes one kicks a TX waiting for room
   // (its own re-look after setting tx_blocked covers a bell taken before that; qp_requester).

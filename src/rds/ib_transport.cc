@@ -1115,7 +1115,9 @@ bool try_or_leave(Lock& lk) {
   return lk.try_lock();
 }
 
-bool on_cq_ready(ibv_cq*, void*) {
+void run_deregs();
+
+bool handle_cq_ready() {
   Global& G = g();
   // A busy poller in its receive pass (poll_mu) looks for our mark once it is over, and
   // takes the lock for it: the progress thread does not wait for its pass. The same
@@ -1137,6 +1139,12 @@ bool on_cq_ready(ibv_cq*, void*) {
   count(Ctr::cq_handler_runs);
   take_completions_locked();
   return true;
+}
+
+bool on_cq_ready(ibv_cq*, void*) {
+  const bool r = handle_cq_ready();
+  run_deregs();  // with poll_mu let go as well (StackMutex::unlock)
+  return r;
 }
 
 void engine_loop() {
@@ -1285,20 +1293,27 @@ struct ErrnoKeeper {
 namespace {
 // This thread's regions to deregister once it lets the stack lock go (dereg_after_unlock).
 // Only the lock's holder adds, and each unlock empties it, so a fork (whose prepare handler
-// takes the lock) never copies a pending one into the child. Its capacity stays: no
-// allocation per message once it has grown.
-thread_local std::vector<ibv_mr*> tl_deregs;
+// takes the lock) never copies a pending one into the child. A plain array: no allocation,
+// and nothing for exit() to destroy before the atexit handler that still releases messages
+// (glibc runs thread_local destructors first). When it is full, a region goes at once.
+constexpr size_t kDeferredDeregs = 64;
+thread_local ibv_mr* tl_deregs[kDeferredDeregs];
+thread_local size_t tl_ndereg = 0;
 
 void run_deregs() {
-  if (tl_deregs.empty()) return;
-  count(Ctr::rdma_local_dereg_unlocked, tl_deregs.size());
-  for (ibv_mr* mr : tl_deregs) ibv_dereg_mr(mr);
-  tl_deregs.clear();
+  if (!tl_ndereg) return;
+  count(Ctr::rdma_local_dereg_unlocked, tl_ndereg);
+  for (size_t i = 0; i < tl_ndereg; ++i) ibv_dereg_mr(tl_deregs[i]);
+  tl_ndereg = 0;
 }
 }  // namespace
 
 void dereg_after_unlock(ibv_mr* mr) {
-  tl_deregs.push_back(mr);
+  if (tl_ndereg == kDeferredDeregs) {
+    ibv_dereg_mr(mr);
+    return;
+  }
+  tl_deregs[tl_ndereg++] = mr;
 }
 
 void StackMutex::unlock() {
@@ -1306,7 +1321,9 @@ void StackMutex::unlock() {
   // errno (a peer's reset), or a deregistration's, must not become theirs.
   const ErrnoKeeper keep;
   unlock_and_run_backlog();
-  run_deregs();
+  // A completion handler still holds poll_mu, which a lock holder's drain may wait for: it
+  // runs them once it has let that go too (on_cq_ready).
+  if (!tl_poll_held) run_deregs();
 }
 
 void StackMutex::unlock_and_run_backlog() {
