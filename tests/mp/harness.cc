@@ -126,6 +126,20 @@ uint64_t qp_counter(pid_t pid, uint32_t qpn, sv::wire::Ctr c) {
   return published_qp(pid, qpn, q) ? q.ctr[static_cast<size_t>(c)] : ~0ull;
 }
 
+uint32_t transport_of(uint32_t qpn, pid_t pid) {
+  sv::wire::QpStatsView q;
+  return published_qp(pid, qpn, q) ? q.transport : ~0u;
+}
+
+uint32_t wait_transport(uint32_t qpn, uint32_t want) {
+  uint32_t t = transport_of(qpn);
+  for (int i = 0; i < 200 && t != want; ++i) {
+    std::this_thread::sleep_for(Ms(10));
+    t = transport_of(qpn);
+  }
+  return t;
+}
+
 void spin_receive(Peer& local, RemotePeer& remote, uint64_t rounds) {
   for (uint64_t round = 0; round < rounds; ++round) {
     ASSERT_EQ(local.post_recv(round, {sge(round * 64, 64)}), 0);

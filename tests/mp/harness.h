@@ -278,6 +278,11 @@ int wait_state(P& p, int want) {
 bool published_qp(pid_t pid, uint32_t qpn, sv::wire::QpStatsView& out);
 // One of its counters; ~0 if the QP is not published.
 uint64_t qp_counter(pid_t pid, uint32_t qpn, sv::wire::Ctr c);
+// Its transport (sv::wire::kTransportShm or 0); ~0 if the QP is not published.
+uint32_t transport_of(uint32_t qpn, pid_t pid = getpid());
+// That of a QP of this process once it is `want`, or what it is after 2 s: the shared-memory
+// set-up messages follow the first FPDUs, and the published statistics follow the switch.
+uint32_t wait_transport(uint32_t qpn, uint32_t want);
 
 // `rounds` Sends of 32 B from remote, each received by local spinning on ibv_poll_cq (no
 // back-off: a busy poller, as busy-poll ownership sees one). Receives use wr_id = round.

@@ -23,25 +23,9 @@ namespace {
 
 constexpr uint64_t kMiB = 1 << 20;
 
-// The QP's transport as process pid (this one by default) publishes it.
-uint32_t transport_of(uint32_t qpn, pid_t pid = getpid()) {
-  sv::wire::QpStatsView q;
-  return published_qp(pid, qpn, q) ? q.transport : ~0u;
-}
-
 // How many segments a QP read straight from its peer's memory (one copy, kDdpSvRef).
 uint64_t pulls_of(pid_t pid, uint32_t qpn) {
   return qp_counter(pid, qpn, sv::wire::Ctr::shm_pulls);
-}
-
-// Waits for the set-up messages to have gone both ways (they follow the first FPDUs).
-uint32_t wait_transport(uint32_t qpn, uint32_t want) {
-  uint32_t t = transport_of(qpn);
-  for (int i = 0; i < 200 && t != want; ++i) {
-    std::this_thread::sleep_for(Ms(10));
-    t = transport_of(qpn);
-  }
-  return t;
 }
 
 // Both processes offer and accept shared memory unless the child is told otherwise.
