@@ -96,7 +96,9 @@ namespace {
 void free_mr(Sock* s, uint32_t rkey) {
   auto it = s->mrs.find(rkey);
   if (it == s->mrs.end()) return;
-  ibv_dereg_mr(it->second);
+  // Gone from the socket now, so no later op of ours finds it; the device lets go of it as
+  // the stack lock is let go, before the call returns (net/rds's rds_mr_put outside the lock).
+  dereg_after_unlock(it->second);
   s->mrs.erase(it);
   s->mr_flags.erase(rkey);
   count(Ctr::rdma_mr_free);

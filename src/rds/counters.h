@@ -50,7 +50,7 @@ namespace sv::rds {
   X(rdma_chan_down_deferred) \
   X(rdma_chan_reset) \
   X(rdma_chan_up) \
-  X(rdma_local_dereg_unlocked) \
+  X(rdma_dereg_unlocked) \
   X(rdma_mr_alloc) \
   X(rdma_mr_free) \
   X(rdma_post_raced) \

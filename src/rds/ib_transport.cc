@@ -1302,7 +1302,7 @@ thread_local size_t tl_ndereg = 0;
 
 void run_deregs() {
   if (!tl_ndereg) return;
-  count(Ctr::rdma_local_dereg_unlocked, tl_ndereg);
+  count(Ctr::rdma_dereg_unlocked, tl_ndereg);
   for (size_t i = 0; i < tl_ndereg; ++i) ibv_dereg_mr(tl_deregs[i]);
   tl_ndereg = 0;
 }

@@ -43,6 +43,9 @@ void deliver(Conn* c, const wire::RdsHeader& h, std::vector<std::byte>&& data, u
     // This message chased an RDMA on one of our regions: release it if use-once.
     auto it = s->mrs.find(*h.ext_rdma_rkey);
     if (it != s->mrs.end() && (s->mr_flags[it->first] & RDS_RDMA_USE_ONCE)) {
+      // At once, not after the unlock (dereg_after_unlock): a receiver in another thread may
+      // take this message before then, and its key must be dead by the time it is seen (as
+      // net/rds's rds_rdma_unuse, before the message is queued).
       ibv_dereg_mr(it->second);
       s->mr_flags.erase(it->first);
       s->mrs.erase(it);

@@ -657,7 +657,7 @@ extern "C" __attribute__((visibility("default"))) ssize_t svrds_sendmsg(int fd, 
       // RDS_FREE_MR may have freed it while we slept waiting (the stack lock let go).
       const auto rk = static_cast<uint32_t>(mapped_cookie);
       if (auto it = s->mrs.find(rk); it != s->mrs.end()) {
-        ibv_dereg_mr(it->second);
+        dereg_after_unlock(it->second);
         s->mrs.erase(it);
         s->mr_flags.erase(rk);
       }

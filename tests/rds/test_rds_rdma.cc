@@ -438,7 +438,7 @@ TEST(RdsRdmaRegions, ManyMoreOpsThanRegionsEachLetGoOfItsLocalRegistration) {
     std::vector<char> region(kLen, 0), src(kLen), buf(16);
     const uint64_t cookie = get_mr(b, region.data(), kLen);
     if (!cookie) return 10;
-    const uint64_t before = counter(a, "rdma_local_dereg_unlocked");
+    const uint64_t before = counter(a, "rdma_dereg_unlocked");
     constexpr int kOps = 300;
     for (int i = 0; i < kOps; ++i) {
       const bool write = i % 2 == 0;
@@ -459,9 +459,9 @@ TEST(RdsRdmaRegions, ManyMoreOpsThanRegionsEachLetGoOfItsLocalRegistration) {
       if (std::memcmp(region.data(), src.data(), kLen) != 0) return 14;
     }
     // The last ones go with their messages, once the peer's RDS ack retires them.
-    for (int i = 0; i < 500 && counter(a, "rdma_local_dereg_unlocked") < before + kOps; ++i)
+    for (int i = 0; i < 500 && counter(a, "rdma_dereg_unlocked") < before + kOps; ++i)
       usleep(10000);
-    if (counter(a, "rdma_local_dereg_unlocked") < before + kOps) return 15;
+    if (counter(a, "rdma_dereg_unlocked") < before + kOps) return 15;
     return 0;
   });
   EXPECT_EQ(rc, 0) << "10: set-up; 11: a send failed (its registration?); 12: an op did not "
@@ -523,12 +523,16 @@ TEST(RdsRdmaCookie, RegionsByVirtualAddressAreFoundThroughTheBaseLookup) {
                       "count, >= 100: killed";
 }
 
+// The region is deregistered with the stack lock let go, but before RDS_FREE_MR returns
+// (dereg_after_unlock): by then the peer's key is dead.
 TEST(RdsRdmaCookie, FreeMrInvalidatesTheCookie) {
   Pair p(30);
   std::vector<char> region(4096);
   const uint64_t cookie = get_mr(p.client, region.data(), region.size());
   rds_free_mr_args f{cookie, 0};
+  const uint64_t unlocked = counter(p.client, "rdma_dereg_unlocked");
   ASSERT_EQ(svrds_setsockopt(p.client, SOL_RDS, RDS_FREE_MR, &f, sizeof f), 0);
+  EXPECT_GE(counter(p.client, "rdma_dereg_unlocked"), unlocked + 1) << "off the stack lock";
   EXPECT_EQ(svrds_setsockopt(p.client, SOL_RDS, RDS_FREE_MR, &f, sizeof f), -1);
   EXPECT_EQ(errno, EINVAL) << "already freed";
   std::vector<char> src(16, 'q');
@@ -538,6 +542,60 @@ TEST(RdsRdmaCookie, FreeMrInvalidatesTheCookie) {
   ASSERT_TRUE(get_notify(p.server, note));
   EXPECT_EQ(note.status, RDS_RDMA_REMOTE_ERROR);
   EXPECT_EQ(region[0], 0) << "nothing written through a freed cookie";
+}
+
+// A region registered RDS_RDMA_USE_ONCE dies with the first message that chased an RDMA into
+// it (net/rds's rds_rdma_unuse, called as the message arrives): the data is there when the
+// message is, the cookie is no longer the socket's, and a second op through it fails.
+TEST(RdsRdmaCookie, AUseOnceRegionDiesWithTheFirstMessageThatUsedIt) {
+  Pair p(42);
+  std::vector<char> region(64, 0), src(64, 'u');
+  const uint64_t cookie = get_mr(p.client, region.data(), region.size(), RDS_RDMA_USE_ONCE);
+  ASSERT_NE(cookie, 0u);
+  std::vector<rds_iovec> local{{reinterpret_cast<uint64_t>(src.data()), src.size()}};
+  ASSERT_EQ(send_rdma(p.server, p.cport, cookie, true, local, 0, src.size(), 1, "once"), 4);
+  std::vector<char> buf(64);
+  ASSERT_EQ(recv_one(p.client, buf), 4);
+  EXPECT_EQ(region[0], 'u');
+  EXPECT_EQ(region[63], 'u');
+  rds_rdma_notify note{};
+  ASSERT_TRUE(get_notify(p.server, note));
+  EXPECT_EQ(note.status, RDS_RDMA_SUCCESS);
+  rds_free_mr_args f{cookie, 0};
+  EXPECT_EQ(svrds_setsockopt(p.client, SOL_RDS, RDS_FREE_MR, &f, sizeof f), -1);
+  EXPECT_EQ(errno, EINVAL) << "used once, the cookie is gone";
+  std::fill(src.begin(), src.end(), 'v');
+  ASSERT_EQ(send_rdma(p.server, p.cport, cookie, true, local, 0, src.size(), 2, "twice"), 5);
+  ASSERT_TRUE(get_notify(p.server, note));
+  EXPECT_EQ(note.user_token, 2u);
+  EXPECT_EQ(note.status, RDS_RDMA_REMOTE_ERROR);
+  EXPECT_EQ(region[0], 'u') << "nothing written through a spent cookie";
+}
+
+// Closing a socket lets go of every region it holds, off the stack lock up to the deferred
+// list's 64 and at once beyond: all of them, and the cookies are dead for the peer.
+TEST(RdsRdmaCookie, CloseLetsGoOfEveryRegion) {
+  Pair p(44);
+  const int holder = bound_socket(port(46));
+  constexpr int kRegions = 100;
+  std::vector<std::vector<char>> regions(kRegions, std::vector<char>(4096, 0));
+  std::vector<uint64_t> cookies;
+  for (auto& r : regions) cookies.push_back(get_mr(holder, r.data(), r.size()));
+  const uint64_t freed = counter(p.client, "rdma_mr_free");
+  const uint64_t unlocked = counter(p.client, "rdma_dereg_unlocked");
+  ASSERT_EQ(svrds_close(holder), 0);
+  EXPECT_EQ(counter(p.client, "rdma_mr_free"), freed + kRegions);
+  EXPECT_GE(counter(p.client, "rdma_dereg_unlocked"), unlocked + 64);
+  // A socket bound again to the port gets none of them.
+  const int again = bound_socket(port(46));
+  std::vector<char> src(16, 'c');
+  std::vector<rds_iovec> local{{reinterpret_cast<uint64_t>(src.data()), src.size()}};
+  ASSERT_EQ(send_rdma(p.server, port(46), cookies[kRegions - 1], true, local, 0, 16, 9, "x"), 1);
+  rds_rdma_notify note{};
+  ASSERT_TRUE(get_notify(p.server, note));
+  EXPECT_EQ(note.status, RDS_RDMA_REMOTE_ERROR);
+  EXPECT_EQ(regions[kRegions - 1][0], 0);
+  svrds_close(again);
 }
 
 // A notification meets a recvmsg whose control buffer cannot hold it (a plain recv() has
