@@ -24,6 +24,7 @@
 
 #include "softverbs/verbs_ext.h"
 
+#include "../unit/thread_state.h"
 #include "harness.h"
 
 namespace mp {
@@ -519,8 +520,12 @@ TEST_F(XProc, BusyPollAThreadInGetCqEventReceivesItself) {
   ASSERT_EQ(local->post_recv(1, {sge(0, 4096)}), 0);
   ASSERT_EQ(local->post_recv(2, {sge(0, 4096)}), 0);
   std::atomic<int> got{0};
-  std::thread waiter([&] { got = channel_event(local->channel, local->rcq); });
-  std::this_thread::sleep_for(Ms(50));  // asleep in ibv_get_cq_event
+  std::atomic<pid_t> waiter_tid{0};
+  std::thread waiter([&] {
+    waiter_tid = svtest::this_tid();
+    got = channel_event(local->channel, local->rcq);
+  });
+  svtest::thread_asleep(waiter_tid);  // asleep in ibv_get_cq_event
   ASSERT_EQ(remote->post_send(make_send(1, {sge(0, 64)})), 0);
   const auto until = Clock::now() + kWait;
   while (!got.load() && Clock::now() < until) std::this_thread::sleep_for(Ms(1));
@@ -667,15 +672,17 @@ TEST_F(XProc, BusyPollGetCqEventLetsGoOfADestroyedCqAndOfACancelledSleep) {
   ASSERT_EQ(sigaction(SIGUSR2, &sa, nullptr), 0);
   ASSERT_EQ(ibv_req_notify_cq(local->rcq, 0), 0);
   std::atomic<int> intr_errno{0};
+  std::atomic<pid_t> intr_tid{0};
   got = 0;
   std::thread intr_waiter([&] {
+    intr_tid = svtest::this_tid();
     ibv_cq* cq = nullptr;
     void* ctx = nullptr;
     const int r = ibv_get_cq_event(local->channel, &cq, &ctx);
     intr_errno = errno;
     got = r == 0 ? 1 : -1;
   });
-  std::this_thread::sleep_for(Ms(50));
+  svtest::thread_asleep(intr_tid);  // in the wait: a signal before it would find no sleep
   ASSERT_EQ(pthread_kill(intr_waiter.native_handle(), SIGUSR2), 0);
   const auto until = Clock::now() + kWait;
   while (!got.load() && Clock::now() < until) std::this_thread::sleep_for(Ms(1));

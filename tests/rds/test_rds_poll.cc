@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "../unit/thread_state.h"
 #include "rds_test_util.h"
 
 using namespace rdstest;
@@ -43,10 +44,13 @@ TEST(RdsPoll, ABlockedPollerTakesInItsOwnMessage) {
     if (!connected_pair(52, 53, &a, &b)) return 10;
     std::vector<char> buf(64);
     if (on != (svrds_block_prepare() >= 0)) return 11;
+    const pid_t poller = svtest::this_tid();
     for (uint32_t i = 0; i < 20; ++i) {
       const uint64_t before = counter(a, "busy_poll_completions");
       std::thread sender([&] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the poller is asleep
+        // The poller is asleep (on a loaded machine 20 ms may pass before it gets there).
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        svtest::thread_asleep(poller);
         if (send_to(a, port(53), &i, 4) != 4) _exit(12);
       });
       pollfd p{b, POLLIN, 0};

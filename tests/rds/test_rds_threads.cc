@@ -18,6 +18,7 @@
 #include <set>
 #include <thread>
 
+#include "../unit/thread_state.h"
 #include "rds_test_util.h"
 
 using namespace rdstest;
@@ -157,23 +158,6 @@ TEST(RdsThreads, CloseWakesEveryReceiverAsleepOnTheSocket) {
 // itself: the message's completions are counted as taken on a caller's thread
 // (busy_poll_completions), not by the device's progress thread. With SOFTVERBS_RDS_WAIT_RX=0
 // it sleeps on the socket's condition variable and takes nothing in.
-// Waits until thread `tid` of this process sleeps (state S in /proc), at most `limit`.
-static void thread_asleep(pid_t tid, std::chrono::milliseconds limit) {
-  const std::string path = "/proc/self/task/" + std::to_string(tid) + "/stat";
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    std::FILE* f = std::fopen(path.c_str(), "r");
-    if (!f) return;
-    char line[512] = {};
-    const bool got = std::fgets(line, sizeof line, f) != nullptr;
-    std::fclose(f);
-    // "tid (comm) S ...": the state follows the last ')'.
-    const char* close = got ? std::strrchr(line, ')') : nullptr;
-    if (close && close[1] == ' ' && close[2] == 'S') return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-}
-
 TEST(RdsThreads, ABlockedReceiverTakesInItsOwnMessage) {
   const char* e = std::getenv("SOFTVERBS_RDS_WAIT_RX");
   const bool on = !(e && std::strcmp(e, "0") == 0);
@@ -185,13 +169,13 @@ TEST(RdsThreads, ABlockedReceiverTakesInItsOwnMessage) {
     // The connection up, its first message taken.
     if (send_to(a, port(5), &v, 4) != 4 || recv_one(b, buf) != 4) return 11;
     int taken_here = 0;
-    const pid_t receiver = static_cast<pid_t>(syscall(SYS_gettid));
+    const pid_t receiver = svtest::this_tid();
     for (uint32_t i = 0; i < 20; ++i) {
       const uint64_t before = counter(a, "busy_poll_completions");
       std::thread sender([&] {
         // The receiver is asleep: on a loaded machine 20 ms may pass before it gets there.
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        thread_asleep(receiver, std::chrono::seconds(2));
+        svtest::thread_asleep(receiver);
         if (send_to(a, port(5), &i, 4) != 4) _exit(12);
       });
       const ssize_t n = svrds_recvfrom(b, buf.data(), buf.size(), 0, nullptr, nullptr);
