@@ -1,11 +1,13 @@
 // Invalid arguments and resource limits: the errno values rdma-core documents (create_*
 // return NULL with errno; modify/destroy/post return the errno; post_* set *bad_wr).
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "harness.h"
@@ -309,6 +311,28 @@ TEST_F(LocalVerbs, AGarbledMwHandleIsEnoentAndTheMwSurvives) {
   ibv_mw* w = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
   ASSERT_NE(w, nullptr) << strerror(errno);
   expect_destroy_needs_its_handle(w, [](ibv_mw* m) { return ibv_dealloc_mw(m); });
+}
+
+// A thread remembers the checks that passed (handles.cc: RDS's busy poller checks its CQ ~19
+// times per message), but only while the object stands, its handle unchanged, in this
+// process: a garbled handle, a destroy by another thread and a fork each end the memory.
+TEST_F(LocalVerbs, APassedCheckHoldsOnlyWhileTheObjectAndItsHandleStand) {
+  ibv_cq* c = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(ibv_resize_cq(c, 32), 0);
+  const uint32_t h = c->handle;
+  c->handle = kBogusHandle;
+  EXPECT_EQ(ibv_resize_cq(c, 64), ENOENT) << "a pass outlived its handle";
+  c->handle = h;
+  EXPECT_EQ(ibv_resize_cq(c, 64), 0);
+  const pid_t child = fork();
+  if (child == 0) _exit(ibv_resize_cq(c, 32) == ENOENT ? 0 : 1);  // the parent's, not its own
+  int status = -1;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a pass survived a fork";
+  // Destroyed on another thread: never looked at again here (ASan: no read of the freed CQ).
+  std::thread([&] { EXPECT_EQ(ibv_destroy_cq(c), 0); }).join();
+  EXPECT_EQ(ibv_resize_cq(c, 32), ENOENT) << "a pass outlived its object";
 }
 
 TEST_F(LocalVerbs, AGarbledCqHandleIsEnoentAndTheCqSurvives) {
