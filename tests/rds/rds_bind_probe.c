@@ -13,6 +13,7 @@
 #include <linux/rds.h>
 #include <poll.h>
 #include <softverbs/rds.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,23 @@ static int bind_to(const char* ip, const char* port, struct sockaddr_in* a) {
     return -1;
   }
   return fd;
+}
+
+/* Whether the stack still holds a message from ip:port (queued or not yet acked):
+ * RDS_INFO_SEND_MESSAGES and RDS_INFO_RETRANS_MESSAGES, as rds-info -s and -t list them. */
+static int holds_from(int fd, uint32_t ip, unsigned short port) {
+  for (int opt = RDS_INFO_SEND_MESSAGES; opt <= RDS_INFO_RETRANS_MESSAGES; ++opt) {
+    char buf[64 * 1024];
+    socklen_t len = sizeof buf;
+    const int each = svrds_getsockopt(fd, SOL_RDS, opt, buf, &len);
+    if (each <= 0) continue; /* none, or more than fits: looked at again next time */
+    for (size_t off = 0; off + sizeof(struct rds_info_message) <= len; off += (size_t)each) {
+      struct rds_info_message m;
+      memcpy(&m, buf + off, sizeof m);
+      if (m.laddr == ip && m.lport == port) return 1;
+    }
+  }
+  return 0;
 }
 
 int main(int argc, char** argv) {
@@ -63,7 +81,11 @@ int main(int argc, char** argv) {
     }
     printf("sent\n");
     fflush(stdout);
-    usleep(200 * 1000); /* the message leaves while the socket lives */
+    /* Closing cancels what the socket has not handed to the transport yet (rds(7), net/rds's
+     * rds_send_drop_to): under load a fixed pause was not always enough, so the socket lives
+     * until the peer has acked the message (at most 10 s). */
+    const unsigned short me = htons((unsigned short)atoi(argv[3]));
+    for (int i = 0; i < 1000 && holds_from(fd, a.sin_addr.s_addr, me); ++i) usleep(10 * 1000);
     svrds_close(fd);
     return 0;
   }
