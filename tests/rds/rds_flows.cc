@@ -65,6 +65,27 @@ struct FlowState {
 
 }  // namespace
 
+// Whether the stack still holds a message from one of our sockets (laddr, ports [port,
+// port + nsock)), queued or not yet acked: RDS_INFO_SEND_MESSAGES and
+// RDS_INFO_RETRANS_MESSAGES, as rds-info -s and -t list them.
+bool holds_own(int fd, in_addr_t laddr, int port, int nsock) {
+  for (int opt : {RDS_INFO_SEND_MESSAGES, RDS_INFO_RETRANS_MESSAGES}) {
+    socklen_t len = 0;
+    char probe[1];
+    svrds_getsockopt(fd, SOL_RDS, opt, probe, &len);
+    if (len == 0) continue;
+    std::vector<char> b(len);
+    const int each = svrds_getsockopt(fd, SOL_RDS, opt, b.data(), &len);
+    for (size_t off = 0; each > 0 && off + sizeof(rds_info_message) <= len; off += each) {
+      rds_info_message m;
+      std::memcpy(&m, b.data() + off, sizeof m);
+      const int lport = ntohs(m.lport);
+      if (m.laddr == laddr && lport >= port && lport < port + nsock) return true;
+    }
+  }
+  return false;
+}
+
 int main(int argc, char** argv) {
   std::string local, peer;
   int port = 6000, nsock = 4, timeout_s = 120, spread_s = 0;
@@ -104,6 +125,8 @@ int main(int argc, char** argv) {
         return 2;
     }
   }
+  in_addr_t local_addr = 0;
+  inet_pton(AF_INET, local.c_str(), &local_addr);
   std::vector<int> fds;
   for (int k = 0; k < nsock; ++k) {
     int fd = svrds_socket(AF_RDS, SOCK_SEQPACKET | SOCK_NONBLOCK, 0);
@@ -250,8 +273,15 @@ int main(int argc, char** argv) {
         done_at_set = true;
         done_at = std::chrono::steady_clock::now();
       }
-      // Linger: anything more now is a duplicate.
-      if (std::chrono::steady_clock::now() - done_at > std::chrono::seconds(2)) break;
+      // Linger: anything more now is a duplicate. Then close once the peers have acked all
+      // we sent: closing cancels what a socket has not handed to the transport, or not seen
+      // acked, which after a reset would never be sent again (rds(7), net/rds's
+      // rds_send_drop_to), and the peer would wait for it until its timeout. At most 10 s
+      // more: a peer that exited after taking our last message may owe us its ack for good.
+      const auto lingered = std::chrono::steady_clock::now() - done_at;
+      if (lingered > std::chrono::seconds(2) &&
+          (lingered > std::chrono::seconds(12) || !holds_own(fds[0], local_addr, port, nsock)))
+        break;
     }
   }
   // What the stack went through (RDS_INFO_COUNTERS): resets survived, duplicates dropped.
