@@ -1,15 +1,18 @@
 // Micro-benchmarks of the per-byte and per-segment work on the data path (Google Benchmark):
 // the MPA CRC, DDP/RDMAP header framing and parsing, the RDS header, and the STag lookup that
-// every placement does. Throughput figures (bytes/s, items/s) come with the hardware CRC beside
-// the portable one, so each run carries its own anchor. Not a test: nothing here fails.
+// every placement does, and an SRQ post among many QPs. Throughput figures (bytes/s, items/s) come
+// with the hardware CRC beside the portable one, so each run carries its own anchor. Not a test:
+// nothing here fails.
 //   build/bin/sv_micro_bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
 #include <array>
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "engine/mr.h"
+#include "engine/qp.h"
 #include "wire/crc32c.h"
 #include "wire/ddp_rdmap.h"
 #include "wire/rds_hdr.h"
@@ -109,6 +112,39 @@ void BM_MrLookup(benchmark::State& st) {
   st.SetItemsProcessed(static_cast<int64_t>(st.iterations()));
 }
 BENCHMARK(BM_MrLookup)->Arg(1)->Arg(1024)->Arg(16384);
+
+// A receive posted to an SRQ shared by `range` QPs, as RDS reposts one buffer per message to
+// the SRQ all its connections share. Arg 1 (the anchor, what every post cost before): the SRQ
+// marked as if a QP had stalled, so the post visits every QP to restart the stalled ones;
+// arg 0: no QP stalled since the last post, the steady state, no visit (srq_mark_stalled).
+void BM_SrqPost(benchmark::State& st) {
+  using namespace sv::engine;
+  const auto n = static_cast<size_t>(st.range(0));
+  const bool visit = st.range(1) != 0;
+  Srq srq;
+  srq.max_wr = 64;
+  srq.max_sge = 1;
+  srq.ring.resize(srq.max_wr);
+  srq.sge.resize(srq.max_wr);
+  for (uint32_t i = 0; i < srq.max_wr; ++i) srq.ring[i].sge = &srq.sge[i];
+  std::vector<std::unique_ptr<Qp>> qps;
+  for (size_t i = 0; i < n; ++i) {
+    qps.push_back(std::make_unique<Qp>());
+    srq.qps.push_back(qps.back().get());
+  }
+  ibv_sge sge{0x1000, 4096, 1};
+  ibv_recv_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  for (auto _ : st) {
+    if (visit) srq.maybe_stalled.store(true, std::memory_order_relaxed);
+    ibv_recv_wr* bad = nullptr;
+    benchmark::DoNotOptimize(srq_post_recv(&srq, &wr, &bad));
+    srq.count = 0;  // taken at once, as the connections' receives take them
+  }
+  st.SetItemsProcessed(static_cast<int64_t>(st.iterations()));
+}
+BENCHMARK(BM_SrqPost)->ArgsProduct({{1, 1024, 8192}, {0, 1}});
 
 }  // namespace
 

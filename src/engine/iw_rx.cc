@@ -228,7 +228,12 @@ bool rx_run_locked(Qp* qp) {
       if (qp->state.load() == IBV_QPS_ERR) return false;
       if (c.phase != RxPhase::header || c.ulpdu_len == 0) break;
       RxAction a = rx_on_header(qp);
-      if (a == RxAction::stall) break;
+      if (a == RxAction::stall) {
+        // Still none: the post that restarted us may have cleared the SRQ's mark, and the
+        // next must see it again (srq_mark_stalled).
+        if (srq_mark_stalled(qp)) continue;
+        break;
+      }
       qp->rx_stalled = false;
       set_acks_unseen(qp, false);
       if (a == RxAction::dead) return false;
@@ -348,8 +353,10 @@ bool rx_run_locked(Qp* qp) {
           stats::add(qp->stats, stats::Ctr::rnr_waits);
           // A receive posted between take_recv's look and rx_stalled's store saw no stalled
           // QP to restart (restart_rx): look once more now that the store is visible. An
-          // SRQ shared by many connections runs empty and refills all the time.
-          if (recv_posted(qp)) continue;  // the stalled branch above retries the header
+          // SRQ shared by many connections runs empty and refills all the time; its posts
+          // visit its QPs only once one marked it (srq_mark_stalled).
+          if (qp->srq ? srq_mark_stalled(qp) : recv_posted(qp))
+            continue;  // the stalled branch above retries the header
           break;
         }
         c.data_left = c.seg.payload_len;

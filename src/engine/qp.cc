@@ -1036,7 +1036,13 @@ int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   // Only the QPs waiting for a receive are restarted, outside the lock (RX may complete a
   // receive whose handler posts to this SRQ again), each held by a reference taken under it
   // (a QP destroyed meanwhile is left alone). An SRQ shared by a thousand connections is
-  // posted to once a message: no copy of its QP list each time.
+  // posted to once a message: no copy of its QP list each time, and no visit at all unless a
+  // QP stalled since the last look. Dekker with srq_mark_stalled: our receives (under mu),
+  // then a full fence and its mark; its mark, then its look at the receives (under mu).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!srq->maybe_stalled.load(std::memory_order_relaxed) ||
+      !srq->maybe_stalled.exchange(false, std::memory_order_seq_cst))
+    return err;
   std::vector<QpRef> stalled;
   {
     std::lock_guard lk(srq->qps_mu);
@@ -1046,6 +1052,13 @@ int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   for (const QpRef& ref : stalled)
     if (ref.live()) restart_rx(ref.get());
   return err;
+}
+
+bool srq_mark_stalled(Qp* qp) {
+  if (!qp->srq) return false;
+  qp->srq->maybe_stalled.store(true, std::memory_order_seq_cst);
+  std::lock_guard lk(qp->srq->mu);
+  return qp->srq->count != 0;
 }
 
 bool srq_requeue(Srq* srq, const RecvWqe& w) {

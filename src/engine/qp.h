@@ -455,7 +455,16 @@ struct Srq {
   std::mutex qps_mu;
   std::vector<Qp*> qps;          // to restart QPs stalled waiting for a buffer
   uint32_t events_reported = 0;  // async events posted for it (srq.mutex)
+  // A QP stalled waiting for one of its receives since a post last looked (srq_mark_stalled):
+  // only then does a post visit qps. RDS shares one SRQ among all its connections and posts
+  // to it once a message: a visit of every QP each time was O(connections) per message.
+  std::atomic<bool> maybe_stalled{false};
 };
+
+// RX of qp found no receive in its SRQ and stalled: marks the SRQ so that its next post
+// restarts qp, then says whether a receive was posted before the mark (then qp retries now:
+// that post did not see the mark). False for a QP without an SRQ.
+bool srq_mark_stalled(Qp* qp);
 
 // ---- qp.cc: creation, state machine, posting -------------------------------------------
 Qp* qp_create(Context* ctx, Pd* pd, const ibv_qp_init_attr* init, int* err);

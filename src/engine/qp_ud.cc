@@ -289,6 +289,8 @@ bool recv_ready(Qp* qp) {
     std::lock_guard lk(qp->srq->mu);
     if (qp->srq->count) return true;
     qp->rx_stalled = true;
+    // Its next post restarts us (srq_post_recv looks for the mark after its own mu).
+    qp->srq->maybe_stalled.store(true, std::memory_order_seq_cst);
     return false;
   }
   std::lock_guard lk(qp->rq_mu);
