@@ -1037,9 +1037,9 @@ int srq_post_recv(Srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   // receive whose handler posts to this SRQ again), each held by a reference taken under it
   // (a QP destroyed meanwhile is left alone). An SRQ shared by a thousand connections is
   // posted to once a message: no copy of its QP list each time, and no visit at all unless a
-  // QP stalled since the last look. Dekker with srq_mark_stalled: our receives (under mu),
-  // then a full fence and its mark; its mark, then its look at the receives (under mu).
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // QP stalled since the last look. A stalling QP marks the SRQ, then looks at the receives
+  // under mu (srq_mark_stalled); we add ours under mu, then look at the mark. mu orders the
+  // two looks: if its came first, its mark happened before our look; if ours, it sees them.
   if (!srq->maybe_stalled.load(std::memory_order_relaxed) ||
       !srq->maybe_stalled.exchange(false, std::memory_order_seq_cst))
     return err;
