@@ -28,10 +28,13 @@ struct Table {
 // A forked child starts with none: its parent's objects are not its own (fork_local.h).
 ForkLocal<Table> g_table;
 
-// Objects forgotten so far (handle_take, handle_remove): bumped under Table::mu. A check that
-// passed while it had some value still passes while it has it, as long as the object's handle
-// field is unchanged, since nothing else about a live entry ever changes.
-std::atomic<uint64_t> g_removals{0};
+// Objects of each kind forgotten so far (handle_take, handle_remove): bumped under Table::mu.
+// A check of kind k that passed while k's count had some value still passes while it has it,
+// as long as the object's handle field is unchanged: nothing else about a live entry ever
+// changes, and only the removal of an entry of kind k can end one (an MR's address reused
+// by a new CQ was an MR's, not a CQ's). Per kind: RDS deregisters a region per RDMA op.
+constexpr size_t kKinds = static_cast<size_t>(HKind::channel) + 1;
+std::atomic<uint64_t> g_removals[kKinds];
 
 // The checks that passed last on this thread. RDS's busy poller makes its softverbs_cq_busy_poll
 // and softverbs_cq_quiet calls ~19 times per message on one CQ, and each full check took the
@@ -51,7 +54,7 @@ thread_local int tl_next_passed = 0;
 uint32_t* handle_field(HKind k, void* h);
 
 bool passed_before(HKind k, const void* h, const ibv_context* ctx) {
-  const uint64_t removals = g_removals.load(std::memory_order_acquire);
+  const uint64_t removals = g_removals[static_cast<size_t>(k)].load(std::memory_order_acquire);
   const unsigned forks = fork_detail::g_generation.load(std::memory_order_relaxed);
   for (const Passed& p : tl_passed) {
     if (p.h != h || p.kind != k || p.ctx != ctx || p.removals != removals || p.forks != forks)
@@ -124,7 +127,7 @@ int handle_check(HKind k, const void* h, const ibv_context* ctx) {
     const uint32_t* f = handle_field(k, const_cast<void*>(h));
     tl_passed[tl_next_passed] = {h,
                                  ctx,
-                                 g_removals.load(std::memory_order_relaxed),
+                                 g_removals[static_cast<size_t>(k)].load(std::memory_order_relaxed),
                                  fork_detail::g_generation.load(std::memory_order_relaxed),
                                  f ? *f : 0u,
                                  k};
@@ -140,7 +143,7 @@ int handle_take(HKind k, const void* h) {
   auto it = t.live.find(h);
   if (handle_field(k, const_cast<void*>(h))) t.by_handle.erase({it->second.ctx, it->second.handle});
   t.live.erase(it);
-  g_removals.fetch_add(1, std::memory_order_release);
+  g_removals[static_cast<size_t>(k)].fetch_add(1, std::memory_order_release);
   return 0;
 }
 
@@ -152,7 +155,7 @@ bool handle_remove(HKind k, const void* h) {
   if (handle_field(k, const_cast<void*>(h))) t.by_handle.erase({it->second.ctx, it->second.handle});
   if (k == HKind::context) t.next.erase(static_cast<const ibv_context*>(h));
   t.live.erase(it);
-  g_removals.fetch_add(1, std::memory_order_release);
+  g_removals[static_cast<size_t>(k)].fetch_add(1, std::memory_order_release);
   return true;
 }
 

@@ -6,7 +6,9 @@
 // names an object of another type EINVAL, and the object is left as it was, so a caller that
 // restores the handle can then destroy it normally. Here each object also has an address:
 // a verb first finds the address among the live objects (a garbled or destroyed object is
-// never dereferenced), then checks that its handle field still names it.
+// never dereferenced), then checks that its handle field still names it. A thread remembers
+// its last passes while no object of that kind was destroyed since (handles.cc); a destroy
+// racing a verb on the same object in another thread is the caller's race, as in the kernel.
 //
 // Handles are numbered per context from 0, one counter for every type, as uverbs' xarray.
 // Where the kernel would act on another live object that a rewritten handle happens to name,
