@@ -682,7 +682,10 @@ TEST_F(XProc, BusyPollGetCqEventLetsGoOfADestroyedCqAndOfACancelledSleep) {
     intr_errno = errno;
     got = r == 0 ? 1 : -1;
   });
-  svtest::thread_asleep(intr_tid);  // in the wait: a signal before it would find no sleep
+  // In the wait's poll itself: a signal before it, or during a brief sleep on a lock on the
+  // way, would find no wait to interrupt.
+  while (intr_tid.load() == 0) std::this_thread::sleep_for(Ms(1));
+  svtest::thread_asleep_in(intr_tid.load(), {SYS_poll, SYS_ppoll});
   ASSERT_EQ(pthread_kill(intr_waiter.native_handle(), SIGUSR2), 0);
   const auto until = Clock::now() + kWait;
   while (!got.load() && Clock::now() < until) std::this_thread::sleep_for(Ms(1));

@@ -67,7 +67,8 @@ struct FlowState {
 
 // Whether the stack still holds a message from one of our sockets (laddr, ports [port,
 // port + nsock)), queued or not yet acked: RDS_INFO_SEND_MESSAGES and
-// RDS_INFO_RETRANS_MESSAGES, as rds-info -s and -t list them.
+// RDS_INFO_RETRANS_MESSAGES, as rds-info -s and -t list them. A list that cannot be read
+// counts as holding one.
 bool holds_own(int fd, in_addr_t laddr, int port, int nsock) {
   for (int opt : {RDS_INFO_SEND_MESSAGES, RDS_INFO_RETRANS_MESSAGES}) {
     socklen_t len = 0;
@@ -76,7 +77,8 @@ bool holds_own(int fd, in_addr_t laddr, int port, int nsock) {
     if (len == 0) continue;
     std::vector<char> b(len);
     const int each = svrds_getsockopt(fd, SOL_RDS, opt, b.data(), &len);
-    for (size_t off = 0; each > 0 && off + sizeof(rds_info_message) <= len; off += each) {
+    if (each <= 0) return true;  // it grew meanwhile (or failed): look again
+    for (size_t off = 0; off + sizeof(rds_info_message) <= len; off += each) {
       rds_info_message m;
       std::memcpy(&m, b.data() + off, sizeof m);
       const int lport = ntohs(m.lport);
@@ -175,6 +177,7 @@ int main(int argc, char** argv) {
   int cur_src = -1, cur_dst = 0;
   uint32_t cur_len = 0;
   bool done_at_set = false;
+  int empty_looks = 0;
   std::chrono::steady_clock::time_point done_at;
   for (;;) {
     if (elapsed() > timeout_s) {
@@ -278,10 +281,13 @@ int main(int argc, char** argv) {
       // acked, which after a reset would never be sent again (rds(7), net/rds's
       // rds_send_drop_to), and the peer would wait for it until its timeout. At most 10 s
       // more: a peer that exited after taking our last message may owe us its ack for good.
+      // Three empty looks in a row (50 ms apart, the poll above): the two lists are read one
+      // after the other, and a reset moves a message from the second back to the first.
       const auto lingered = std::chrono::steady_clock::now() - done_at;
-      if (lingered > std::chrono::seconds(2) &&
-          (lingered > std::chrono::seconds(12) || !holds_own(fds[0], local_addr, port, nsock)))
-        break;
+      if (lingered > std::chrono::seconds(2)) {
+        empty_looks = holds_own(fds[0], local_addr, port, nsock) ? 0 : empty_looks + 1;
+        if (empty_looks >= 3 || lingered > std::chrono::seconds(12)) break;
+      }
     }
   }
   // What the stack went through (RDS_INFO_COUNTERS): resets survived, duplicates dropped.

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <thread>
 
@@ -33,6 +34,26 @@ inline void thread_asleep(pid_t tid, std::chrono::milliseconds limit = std::chro
     // "tid (comm) S ...": the state follows the last ')'.
     const char* close = got ? std::strrchr(line, ')') : nullptr;
     if (close && close[1] == ' ' && close[2] == 'S') return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// Waits until thread `tid` sleeps inside one of the system calls `nrs` (/proc/self/task/TID/
+// syscall: the number first, while it is in one), at most `limit`: not a brief sleep on a
+// mutex on its way there, which a signal meant for the call would find instead.
+inline void thread_asleep_in(pid_t tid, std::initializer_list<long> nrs,
+                             std::chrono::milliseconds limit = std::chrono::seconds(2)) {
+  const std::string path = "/proc/self/task/" + std::to_string(tid) + "/syscall";
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    thread_asleep(tid, limit);
+    std::FILE* f = std::fopen(path.c_str(), "r");
+    if (!f) return;
+    long nr = -1;
+    const bool got = std::fscanf(f, "%ld", &nr) == 1;
+    std::fclose(f);
+    for (long want : nrs)
+      if (got && nr == want) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
