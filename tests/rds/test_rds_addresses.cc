@@ -25,10 +25,14 @@ ssize_t send_at(int fd, const char* ip, uint16_t p, const std::string& text) {
 }
 
 // One datagram on fd: its text and source "ip:port" (empty on timeout).
+// Waits up to 20 s: a first message to another process waits for its connection, and a
+// connect that must be retried waits a randomised backoff of up to 1 s per attempt (net/rds's
+// rds_queue_reconnect). Under TSan on a loaded 2-core machine a first ping once went unanswered
+// for recv_one's 5 s (a rehearsal of CI; not reproduced in 37 runs since, under load or not).
 std::pair<std::string, std::string> receive(int fd) {
   std::vector<char> buf(256);
   sockaddr_in from{};
-  const ssize_t n = recv_one(fd, buf, &from);
+  const ssize_t n = recv_one(fd, buf, &from, 0, 20000);
   if (n < 0) return {};
   char ip[INET_ADDRSTRLEN];
   inet_ntop(AF_INET, &from.sin_addr, ip, sizeof ip);
