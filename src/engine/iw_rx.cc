@@ -172,26 +172,26 @@ bool rx_fault(Qp* qp, size_t pad) {
 
 // One accepted DDP segment; a message is counted at its last segment.
 void count_rx_segment(stats::Slot* s, const wire::DdpSegment& seg) {
-  stats::add(s, stats::Ctr::rcvd_pkts);
+  stats::add_serial(s, stats::Ctr::rcvd_pkts);
   if (!seg.last) return;
   switch (seg.opcode) {
     case wire::RdmapOpcode::send:
     case wire::RdmapOpcode::send_inv:
     case wire::RdmapOpcode::send_se:
     case wire::RdmapOpcode::send_se_inv:
-      stats::add(s, stats::Ctr::rcvd_sends);
+      stats::add_serial(s, stats::Ctr::rcvd_sends);
       break;
     case wire::RdmapOpcode::rdma_write:
-      stats::add(s, stats::Ctr::rcvd_writes);
+      stats::add_serial(s, stats::Ctr::rcvd_writes);
       break;
     case wire::RdmapOpcode::read_request:
-      stats::add(s, stats::Ctr::rcvd_read_reqs);
+      stats::add_serial(s, stats::Ctr::rcvd_read_reqs);
       break;
     case wire::RdmapOpcode::atomic_request:
-      stats::add(s, stats::Ctr::rcvd_atomics);
+      stats::add_serial(s, stats::Ctr::rcvd_atomics);
       break;
     case wire::RdmapOpcode::terminate:
-      stats::add(s, stats::Ctr::rcvd_terminates);
+      stats::add_serial(s, stats::Ctr::rcvd_terminates);
       break;
     default:
       break;
@@ -263,7 +263,7 @@ bool rx_run_locked(Qp* qp) {
           size_t asked = 0;
           for (int i = 0; i <= k; ++i) asked += iov[i].iov_len;
           drained = static_cast<size_t>(n) < asked;
-          stats::add(qp->stats, stats::Ctr::rcvd_bytes, static_cast<uint64_t>(n));
+          stats::add_serial(qp->stats, stats::Ctr::rcvd_bytes, static_cast<uint64_t>(n));
           c.rx_active = true;
           ++c.rx_reads;
           const uint32_t direct = static_cast<uint32_t>(std::min<size_t>(n, c.data_left));
@@ -288,7 +288,7 @@ bool rx_run_locked(Qp* qp) {
         }
         if (n > 0) {
           drained = static_cast<size_t>(n) < asked;
-          stats::add(qp->stats, stats::Ctr::rcvd_bytes, static_cast<uint64_t>(n));
+          stats::add_serial(qp->stats, stats::Ctr::rcvd_bytes, static_cast<uint64_t>(n));
           c.rx_active = true;
           ++c.rx_reads;
           c.rx_end = static_cast<size_t>(n);
@@ -350,7 +350,7 @@ bool rx_run_locked(Qp* qp) {
         if (a == RxAction::stall) {
           qp->rx_stalled = true;
           set_acks_unseen(qp, true);
-          stats::add(qp->stats, stats::Ctr::rnr_waits);
+          stats::add_serial(qp->stats, stats::Ctr::rnr_waits);
           // A receive posted between take_recv's look and rx_stalled's store saw no stalled
           // QP to restart (restart_rx): look once more now that the store is visible. An
           // SRQ shared by many connections runs empty and refills all the time; its posts

@@ -250,7 +250,8 @@ bool frame_irq(Qp* qp, Framer& f) {
       wire::encode_tagged_ref(h, RdmapOpcode::read_response, last, e.sink_stag, e.sink_to + e.sent,
                               reinterpret_cast<uintptr_t>(e.src + e.sent), chunk);
       if (!f.end()) return false;
-      stats::add(qp->stats, stats::Ctr::sent_bytes, chunk);  // the peer reads them (shm_pull)
+      stats::add_serial(qp->stats, stats::Ctr::sent_bytes,
+                        chunk);  // the peer reads them (shm_pull)
       e.sent += chunk;
       if (!last) continue;
     } else if (e.atomic) {
@@ -377,12 +378,12 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
         return false;
       }
       w.state = WqeState::sending;
-      stats::add(qp->stats,
-                 is_read     ? stats::Ctr::sent_read_reqs
-                 : is_atomic ? stats::Ctr::sent_atomics
-                 : (w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
-                     ? stats::Ctr::sent_writes
-                     : stats::Ctr::sent_sends);
+      stats::add_serial(qp->stats,
+                        is_read     ? stats::Ctr::sent_read_reqs
+                        : is_atomic ? stats::Ctr::sent_atomics
+                        : (w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+                            ? stats::Ctr::sent_writes
+                            : stats::Ctr::sent_sends);
     }
     // A message whose data went out in an earlier batch (only its Immediate Data was cut
     // off by a full batch) is not framed again: it goes on to the Immediate Data.
@@ -425,7 +426,7 @@ bool frame_sq(Qp* qp, Framer& f, uint32_t& local_ops) {
                                     piece);
             const int r = end_data_segment(qp, f, w, h, last, piece, false);
             if (r < 0) return false;
-            stats::add(qp->stats, stats::Ctr::sent_bytes, piece);  // the peer reads them
+            stats::add_serial(qp->stats, stats::Ctr::sent_bytes, piece);  // the peer reads them
             w.by_ref = true;
             if (r == 0) continue;
             break;
@@ -536,7 +537,7 @@ ssize_t send_queued(Qp* qp) {
                         : transport::sys_sendmsg(c.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
   if (n > 0) {
     c.tx_sent += static_cast<uint64_t>(n);
-    stats::add(qp->stats, stats::Ctr::sent_bytes, static_cast<uint64_t>(n));
+    stats::add_serial(qp->stats, stats::Ctr::sent_bytes, static_cast<uint64_t>(n));
     consume_iov(c, static_cast<size_t>(n));
   }
   return n;
@@ -570,7 +571,7 @@ bool build_batch(Qp* qp) {
     if (type == static_cast<uint8_t>(wire::ShmCtrl::Type::accept) ||
         type == static_cast<uint8_t>(wire::ShmCtrl::Type::switch_over)) {
       c.shm_tx_switch = true;
-      stats::add(qp->stats, stats::Ctr::sent_pkts, f.fpdus);
+      stats::add_serial(qp->stats, stats::Ctr::sent_pkts, f.fpdus);
       return true;
     }
   }
@@ -594,7 +595,7 @@ bool build_batch(Qp* qp) {
     if (st == IBV_QPS_RTS) frame_sq(qp, f, local_ops);
     if (sq_mid) frame_irq(qp, f);
   }
-  stats::add(qp->stats, stats::Ctr::sent_pkts, f.fpdus);
+  stats::add_serial(qp->stats, stats::Ctr::sent_pkts, f.fpdus);
   // Local operations alone still need their completions: report progress.
   return c.iov_n > before || local_ops;
 }
@@ -729,8 +730,8 @@ void tx_terminate_locked(Qp* qp, const wire::Terminate& t) {
   wire::encode_terminate(h + wire::kDdpUntaggedHdrLen, t);
   f.end();
   c.tx_stopped = true;  // nothing after the Terminate
-  stats::add(qp->stats, stats::Ctr::sent_terminates);
-  stats::add(qp->stats, stats::Ctr::sent_pkts, f.fpdus);
+  stats::add_serial(qp->stats, stats::Ctr::sent_terminates);
+  stats::add_serial(qp->stats, stats::Ctr::sent_pkts, f.fpdus);
   drain_until(qp, deadline);
 }
 

@@ -505,7 +505,11 @@ RxAction on_sv_ack(Qp* qp, Conn& c) {
 void fold_stashed_ack_locked(Qp* qp) {
   // exchange: the flag's latest store is the one we take, with the count stored before it;
   // a newer count whose flag comes after stays flagged for a later fold (its reader's task).
-  if (!qp->ack_stashed.exchange(false, std::memory_order_acq_rel)) return;
+  // A load first: this runs at every look at the SQ's completions, and an exchange is a
+  // locked instruction (it waits for the ring's bytes stored before it to reach the peer).
+  if (!qp->ack_stashed.load(std::memory_order_relaxed) ||
+      !qp->ack_stashed.exchange(false, std::memory_order_acq_rel))
+    return;
   const uint32_t n = qp->ack_stash.load(std::memory_order_relaxed);
   if (take_ack_locked(qp, n)) return;
   // tx_mu is ours, and rx_fail takes it: the Terminate goes from the progress thread, as

@@ -666,8 +666,9 @@ int shm_pull(Qp* qp, const iovec* dst, size_t n, uint64_t src, uint32_t len) {
   // The peer's QP had not given the bytes back to its application when we read them
   // (ShmConsumer::revoked): they are what the WR that named them holds.
   if (l.rx.revoked()) return ECONNRESET;
-  stats::add(qp->stats, stats::Ctr::shm_pulls);
-  stats::add(qp->stats, stats::Ctr::rcvd_bytes, len);  // came in, though not through the ring
+  stats::add_serial(qp->stats, stats::Ctr::shm_pulls);
+  stats::add_serial(qp->stats, stats::Ctr::rcvd_bytes,
+                    len);  // came in, though not through the ring
   return 0;
 }
 

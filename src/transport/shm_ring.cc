@@ -38,14 +38,24 @@ size_t ShmLayout::data_offset(int ring, size_t ring_bytes) {
 }
 
 ShmProducer::ShmProducer(ShmRingCtrl* ctrl, std::byte* data, size_t cap)
-    : c_(ctrl), data_(data), cap_(cap), tail_(ref(ctrl->tail).load(std::memory_order_relaxed)) {}
+    : c_(ctrl),
+      data_(data),
+      cap_(cap),
+      tail_(ref(ctrl->tail).load(std::memory_order_relaxed)),
+      head_seen_(tail_ - cap_) {}  // no room known: the first write reads the head
 
 long ShmProducer::writev(const iovec* iov, size_t n) {
-  // Acquire: the consumer copied the bytes out before it published its head.
-  const uint64_t head = ref(c_->head).load(std::memory_order_acquire);
-  const uint64_t used = tail_ - head;
-  if (used > cap_) return -1;  // the peer's head is behind what was ever free, or ahead of us
-  size_t room = cap_ - used;
+  size_t want = 0;
+  for (size_t i = 0; i < n; ++i) want += iov[i].iov_len;
+  size_t room = cap_ - static_cast<size_t>(tail_ - head_seen_);
+  if (room < want) {
+    // Acquire: the consumer copied the bytes out before it published its head.
+    const uint64_t head = ref(c_->head).load(std::memory_order_acquire);
+    const uint64_t used = tail_ - head;
+    if (used > cap_) return -1;  // the peer's head is behind what was ever free, or ahead of us
+    head_seen_ = head;
+    room = cap_ - used;
+  }
   size_t done = 0;
   for (size_t i = 0; i < n && room; ++i) {
     const auto* src = static_cast<const std::byte*>(iov[i].iov_base);

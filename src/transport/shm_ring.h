@@ -96,6 +96,9 @@ class ShmProducer {
   std::byte* data_ = nullptr;
   size_t cap_ = 0;
   uint64_t tail_ = 0;
+  // The consumer's head as we last read it (checked then): its line is written by the other
+  // core at every read, so a write that fits in the room it left does not read it again.
+  uint64_t head_seen_ = 0;
 };
 
 class ShmConsumer {

@@ -115,10 +115,14 @@ TEST(ShmRing, ACorruptHeadIsReportedNotFollowed) {
   Ring r(4096);
   const auto b = pattern(100, 3);
   ASSERT_EQ(write(r.tx, b), 100);
-  r.ctrl.head = 200;  // ahead of what was ever written
-  EXPECT_EQ(write(r.tx, b), -1);
-  r.ctrl.head = 0;
+  r.ctrl.head = 300;  // ahead of what was ever written
+  // The producer reads the head again only when the room it last saw runs out (its line is
+  // the consumer's): what fits there is written, as it would have been before the corruption.
   EXPECT_EQ(write(r.tx, b), 100);
+  EXPECT_EQ(write(r.tx, pattern(4096 - 200 + 1, 4)), -1);  // needs more: reads it, refuses
+  r.ctrl.head = 0;
+  EXPECT_EQ(write(r.tx, pattern(4096 - 200, 4)), 4096 - 200);  // exactly full, never past
+  EXPECT_EQ(write(r.tx, b), 0);
 }
 
 TEST(ShmRing, TwoThreadsStreamAMegabyteIntact) {
