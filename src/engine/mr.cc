@@ -11,6 +11,19 @@ namespace {
 // its parent's regions are not its own (util/fork_local.h).
 ForkLocal<KeyTable> g_keys;
 
+// The last region a thread's local access passed (KeyTable::check_local).
+struct LocalPass {
+  const KeyTable* table = nullptr;
+  unsigned forks = 0;
+  uint64_t gen = 0;
+  uint32_t key = 0;  // 0: nothing remembered (key 0 is invalid)
+  const Pd* pd = nullptr;
+  int access = 0;
+  uint64_t base = 0;  // the region's virtual address and length
+  uint64_t size = 0;
+};
+thread_local LocalPass tl_pass;
+
 constexpr int kMwRemote =
     IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
 }  // namespace
@@ -71,6 +84,7 @@ void KeyTable::change(Mr* mr, Pd* pd, int access) {
   std::unique_lock lk(mu_);
   mr->pd = pd;
   mr->access = access;
+  gen_.fetch_add(1, std::memory_order_release);
 }
 
 bool KeyTable::remove(Mr* mr) {
@@ -79,6 +93,7 @@ bool KeyTable::remove(Mr* mr) {
   if (slot_[slot].mr != mr) return true;
   if (mr->bound_mws) return false;
   give_slot(slot);
+  gen_.fetch_add(1, std::memory_order_release);
   return true;
 }
 
@@ -227,6 +242,27 @@ AccessResult KeyTable::check(uint32_t key, const Pd* pd, uint64_t addr, uint64_t
   if (addr < base || addr - base > size || len > size - (addr - base)) return AccessResult::bounds;
   *ptr = static_cast<std::byte*>(mr->mr.addr) + (addr - base);
   return AccessResult::ok;
+}
+
+AccessResult KeyTable::check_local(uint32_t key, const Pd* pd, uint64_t addr, uint64_t len,
+                                   int need, std::byte** ptr) {
+  LocalPass& c = tl_pass;
+  // Acquire: a remove or change seen here happened before; one not seen is concurrent with
+  // this check, as it would be with the lock (the caller copies after letting it go).
+  if (key != 0 && c.key == key && c.table == this && c.pd == pd && (c.access & need) == need &&
+      addr >= c.base && addr - c.base <= c.size && len <= c.size - (addr - c.base) &&
+      c.gen == gen_.load(std::memory_order_acquire) && c.forks == fork_generation()) {
+    *ptr = reinterpret_cast<std::byte*>(addr);
+    return AccessResult::ok;
+  }
+  std::shared_lock lk(mu_);
+  const AccessResult r = check(key, pd, addr, len, need, false, ptr);
+  if (r == AccessResult::ok) {
+    const Mr* mr = slot_[slot_of(key)].mr;
+    c = {this,   fork_generation(), gen_.load(std::memory_order_relaxed),    key,
+         mr->pd, mr->access,        reinterpret_cast<uint64_t>(mr->mr.addr), mr->mr.length};
+  }
+  return r;
 }
 
 }  // namespace sv::engine

@@ -189,11 +189,10 @@ void gather(Framer& f, const SendWqe& w, uint32_t off, uint32_t len) {
 bool local_keys_ok(Qp* qp, const SendWqe& w, int need) {
   if (w.flags & IBV_SEND_INLINE) return true;
   auto& kt = KeyTable::get();
-  auto g = kt.read_guard();
   for (uint32_t i = 0; i < w.num_sge; ++i) {
     if (!w.sge[i].length) continue;
     std::byte* p;
-    if (kt.check(w.sge[i].lkey, qp->pd, w.sge[i].addr, w.sge[i].length, need, false, &p) !=
+    if (kt.check_local(w.sge[i].lkey, qp->pd, w.sge[i].addr, w.sge[i].length, need, &p) !=
         AccessResult::ok)
       return false;
   }

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "engine/mr.h"
@@ -297,4 +298,52 @@ TEST(KeyTable, RemovingABoundWindowReleasesItsRegion) {
   EXPECT_FALSE(kt.has_windows(&r.mr));
   std::byte* p;
   EXPECT_EQ(check(r, k, &r.pd, 0, 8, IBV_ACCESS_REMOTE_WRITE, true, &p), AccessResult::invalid_key);
+}
+
+// check_local remembers a thread's last pass: what it lets through without the lock must be
+// exactly what check() lets through, before and after the region changes or goes.
+TEST(KeyTable, ARememberedLocalPassHoldsOnlyWhileItsRegionStands) {
+  auto& kt = KeyTable::get();
+  auto local = [&](uint32_t key, const Pd* pd, uint64_t addr, uint64_t len, int need) {
+    std::byte* p = nullptr;
+    const AccessResult r = kt.check_local(key, pd, addr, len, need, &p);
+    if (r == AccessResult::ok) {
+      EXPECT_EQ(p, reinterpret_cast<std::byte*>(addr));
+    }
+    return r;
+  };
+  auto r = std::make_unique<Region>(IBV_ACCESS_LOCAL_WRITE, 0);
+  const uint32_t k = r->mr.mr.lkey;
+  const auto a = reinterpret_cast<uint64_t>(r->mem.data());
+  ASSERT_EQ(local(k, &r->pd, a, 4096, IBV_ACCESS_LOCAL_WRITE), AccessResult::ok);  // remembered
+  // What the pass does not cover is checked in full.
+  EXPECT_EQ(local(k, &r->pd, a + 1, 4096, 0), AccessResult::bounds);
+  EXPECT_EQ(local(k, &r->pd, a - 1, 1, 0), AccessResult::bounds);
+  EXPECT_EQ(local(k, &r->pd, ~0ull - 2, 8, 0), AccessResult::bounds);
+  Pd other;
+  EXPECT_EQ(local(k, &other, a, 8, 0), AccessResult::wrong_pd);
+  EXPECT_EQ(local(k ^ 0xff, &r->pd, a, 8, 0), AccessResult::invalid_key);
+  EXPECT_EQ(local(k, &r->pd, a + 4088, 8, IBV_ACCESS_LOCAL_WRITE), AccessResult::ok);
+  // Access taken away (rereg): the next check sees it.
+  kt.change(&r->mr, &r->pd, 0);
+  EXPECT_EQ(local(k, &r->pd, a, 8, IBV_ACCESS_LOCAL_WRITE), AccessResult::access_rights);
+  EXPECT_EQ(local(k, &r->pd, a, 8, 0), AccessResult::ok);
+  // Moved to another PD.
+  kt.change(&r->mr, &other, 0);
+  EXPECT_EQ(local(k, &r->pd, a, 8, 0), AccessResult::wrong_pd);
+  kt.change(&r->mr, &r->pd, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_EQ(local(k, &r->pd, a, 8, IBV_ACCESS_LOCAL_WRITE), AccessResult::ok);
+  // Deregistered: its key names nothing, though this thread passed it a moment ago (the
+  // same PD pointer, only compared: the pass would match it).
+  const Pd* pd1 = &r->pd;
+  r.reset();
+  EXPECT_EQ(local(k, pd1, a, 8, 0), AccessResult::invalid_key);
+  // A pass on another thread is that thread's: removing a region there is seen here.
+  auto r2 = std::make_unique<Region>(IBV_ACCESS_LOCAL_WRITE, 0);
+  const uint32_t k2 = r2->mr.mr.lkey;
+  const auto a2 = reinterpret_cast<uint64_t>(r2->mem.data());
+  const Pd* pd2 = &r2->pd;
+  ASSERT_EQ(local(k2, pd2, a2, 8, 0), AccessResult::ok);
+  std::thread([&] { r2.reset(); }).join();
+  EXPECT_EQ(local(k2, pd2, a2, 8, 0), AccessResult::invalid_key);
 }
