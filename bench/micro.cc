@@ -113,6 +113,42 @@ void BM_MrLookup(benchmark::State& st) {
 }
 BENCHMARK(BM_MrLookup)->Arg(1)->Arg(1024)->Arg(16384);
 
+// The lkey check of every post and receive: arg 1, KeyTable::check_local (a thread's last
+// pass, remembered: no lock while no region goes or changes); arg 0, the anchor, the same
+// check under the table's shared lock, as every check took before. With 2 threads both check
+// at once (a poster and the progress thread), and the locked check's lock word bounces.
+void BM_LocalKeyCheck(benchmark::State& st) {
+  using namespace sv::engine;
+  auto& kt = KeyTable::get();
+  static Pd pd{};
+  static Mr mr{};
+  static std::array<std::byte, 1 << 16> mem{};
+  if (st.thread_index() == 0) {
+    mr.pd = &pd;
+    mr.access = IBV_ACCESS_LOCAL_WRITE;
+    mr.mr.addr = mem.data();
+    mr.mr.length = mem.size();
+    if (!kt.add(&mr)) st.SkipWithError("key table full");
+  }
+  const bool remembered = st.range(0) != 0;
+  const auto addr = reinterpret_cast<uint64_t>(mem.data()) + 512;
+  for (auto _ : st) {
+    std::byte* p = nullptr;
+    AccessResult r;
+    if (remembered) {
+      r = kt.check_local(mr.mr.lkey, &pd, addr, 8, IBV_ACCESS_LOCAL_WRITE, &p);
+    } else {
+      auto g = kt.read_guard();
+      r = kt.check(mr.mr.lkey, &pd, addr, 8, IBV_ACCESS_LOCAL_WRITE, false, &p);
+    }
+    benchmark::DoNotOptimize(r);
+    benchmark::DoNotOptimize(p);
+  }
+  if (st.thread_index() == 0) (void)kt.remove(&mr);
+  st.SetItemsProcessed(static_cast<int64_t>(st.iterations()));
+}
+BENCHMARK(BM_LocalKeyCheck)->Arg(0)->Arg(1)->Threads(1)->Threads(2);
+
 // A receive posted to an SRQ shared by `range` QPs, as RDS reposts one buffer per message to
 // the SRQ all its connections share. Arg 1 (the anchor, what every post cost before): the SRQ
 // marked as if a QP had stalled, so the post visits every QP to restart the stalled ones;
