@@ -9,7 +9,9 @@
 //    fields; one bit flipped in it (outside h_csum) fails the checksum;
 //  - private data that decodes re-encodes to bytes that decode the same, and a fence that
 //    decodes re-encodes to its own bytes;
-//  - a registry entry that parses formats back to the same text (modulo its newline), and
+//  - a registry entry that parses formats back to the same text (modulo its newline), a
+//    registry hello that decodes re-encodes to its bytes and is believed only with its own
+//    thread and token in the table's words, and
 //    a registry socket name yields a port only when it has the prefix asked for, and a
 //    sock_diag answer never more names than asked for;
 //  - records taken from a snapshot are whole records, never more bytes than it has;
@@ -120,6 +122,26 @@ void unix_diag(const std::byte* d, size_t n) {
 }
 
 // A process name: an entry only for "<prefix><port>_<gen>", and it names the same entry.
+// A registry hello from a port's owner (another process, maybe another user's): one that
+// decodes names a slot of the table, a thread id and a token, and re-encodes to its own bytes;
+// the table's words taken from the bytes that follow it say "held" only for that thread, alive,
+// and that token.
+void registry_hello(const std::byte* d, size_t n) {
+  RegistryHello h;
+  if (!registry_hello_decode(d, std::min(n, kRegistryHelloLen), h)) return;
+  FUZZ_CHECK(h.slot < kLiveSlots && h.tid != 0 && h.token != 0);
+  std::byte out[kRegistryHelloLen];
+  registry_hello_encode(h, out);
+  FUZZ_CHECK(std::memcmp(out, d, kRegistryHelloLen) == 0);
+  if (n < kRegistryHelloLen + 12) return;
+  uint32_t lock;
+  uint64_t slot;
+  std::memcpy(&lock, d + kRegistryHelloLen, 4);
+  std::memcpy(&slot, d + kRegistryHelloLen + 4, 8);
+  if (registry_live(lock, slot, h))
+    FUZZ_CHECK(!(lock & kFutexOwnerDied) && (lock & kFutexTidMask) == h.tid && slot == h.token);
+}
+
 void registry_proc(const std::string_view s) {
   const std::string prefix = registry_proc_prefix("host", 42);
   uint16_t cm = 0;
@@ -252,6 +274,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 2:
       registry_entry(d, n);
+      registry_hello(d, n);
       registry_path(std::string_view(reinterpret_cast<const char*>(d), n));
       registry_proc(std::string_view(reinterpret_cast<const char*>(d), n));
       unix_diag(d, n);

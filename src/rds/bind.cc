@@ -22,22 +22,36 @@
 // quarter of its descriptor limit in all (past that, and while the owner is stopped,
 // queriers wait in the kernel's backlog, SOMAXCONN per port, where their answers hold as
 // well); on release the owner closes them, or the kernel does at its death. So a querier
-// checks its answer with one non-blocking peek (end of file: stale). The thread takes no
-// lock of the RDS stack. Processes in different PID namespaces sharing a network namespace
+// can check its answer with one non-blocking peek (end of file: stale). Every sendmsg
+// looks its destination up, and that peek was a system call per message (about 0.7 us of
+// a busy-polled request/ack's 6.5 us over shared memory), so the owner also sends each
+// querier it takes in a hello with its live table (wire/rds_files.h): a sealed memfd with a
+// robust lock its registry thread holds (the kernel marks it at the thread's death, before
+// the names go) and a word per port (cleared before the port's name goes). A querier that
+// mapped the table checks its answer with two loads; it believes only a table no one but
+// the owner can write or shrink, and checks by peeking otherwise (an owner that sent no
+// hello, or one it refused). An owner can lie about its own ports either way, as it could
+// by keeping its queriers' connections open. The thread takes no lock of the RDS stack. Processes in different PID namespaces sharing a network namespace
 // do not find each other (the pid the kernel gives is not the one in the name).
 // realm: "host", or a hash of SOFTVERBS_RDS_DIR when set (tests, and a private registry
 // per simulated host sharing one network namespace).
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <linux/netlink.h>
 #include <linux/sock_diag.h>
 #include <linux/unix_diag.h>
+#include <pthread.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -115,11 +129,67 @@ socklen_t abstract_addr(const std::string& name, sockaddr_un* su) {
   return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
 }
 
+// Our live table (wire/rds_files.h): queriers check their answers against it with two
+// loads. Written under Owner::mu; null where the kernel would not make one (no memfd or
+// seals: queriers then peek at their connection per send, as before).
+struct LiveTable {
+  int fd = -1;
+  std::byte* base = nullptr;  // kLiveTableBytes, mapped writable before the seals
+  uint32_t tid = 0;           // our registry thread, once it holds the lock
+  uint32_t next = 0;          // slots below are in use or free
+  std::vector<uint32_t> free;
+  uint64_t next_token = 0;
+
+  std::atomic_ref<uint64_t> slot(uint32_t i) {
+    return std::atomic_ref<uint64_t>(
+        *reinterpret_cast<uint64_t*>(base + wire::kLiveSlotsOffset + size_t{i} * 8));
+  }
+  pthread_mutex_t* lock() {
+    return reinterpret_cast<pthread_mutex_t*>(base + wire::kLiveLockOffset);
+  }
+};
+static_assert(sizeof(pthread_mutex_t) <= wire::kLiveSlotsOffset - wire::kLiveLockOffset);
+
+// A table for this process, sealed so that no one we send it to can write it or shrink it
+// under us or the others (F_SEAL_FUTURE_WRITE: our mapping stays the only writable one).
+bool live_open(LiveTable& t) {
+  const int fd = memfd_create("softverbs-rds-live", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return false;
+  void* p = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(wire::kLiveTableBytes)) == 0)
+    p = mmap(nullptr, wire::kLiveTableBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  pthread_mutexattr_t a;
+  bool ok = p != MAP_FAILED && pthread_mutexattr_init(&a) == 0;
+  if (ok) {
+    ok = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED) == 0 &&
+         pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST) == 0 &&
+         pthread_mutex_init(
+             reinterpret_cast<pthread_mutex_t*>(static_cast<std::byte*>(p) + wire::kLiveLockOffset),
+             &a) == 0;
+    pthread_mutexattr_destroy(&a);
+  }
+  ok = ok &&
+       fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) == 0;
+  if (!ok) {
+    if (p != MAP_FAILED) munmap(p, wire::kLiveTableBytes);
+    close(fd);
+    return false;
+  }
+  t.fd = fd;
+  t.base = static_cast<std::byte*>(p);
+  uint64_t r = 0;
+  if (getrandom(&r, sizeof r, 0) != sizeof r) r = static_cast<uint64_t>(getpid()) << 32;
+  t.next_token = r;
+  return true;
+}
+
 // The owner side: our listeners and the queriers connected to each.
 struct Owner {
   struct Port {
     std::string name;
     std::vector<int> queriers;
+    uint32_t slot = wire::kLiveSlots;  // in the live table; kLiveSlots: none
+    uint64_t token = 0;
   };
   std::mutex mu;
   int ep = -1;
@@ -133,17 +203,21 @@ struct Owner {
   std::map<int, int> querier_of;                    // querier connection fd -> its listener fd
   std::vector<int> paused;  // listeners not watched for now (see accept_locked)
   size_t max_held = max_queriers();
+  LiveTable live;
 };
 
 void owner_release(Owner& o) {
   // fork(): the child's copies. Closing them frees nothing of the parent's, and a querier
-  // of the parent sees its end of file only when the parent lets go too.
+  // of the parent sees its end of file only when the parent lets go too. The child never
+  // writes the parent's live table: its mapping goes.
   for (auto& [fd, p] : o.ports) {
     close(fd);
     for (int q : p.queriers) close(q);
   }
   for (auto& [r, fd] : o.proc_fds) close(fd);
   if (o.ep >= 0) close(o.ep);
+  if (o.live.base) munmap(o.live.base, wire::kLiveTableBytes);
+  if (o.live.fd >= 0) close(o.live.fd);
 }
 ForkLocal<Owner> g_owner(&owner_release);
 
@@ -167,6 +241,27 @@ void drop_querier_locked(Owner& o, int q) {
   o.querier_of.erase(it);
   close(q);          // also leaves the epoll set
   resume_locked(o);  // a descriptor is free
+}
+
+// The querier q of port p gets our live table and the port's slot in it. Best effort: a
+// querier that gets none (a full socket, too many descriptors in flight) peeks per send.
+void send_hello_locked(const Owner& o, int q, const Owner::Port& p) {
+  if (!o.live.tid || p.slot >= wire::kLiveSlots) return;
+  std::byte b[wire::kRegistryHelloLen];
+  wire::registry_hello_encode({p.slot, o.live.tid, p.token}, b);
+  iovec iov{b, sizeof b};
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int))] = {};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = cbuf;
+  mh.msg_controllen = sizeof cbuf;
+  cmsghdr* cm = CMSG_FIRSTHDR(&mh);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cm), &o.live.fd, sizeof(int));
+  (void)sendmsg(q, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 // Takes in the queriers waiting on a listener: held for a port, closed at once for the
@@ -198,6 +293,7 @@ void accept_locked(Owner& o, int listener) {
     }
     p->second.queriers.push_back(q);
     o.querier_of[q] = listener;
+    send_hello_locked(o, q, p->second);
   }
   if (!pause) return;  // a full batch: the rest at the next wake-up (level-triggered)
   watch_locked(o, listener, 0);
@@ -208,6 +304,12 @@ void accept_locked(Owner& o, int listener) {
 // The registry thread: takes queriers in, and lets go of those that left. A querier never
 // writes: anything readable on its connection is its end of file.
 void owner_loop(Owner* o) {
+  // This thread holds the live table's lock for as long as the process lives: its death,
+  // however it comes, is in the lock's word before our names go (wire/rds_files.h).
+  if (o->live.base && pthread_mutex_lock(o->live.lock()) == 0) {
+    std::lock_guard lk(o->mu);
+    o->live.tid = static_cast<uint32_t>(gettid());
+  }
   epoll_event evs[64];
   int timeout = -1;
   for (;;) {
@@ -259,6 +361,7 @@ int claim(const std::string& r, const std::string& name, uint16_t cm_port, uint6
   if (!o.started) {
     o.ep = epoll_create1(EPOLL_CLOEXEC);
     if (o.ep < 0) return -errno;
+    (void)live_open(o.live);  // without one, queriers peek
     std::thread(owner_loop, &o).detach();
     o.started = true;
   }
@@ -272,7 +375,19 @@ int claim(const std::string& r, const std::string& name, uint16_t cm_port, uint6
   }
   const int fd = listen_on_locked(o, name);
   if (fd < 0) return fd;
-  o.ports[fd] = Owner::Port{name, {}};
+  Owner::Port port{name, {}};
+  if (o.live.base && (!o.live.free.empty() || o.live.next < wire::kLiveSlots)) {
+    if (o.live.free.empty()) {
+      port.slot = o.live.next++;
+    } else {
+      port.slot = o.live.free.back();
+      o.live.free.pop_back();
+    }
+    if (++o.live.next_token == 0) ++o.live.next_token;  // 0 is a port let go
+    port.token = o.live.next_token;
+    o.live.slot(port.slot).store(port.token, std::memory_order_release);
+  }
+  o.ports[fd] = std::move(port);
   return fd;
 }
 
@@ -300,6 +415,12 @@ void registry_release(int lock_fd, const sockaddr_in&) {
   std::lock_guard lk(o.mu);
   auto it = o.ports.find(lock_fd);
   if (it == o.ports.end()) return;
+  // The slot first: a querier that reads it after this finds the port let go, as one that
+  // peeks after the close below finds its end of file.
+  if (it->second.slot < wire::kLiveSlots) {
+    o.live.slot(it->second.slot).store(0, std::memory_order_seq_cst);
+    o.live.free.push_back(it->second.slot);
+  }
   // Our queriers see their end of file: their cached answers are stale from now on.
   for (int q : std::vector<int>(it->second.queriers)) drop_querier_locked(o, q);
   std::erase_if(o.own_v4, [&](const auto& kv) { return kv.second == lock_fd; });
@@ -309,23 +430,112 @@ void registry_release(int lock_fd, const sockaddr_in&) {
 }
 
 namespace {
-// Lookups are on every sendmsg: a cached answer costs one non-blocking peek at the owner's
-// connection, which reads "nothing yet" while it holds the port.
+// Lookups are on every sendmsg. A cached answer is checked against the owner's live table
+// (two loads: its registry thread alive, the port's slot still the port's) once the owner's
+// hello brought it; before that, and for an owner that sends none, with one non-blocking
+// peek at the owner's connection, which reads "nothing yet" while it holds the port.
 struct Cached {
   int fd;
   uint16_t port;
   uint64_t gen;
+  const std::byte* live = nullptr;  // the owner's table, mapped read-only
+  wire::RegistryHello hello;
+  bool no_hello = false;  // it sent something else: peeks only
 };
 using Cache = std::map<Key, Cached>;
+void unmap_live(const Cached& c) {
+  if (c.live) munmap(const_cast<std::byte*>(c.live), wire::kLiveTableBytes);
+}
 // A forked child closes its copies of the parent's descriptors and starts empty.
 void close_cached(Cache& c) {
-  for (auto& [k, v] : c) close(v.fd);
+  for (auto& [k, v] : c) {
+    close(v.fd);
+    unmap_live(v);
+  }
 }
 ForkLocal<Cache> g_cache_(&close_cached);
 
 void uncache(Cache::iterator it) {
   close(it->second.fd);
+  unmap_live(it->second);
   g_cache_.get().erase(it);
+}
+
+// The owner's table, from a descriptor another process (maybe another user's) sent: only a
+// memfd that can neither shrink (a read past its end would be a SIGBUS) nor be written by
+// anyone but the owner who sealed it (F_SEAL_FUTURE_WRITE: no one it was sent to can forge
+// its words), and long enough. Closes fd.
+const std::byte* map_live(int fd) {
+  constexpr int kNeed = F_SEAL_SHRINK | F_SEAL_FUTURE_WRITE;
+  struct stat st {};
+  const int seals = fcntl(fd, F_GET_SEALS);
+  void* p = MAP_FAILED;
+  if (seals >= 0 && (seals & kNeed) == kNeed && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+      static_cast<uint64_t>(st.st_size) >= wire::kLiveTableBytes)
+    p = mmap(nullptr, wire::kLiveTableBytes, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  return p == MAP_FAILED ? nullptr : static_cast<const std::byte*>(p);
+}
+
+bool live_holds(const Cached& c) {
+  const auto* lock = reinterpret_cast<const uint32_t*>(c.live + wire::kLiveLockOffset);
+  const auto* slot =
+      reinterpret_cast<const uint64_t*>(c.live + wire::kLiveSlotsOffset + size_t{c.hello.slot} * 8);
+  // Acquire: what the owner let go of before it cleared the slot, or the kernel before it
+  // marked the lock, is gone for us too.
+  return wire::registry_live(__atomic_load_n(lock, __ATOMIC_ACQUIRE),
+                             __atomic_load_n(slot, __ATOMIC_ACQUIRE), c.hello);
+}
+
+// The cached answer c, checked with a system call: the owner's hello if it came (then the
+// table says), else a peek. True while the owner holds the port.
+bool check_by_connection(Cached& c) {
+  if (c.no_hello) {
+    char b;
+    return recv(c.fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && errno == EAGAIN;
+  }
+  alignas(8) std::byte b[wire::kRegistryHelloLen + 1];  // one more: a longer message is none
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+  iovec iov{b, sizeof b};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = cbuf;
+  mh.msg_controllen = sizeof cbuf;
+  const ssize_t n = recvmsg(c.fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (n < 0) return errno == EAGAIN;  // nothing yet: the owner holds the port
+  if (n == 0) return false;           // it let go, or died
+  // Whatever descriptors came: at most one is the table, the rest are closed.
+  int table = -1;
+  int extra = 0;
+  for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+    const size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+      if (table < 0) {
+        table = fd;
+      } else {
+        close(fd);
+        ++extra;
+      }
+    }
+  }
+  wire::RegistryHello h;
+  const bool good = !(mh.msg_flags & MSG_CTRUNC) && !extra && table >= 0 &&
+                    wire::registry_hello_decode(b, static_cast<size_t>(n), h);
+  const std::byte* live = good ? map_live(table) : nullptr;
+  if (!good && table >= 0) close(table);
+  if (!live) {
+    // Not a hello we take: the owner stays checked by peeks (more bytes from it read as
+    // its end, and the port is asked again).
+    c.no_hello = true;
+    return true;
+  }
+  c.live = live;
+  c.hello = h;
+  return live_holds(c);
 }
 
 // Our own port: the answer without asking the kernel.
@@ -470,14 +680,12 @@ uint16_t lookup_name(const sockaddr_in& a, uint64_t* gen) {
     return port;
   }
   if (auto it = g_cache_.get().find(key); it != g_cache_.get().end()) {
-    char c;
-    // Nothing to read while the owner holds the port; end of file (or anything else) once
-    // it let go or died.
-    if (recv(it->second.fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && errno == EAGAIN) {
-      if (gen) *gen = it->second.gen;
-      return it->second.port;
+    Cached& c = it->second;
+    if (c.live ? live_holds(c) : check_by_connection(c)) {
+      if (gen) *gen = c.gen;
+      return c.port;
     }
-    uncache(it);
+    uncache(it);  // let go, or dead: ask again
   }
   const std::string r = realm();
   const int fd = ask(r, name_of(r, a), &port, &g);

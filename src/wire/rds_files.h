@@ -9,6 +9,7 @@
 //     processes that ended) and kInfoFolded (the generations whose counters it holds)
 #pragma once
 #include <charconv>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -83,6 +84,71 @@ inline bool registry_proc_parse(std::string_view name, std::string_view prefix, 
   if (us == std::string::npos || entry.find(' ') != std::string::npos) return false;
   entry[us] = ' ';
   return registry_entry_parse(entry, cm_port, gen);
+}
+
+// The live table: how a querier checks its cached answer with two loads instead of a system
+// call per send. The owner of ports keeps one sealed memfd (no shrinking, no new writable
+// mapping), and sends it (SCM_RIGHTS) with a hello to each querier its registry thread takes
+// in for a port. The table holds:
+//  - at kLiveLockOffset, a robust process-shared mutex that the owner's registry thread locks
+//    and never unlocks: its first word is the locker's thread id, and when that thread ends
+//    (the process exits, is killed or execs) the kernel sets FUTEX_OWNER_DIED in it
+//    (the robust futex list), before it closes the process's sockets;
+//  - from kLiveSlotsOffset, one 64-bit word per port the owner holds: the port's token while
+//    it holds it, 0 once it let go (stored before it closes the port's name).
+// A hello is [u32 magic][u16 version][u16 0][u32 slot][u32 tid][u64 token], little-endian as
+// the table's words are native (one host).
+inline constexpr uint32_t kRegistryHelloMagic = 0x4c525653;  // "SVRL"
+inline constexpr uint16_t kRegistryHelloVersion = 1;
+inline constexpr size_t kRegistryHelloLen = 24;
+inline constexpr size_t kLiveLockOffset = 64;
+inline constexpr size_t kLiveSlotsOffset = 128;
+inline constexpr uint32_t kLiveSlots = 16384;
+inline constexpr size_t kLiveTableBytes = kLiveSlotsOffset + size_t{kLiveSlots} * 8;
+inline constexpr uint32_t kFutexTidMask = 0x3fffffff;
+inline constexpr uint32_t kFutexOwnerDied = 0x40000000;
+
+struct RegistryHello {
+  uint32_t slot = 0;
+  uint32_t tid = 0;    // the owner's registry thread, which holds the table's lock
+  uint64_t token = 0;  // the slot's word while the owner holds the port
+};
+
+inline void registry_hello_encode(const RegistryHello& h, std::byte out[kRegistryHelloLen]) {
+  const uint16_t zero = 0;
+  std::memcpy(out, &kRegistryHelloMagic, 4);
+  std::memcpy(out + 4, &kRegistryHelloVersion, 2);
+  std::memcpy(out + 6, &zero, 2);
+  std::memcpy(out + 8, &h.slot, 4);
+  std::memcpy(out + 12, &h.tid, 4);
+  std::memcpy(out + 16, &h.token, 8);
+}
+
+// False unless d is exactly one hello of this version naming a slot of the table, a thread
+// id the kernel could write, and a token (never 0: 0 is a port let go).
+inline bool registry_hello_decode(const std::byte* d, size_t n, RegistryHello& h) {
+  if (n != kRegistryHelloLen) return false;
+  uint32_t magic;
+  uint16_t version, zero;
+  std::memcpy(&magic, d, 4);
+  std::memcpy(&version, d + 4, 2);
+  std::memcpy(&zero, d + 6, 2);
+  RegistryHello r;
+  std::memcpy(&r.slot, d + 8, 4);
+  std::memcpy(&r.tid, d + 12, 4);
+  std::memcpy(&r.token, d + 16, 8);
+  if (magic != kRegistryHelloMagic || version != kRegistryHelloVersion || zero != 0 ||
+      r.slot >= kLiveSlots || r.tid == 0 || (r.tid & ~kFutexTidMask) != 0 || r.token == 0)
+    return false;
+  h = r;
+  return true;
+}
+
+// Whether the table's lock word and the hello's slot word say the owner still holds the port:
+// its registry thread alive and locking, and the slot still the port's.
+inline bool registry_live(uint32_t lock_word, uint64_t slot_word, const RegistryHello& h) {
+  return (lock_word & kFutexOwnerDied) == 0 && (lock_word & kFutexTidMask) == h.tid &&
+         slot_word == h.token;
 }
 
 // The port of a registry name with the given prefix (a listed abstract name, its '@' or NUL
