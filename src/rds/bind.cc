@@ -31,22 +31,26 @@
 // mapped the table checks its answer with two loads; it believes only a table no one but
 // the owner can write or shrink, and checks by peeking otherwise (an owner that sent no
 // hello, or one it refused). An owner can lie about its own ports either way, as it could
-// by keeping its queriers' connections open. The thread takes no lock of the RDS stack. Processes in different PID namespaces sharing a network namespace
-// do not find each other (the pid the kernel gives is not the one in the name).
-// realm: "host", or a hash of SOFTVERBS_RDS_DIR when set (tests, and a private registry
-// per simulated host sharing one network namespace).
+// by keeping its queriers' connections open. The thread takes no lock of the RDS stack. Processes
+// in different PID namespaces sharing a network namespace do not find each other (the pid the
+// kernel gives is not the one in the name). realm: "host", or a hash of SOFTVERBS_RDS_DIR when set
+// (tests, and a private registry per simulated host sharing one network namespace).
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <linux/netlink.h>
 #include <linux/sock_diag.h>
+#include <linux/sockios.h>
 #include <linux/unix_diag.h>
 #include <pthread.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -139,6 +143,7 @@ struct LiveTable {
   uint32_t next = 0;          // slots below are in use or free
   std::vector<uint32_t> free;
   uint64_t next_token = 0;
+  bool inherited = false;  // MADV_DONTFORK failed: a forked child unmaps its copy
 
   std::atomic_ref<uint64_t> slot(uint32_t i) {
     return std::atomic_ref<uint64_t>(
@@ -175,6 +180,8 @@ bool live_open(LiveTable& t) {
     close(fd);
     return false;
   }
+  // No child gets our writable mapping, even one forked without the atfork hooks (_Fork).
+  t.inherited = madvise(p, wire::kLiveTableBytes, MADV_DONTFORK) != 0;
   t.fd = fd;
   t.base = static_cast<std::byte*>(p);
   uint64_t r = 0;
@@ -204,7 +211,13 @@ struct Owner {
   std::vector<int> paused;  // listeners not watched for now (see accept_locked)
   size_t max_held = max_queriers();
   LiveTable live;
+  // Queriers whose hello (and the table's descriptor in it) they may not have read yet.
+  // The kernel counts a descriptor in flight against its sender's user until it is read,
+  // and past RLIMIT_NOFILE of them refuses that user any more (ETOOMANYREFS, for all its
+  // programs): so at most kMaxUnreadHellos, and a querier that reads none makes no room.
+  std::vector<int> unread;
 };
+constexpr size_t kMaxUnreadHellos = 64;
 
 void owner_release(Owner& o) {
   // fork(): the child's copies. Closing them frees nothing of the parent's, and a querier
@@ -216,7 +229,7 @@ void owner_release(Owner& o) {
   }
   for (auto& [r, fd] : o.proc_fds) close(fd);
   if (o.ep >= 0) close(o.ep);
-  if (o.live.base) munmap(o.live.base, wire::kLiveTableBytes);
+  if (o.live.base && o.live.inherited) munmap(o.live.base, wire::kLiveTableBytes);
   if (o.live.fd >= 0) close(o.live.fd);
 }
 ForkLocal<Owner> g_owner(&owner_release);
@@ -239,14 +252,20 @@ void drop_querier_locked(Owner& o, int q) {
   if (it == o.querier_of.end()) return;
   if (auto p = o.ports.find(it->second); p != o.ports.end()) std::erase(p->second.queriers, q);
   o.querier_of.erase(it);
+  std::erase(o.unread, q);
   close(q);          // also leaves the epoll set
   resume_locked(o);  // a descriptor is free
 }
 
 // The querier q of port p gets our live table and the port's slot in it. Best effort: a
 // querier that gets none (a full socket, too many descriptors in flight) peeks per send.
-void send_hello_locked(const Owner& o, int q, const Owner::Port& p) {
+void send_hello_locked(Owner& o, int q, const Owner::Port& p) {
   if (!o.live.tid || p.slot >= wire::kLiveSlots) return;
+  std::erase_if(o.unread, [](int r) {
+    int left = 0;  // bytes the querier has not read
+    return ioctl(r, SIOCOUTQ, &left) != 0 || left == 0;
+  });
+  if (o.unread.size() >= kMaxUnreadHellos) return;
   std::byte b[wire::kRegistryHelloLen];
   wire::registry_hello_encode({p.slot, o.live.tid, p.token}, b);
   iovec iov{b, sizeof b};
@@ -261,7 +280,7 @@ void send_hello_locked(const Owner& o, int q, const Owner::Port& p) {
   cm->cmsg_type = SCM_RIGHTS;
   cm->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(cm), &o.live.fd, sizeof(int));
-  (void)sendmsg(q, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (sendmsg(q, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) > 0) o.unread.push_back(q);
 }
 
 // Takes in the queriers waiting on a listener: held for a port, closed at once for the
@@ -306,9 +325,14 @@ void accept_locked(Owner& o, int listener) {
 void owner_loop(Owner* o) {
   // This thread holds the live table's lock for as long as the process lives: its death,
   // however it comes, is in the lock's word before our names go (wire/rds_files.h).
-  if (o->live.base && pthread_mutex_lock(o->live.lock()) == 0) {
+  // (glibc keeps the locker's thread id in the mutex's first word, as the robust futex
+  // protocol asks: with a C library that did not, the table would be sent to nobody.)
+  const auto tid = static_cast<uint32_t>(gettid());
+  if (o->live.base && pthread_mutex_lock(o->live.lock()) == 0 &&
+      (__atomic_load_n(reinterpret_cast<const uint32_t*>(o->live.lock()), __ATOMIC_RELAXED) &
+       wire::kFutexTidMask) == tid) {
     std::lock_guard lk(o->mu);
-    o->live.tid = static_cast<uint32_t>(gettid());
+    o->live.tid = tid;
   }
   epoll_event evs[64];
   int timeout = -1;
@@ -441,7 +465,12 @@ struct Cached {
   const std::byte* live = nullptr;  // the owner's table, mapped read-only
   wire::RegistryHello hello;
   bool no_hello = false;  // it sent something else: peeks only
+  uint32_t checks = 0;    // by the table
 };
+// One check by the table in kPeekEvery also peeks at the connection: should the kernel ever
+// leave a dead owner's lock word as it was (its robust list lost), the answer still goes
+// stale within that many sends.
+constexpr uint32_t kPeekEvery = 1024;
 using Cache = std::map<Key, Cached>;
 void unmap_live(const Cached& c) {
   if (c.live) munmap(const_cast<std::byte*>(c.live), wire::kLiveTableBytes);
@@ -468,10 +497,14 @@ void uncache(Cache::iterator it) {
 const std::byte* map_live(int fd) {
   constexpr int kNeed = F_SEAL_SHRINK | F_SEAL_FUTURE_WRITE;
   struct stat st {};
+  struct statfs fs {};
   const int seals = fcntl(fd, F_GET_SEALS);
   void* p = MAP_FAILED;
+  // Exactly a table's size, on tmpfs: a hugetlbfs memfd would map (and have to be unmapped)
+  // in huge pages, not in kLiveTableBytes.
   if (seals >= 0 && (seals & kNeed) == kNeed && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-      static_cast<uint64_t>(st.st_size) >= wire::kLiveTableBytes)
+      static_cast<uint64_t>(st.st_size) == wire::kLiveTableBytes && fstatfs(fd, &fs) == 0 &&
+      fs.f_type == TMPFS_MAGIC)
     p = mmap(nullptr, wire::kLiveTableBytes, PROT_READ, MAP_SHARED, fd, 0);
   close(fd);
   return p == MAP_FAILED ? nullptr : static_cast<const std::byte*>(p);
@@ -489,11 +522,13 @@ bool live_holds(const Cached& c) {
 
 // The cached answer c, checked with a system call: the owner's hello if it came (then the
 // table says), else a peek. True while the owner holds the port.
+bool peek_holds(const Cached& c) {
+  char b;
+  return recv(c.fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && errno == EAGAIN;
+}
+
 bool check_by_connection(Cached& c) {
-  if (c.no_hello) {
-    char b;
-    return recv(c.fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && errno == EAGAIN;
-  }
+  if (c.no_hello) return peek_holds(c);
   alignas(8) std::byte b[wire::kRegistryHelloLen + 1];  // one more: a longer message is none
   alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int) * 4)];
   iovec iov{b, sizeof b};
@@ -681,7 +716,8 @@ uint16_t lookup_name(const sockaddr_in& a, uint64_t* gen) {
   }
   if (auto it = g_cache_.get().find(key); it != g_cache_.get().end()) {
     Cached& c = it->second;
-    if (c.live ? live_holds(c) : check_by_connection(c)) {
+    const bool peek = c.live && ++c.checks % kPeekEvery == 0;
+    if (c.live ? live_holds(c) && (!peek || peek_holds(c)) : check_by_connection(c)) {
       if (gen) *gen = c.gen;
       return c.port;
     }

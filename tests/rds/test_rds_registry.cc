@@ -11,6 +11,8 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 
+#include <dirent.h>
+
 #include <fstream>
 #include <string>
 #include <vector>
@@ -73,7 +75,7 @@ TEST(RdsRegistry, ThePortsOfAnOwnerThatLetsGoOrDiesAreGoneAtTheNextSend) {
     const int before = live_tables();  // our own
     // The owner's registry thread takes each new querier in and sends its hello; the next
     // lookup maps the table.
-    for (int i = 0; !result && i < 300 && live_tables() < before + 2; ++i) {
+    for (int i = 0; !result && i < 3000 && live_tables() < before + 2; ++i) {
       send_to(a, p1, "x", 1);
       send_to(a, p2, "y", 1);
       usleep(10000);
@@ -107,7 +109,7 @@ void fake_hello(int q, int fd, int extra, bool bad_magic) {
   std::byte b[wire::kRegistryHelloLen];
   wire::registry_hello_encode(h, b);
   if (bad_magic) b[0] ^= std::byte{1};
-  int fds[4] = {fd, fd, fd, fd};
+  int fds[8] = {fd, fd, fd, fd, fd, fd, fd, fd};
   const int n = 1 + extra;
   alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof fds)] = {};
   iovec iov{b, sizeof b};
@@ -124,8 +126,9 @@ void fake_hello(int q, int fd, int extra, bool bad_magic) {
   (void)sendmsg(q, &mh, MSG_NOSIGNAL);
 }
 
-// A table that says "held" for ever: our thread in the lock word, token 77 in slot 0.
-int forged_table(bool sealed) {
+// A table that says "held" for ever: our thread in the lock word, token 77 in slot 0; `size`
+// bytes, with `seals`.
+int forged_table(int seals, size_t size = wire::kLiveTableBytes) {
   const int fd = memfd_create("softverbs-rds-live", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0 || ftruncate(fd, static_cast<off_t>(wire::kLiveTableBytes)) != 0) return -1;
   void* p = mmap(nullptr, wire::kLiveTableBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -134,20 +137,40 @@ int forged_table(bool sealed) {
   const uint64_t token = 77;
   std::memcpy(static_cast<char*>(p) + wire::kLiveLockOffset, &tid, sizeof tid);
   std::memcpy(static_cast<char*>(p) + wire::kLiveSlotsOffset, &token, sizeof token);
-  if (sealed && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_FUTURE_WRITE) != 0) return -1;
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) return -1;
+  if (seals && fcntl(fd, F_ADD_SEALS, seals) != 0) return -1;
   return fd;
+}
+
+// This process' descriptors whose link starts with `kind` ("pipe:", "/memfd:").
+int fds_of(const char* kind) {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d)) {
+      char t[256] = {};
+      const std::string path = std::string("/proc/self/fd/") + e->d_name;
+      if (readlink(path.c_str(), t, sizeof t - 1) > 0 && std::strncmp(t, kind, strlen(kind)) == 0)
+        ++n;
+    }
+    closedir(d);
+  }
+  return n;
 }
 
 }  // namespace
 
 // A process that holds port names and sends its queriers hellos that are not to be believed:
-// an unsealed table (anyone it went to could write it), a sealed one under a hello with a bad
-// magic, a pipe in four descriptors. Each querier must go on checking by its connection: once
-// the fake owner lets the names go (closing the names and its queriers' connections, its
-// tables still saying "held"), the next send to each port finds nobody and drops the message.
+// an unsealed table (anyone it went to could write it), one sealed against shrinking only
+// (still writable by them), a short one, a good one under a bad magic, a pipe in four
+// descriptors, a table in eight (more than a querier takes: MSG_CTRUNC). No table is mapped,
+// no descriptor stays, and each querier goes on checking by its connection: once the fake
+// owner lets the names go (closing them and its queriers' connections, its tables still
+// saying "held"), the next send to each port finds nobody and drops the message.
 TEST(RdsRegistry, ATableAnotherProcessCouldForgeOrABadHelloIsNotBelieved) {
+  constexpr int kFake = 6;
   const uint16_t mine = port(23), real = port(24);
-  const uint16_t fake[3] = {port(25), port(26), port(27)};
+  uint16_t fake[kFake];
+  for (int i = 0; i < kFake; ++i) fake[i] = port(25 + i);
   const int rc = in_private_child([&] {
     int cmd[2], ack[2];
     if (pipe(cmd) || pipe(ack)) return 1;
@@ -157,10 +180,19 @@ TEST(RdsRegistry, ATableAnotherProcessCouldForgeOrABadHelloIsNotBelieved) {
       // the fake ports find it; then the fake ports' names, held by hand.
       if (bound_socket(real) < 0) _exit(2);
       int pipefd[2];
-      const int unsealed = forged_table(false), sealed = forged_table(true);
-      if (unsealed < 0 || sealed < 0 || pipe(pipefd)) _exit(3);
-      int listeners[3], conns[3] = {-1, -1, -1};
-      for (int i = 0; i < 3; ++i) {
+      constexpr int kSealed = F_SEAL_SHRINK | F_SEAL_FUTURE_WRITE;
+      const int tables[kFake] = {forged_table(0),
+                                 forged_table(F_SEAL_SHRINK),
+                                 forged_table(kSealed, wire::kLiveTableBytes - 4096),
+                                 forged_table(kSealed),
+                                 pipe(pipefd) ? -1 : pipefd[0],
+                                 forged_table(kSealed)};
+      const int extra[kFake] = {0, 0, 0, 0, 3, 7};
+      for (int t : tables)
+        if (t < 0) _exit(3);
+      int listeners[kFake], conns[kFake];
+      for (int i = 0; i < kFake; ++i) {
+        conns[i] = -1;
         sockaddr_un su;
         const socklen_t len = registry_addr(fake[i], &su);
         listeners[i] = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -172,19 +204,17 @@ TEST(RdsRegistry, ATableAnotherProcessCouldForgeOrABadHelloIsNotBelieved) {
       // Takes each port's querier in, sends its hello, and reports once all three were read.
       bool reported = false;
       for (;;) {
-        pollfd p[4] = {{cmd[0], POLLIN, 0}};
-        for (int i = 0; i < 3; ++i) p[i + 1] = {conns[i] < 0 ? listeners[i] : -1, POLLIN, 0};
-        poll(p, 4, 10);
+        pollfd p[kFake + 1] = {{cmd[0], POLLIN, 0}};
+        for (int i = 0; i < kFake; ++i) p[i + 1] = {conns[i] < 0 ? listeners[i] : -1, POLLIN, 0};
+        poll(p, kFake + 1, 10);
         if (p[0].revents) break;
-        for (int i = 0; i < 3; ++i) {
+        for (int i = 0; i < kFake; ++i) {
           if (!(p[i + 1].revents & POLLIN)) continue;
           conns[i] = accept4(listeners[i], nullptr, nullptr, SOCK_CLOEXEC);
-          if (i == 0) fake_hello(conns[i], unsealed, 0, false);
-          if (i == 1) fake_hello(conns[i], sealed, 0, true);
-          if (i == 2) fake_hello(conns[i], pipefd[0], 3, false);
+          fake_hello(conns[i], tables[i], extra[i], i == 3);
         }
         int unread = 0;
-        for (int i = 0; i < 3; ++i) {
+        for (int i = 0; i < kFake; ++i) {
           int q = 1;
           if (conns[i] < 0 || ioctl(conns[i], TIOCOUTQ, &q) != 0 || q != 0) ++unread;
         }
@@ -193,7 +223,7 @@ TEST(RdsRegistry, ATableAnotherProcessCouldForgeOrABadHelloIsNotBelieved) {
           reported = true;
         }
       }
-      for (int i = 0; i < 3; ++i) {
+      for (int i = 0; i < kFake; ++i) {
         close(listeners[i]);
         if (conns[i] >= 0) close(conns[i]);
       }
@@ -203,21 +233,23 @@ TEST(RdsRegistry, ATableAnotherProcessCouldForgeOrABadHelloIsNotBelieved) {
     int result = 0;
     if (!wait_byte(ack[0], 'r', 30000)) result = 5;
     const int a = result ? -1 : bound_socket(mine);
-    const int before = live_tables();
+    const int before = live_tables(), pipes = fds_of("pipe:"), memfds = fds_of("/memfd:");
     // Sends until the fake owner saw every hello read (the second lookup of each port reads it).
     bool read_all = false;
-    for (int i = 0; !result && i < 300 && !read_all; ++i) {
+    for (int i = 0; !result && i < 3000 && !read_all; ++i) {
       for (uint16_t f : fake) send_to(a, f, "x", 1);
       read_all = wait_byte(ack[0], 'h', 10);
     }
     if (!result && !read_all) result = 10;
     if (!result && live_tables() != before) result = 11;  // a bad table was mapped
+    if (!result && (fds_of("pipe:") != pipes || fds_of("/memfd:") != memfds))
+      result = 12;  // a descriptor that came with a hello stayed
     const uint64_t dropped = result ? 0 : counter(a, "send_drop_no_sock");
     if (!result) {
       put_byte(cmd[1], 'c');
       if (!wait_byte(ack[0], 'c', 30000)) result = 6;
     }
-    for (int i = 0; !result && i < 3; ++i) {
+    for (int i = 0; !result && i < kFake; ++i) {
       if (send_to(a, fake[i], "gone", 4) != 4) result = 7;
       if (!result && counter(a, "send_drop_no_sock") != dropped + static_cast<uint64_t>(i) + 1)
         result = 20 + i;  // port i was still believed held
@@ -227,6 +259,8 @@ TEST(RdsRegistry, ATableAnotherProcessCouldForgeOrABadHelloIsNotBelieved) {
     return result;
   });
   EXPECT_EQ(rc, 0) << "1-7: set-up; 10: the hellos were not read; 11: a bad table was mapped; "
-                      "20-22: the port whose hello was an unsealed table, a bad magic, a pipe "
-                      "was still believed held after its owner let it go";
+                      "12: a descriptor from a hello stayed; 20-25: the port whose hello was an "
+                      "unsealed table, one sealed against shrinking only, a short one, a bad "
+                      "magic, a pipe, eight descriptors was still believed held after its owner "
+                      "let it go";
 }
