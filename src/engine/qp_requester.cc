@@ -189,10 +189,17 @@ void gather(Framer& f, const SendWqe& w, uint32_t off, uint32_t len) {
 bool local_keys_ok(Qp* qp, const SendWqe& w, int need) {
   if (w.flags & IBV_SEND_INLINE) return true;
   auto& kt = KeyTable::get();
+  std::byte* p;
+  // One SGE (the common case): the thread's remembered pass. Several: one lock for all, as
+  // the pass remembers one region.
+  if (w.num_sge == 0) return true;
+  if (w.num_sge == 1)
+    return !w.sge[0].length || kt.check_local(w.sge[0].lkey, qp->pd, w.sge[0].addr, w.sge[0].length,
+                                              need, &p) == AccessResult::ok;
+  auto g = kt.read_guard();
   for (uint32_t i = 0; i < w.num_sge; ++i) {
     if (!w.sge[i].length) continue;
-    std::byte* p;
-    if (kt.check_local(w.sge[i].lkey, qp->pd, w.sge[i].addr, w.sge[i].length, need, &p) !=
+    if (kt.check(w.sge[i].lkey, qp->pd, w.sge[i].addr, w.sge[i].length, need, false, &p) !=
         AccessResult::ok)
       return false;
   }
