@@ -265,4 +265,25 @@ AccessResult KeyTable::check_local(uint32_t key, const Pd* pd, uint64_t addr, ui
   return r;
 }
 
+bool KeyTable::local_sgl_ok(const ibv_sge* sge, uint32_t n, const Pd* pd, int need) {
+  if (n == 1) {
+    std::byte* p;
+    return !sge[0].length ||
+           check_local(sge[0].lkey, pd, sge[0].addr, sge[0].length, need, &p) == AccessResult::ok;
+  }
+  if (n == 0) return true;
+  std::shared_lock lk(mu_);
+  return local_sgl_ok_locked(sge, n, pd, need);
+}
+
+bool KeyTable::local_sgl_ok_locked(const ibv_sge* sge, uint32_t n, const Pd* pd, int need) const {
+  for (uint32_t i = 0; i < n; ++i) {
+    std::byte* p;
+    if (sge[i].length &&
+        check(sge[i].lkey, pd, sge[i].addr, sge[i].length, need, false, &p) != AccessResult::ok)
+      return false;
+  }
+  return true;
+}
+
 }  // namespace sv::engine

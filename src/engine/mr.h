@@ -115,6 +115,11 @@ class KeyTable {
   // Send stream over shared memory ran 1.2x faster).
   AccessResult check_local(uint32_t key, const Pd* pd, uint64_t addr, uint64_t len, int need,
                            std::byte** ptr);
+  // Whether every non-empty SGE of a local gather or scatter list passes check() for `need`
+  // in pd. One SGE (the common case) uses check_local; several take the lock once, as the
+  // remembered pass is one region. The _locked form: the caller holds a ReadGuard.
+  bool local_sgl_ok(const ibv_sge* sge, uint32_t n, const Pd* pd, int need);
+  bool local_sgl_ok_locked(const ibv_sge* sge, uint32_t n, const Pd* pd, int need) const;
 
   // Placement into a region must not race its deregistration.
   std::shared_lock<std::shared_mutex> read_guard() const { return std::shared_lock(mu_); }

@@ -187,23 +187,8 @@ void gather(Framer& f, const SendWqe& w, uint32_t off, uint32_t len) {
 }
 
 bool local_keys_ok(Qp* qp, const SendWqe& w, int need) {
-  if (w.flags & IBV_SEND_INLINE) return true;
-  auto& kt = KeyTable::get();
-  std::byte* p;
-  // One SGE (the common case): the thread's remembered pass. Several: one lock for all, as
-  // the pass remembers one region.
-  if (w.num_sge == 0) return true;
-  if (w.num_sge == 1)
-    return !w.sge[0].length || kt.check_local(w.sge[0].lkey, qp->pd, w.sge[0].addr, w.sge[0].length,
-                                              need, &p) == AccessResult::ok;
-  auto g = kt.read_guard();
-  for (uint32_t i = 0; i < w.num_sge; ++i) {
-    if (!w.sge[i].length) continue;
-    if (kt.check(w.sge[i].lkey, qp->pd, w.sge[i].addr, w.sge[i].length, need, false, &p) !=
-        AccessResult::ok)
-      return false;
-  }
-  return true;
+  return (w.flags & IBV_SEND_INLINE) ||
+         KeyTable::get().local_sgl_ok(w.sge, w.num_sge, qp->pd, need);
 }
 
 uint32_t ord_limit(const Qp* qp) {
@@ -256,8 +241,8 @@ bool frame_irq(Qp* qp, Framer& f) {
       wire::encode_tagged_ref(h, RdmapOpcode::read_response, last, e.sink_stag, e.sink_to + e.sent,
                               reinterpret_cast<uintptr_t>(e.src + e.sent), chunk);
       if (!f.end()) return false;
-      stats::add_serial(qp->stats, stats::Ctr::sent_bytes,
-                        chunk);  // the peer reads them (shm_pull)
+      // The peer reads them (shm_pull).
+      stats::add_serial(qp->stats, stats::Ctr::sent_bytes, chunk);
       e.sent += chunk;
       if (!last) continue;
     } else if (e.atomic) {

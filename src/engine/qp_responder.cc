@@ -68,29 +68,13 @@ bool recv_posted(Qp* qp) {
 // An SRQ's receives belong to the SRQ's PD (IB spec 10.2.9; rxe and siw check it), not to
 // the PD of the QP that happens to consume them.
 bool recv_keys_ok(Qp* qp, const RecvWqe& w) {
-  if (w.num_sge == 0) return true;
-  if (w.num_sge > 1) {  // the remembered pass is one region: several checks take one lock
-    auto g = KeyTable::get().read_guard();
-    return recv_keys_ok_guarded(qp, w);
-  }
-  const Pd* pd = qp->srq ? qp->srq->pd : qp->pd;
-  std::byte* p;
-  return !w.sge[0].length ||
-         KeyTable::get().check_local(w.sge[0].lkey, pd, w.sge[0].addr, w.sge[0].length,
-                                     IBV_ACCESS_LOCAL_WRITE, &p) == AccessResult::ok;
+  return KeyTable::get().local_sgl_ok(w.sge, w.num_sge, qp->srq ? qp->srq->pd : qp->pd,
+                                      IBV_ACCESS_LOCAL_WRITE);
 }
 
 bool recv_keys_ok_guarded(Qp* qp, const RecvWqe& w) {
-  const Pd* pd = qp->srq ? qp->srq->pd : qp->pd;
-  auto& kt = KeyTable::get();
-  for (uint32_t i = 0; i < w.num_sge; ++i) {
-    if (!w.sge[i].length) continue;
-    std::byte* p;
-    if (kt.check(w.sge[i].lkey, pd, w.sge[i].addr, w.sge[i].length, IBV_ACCESS_LOCAL_WRITE, false,
-                 &p) != AccessResult::ok)
-      return false;
-  }
-  return true;
+  return KeyTable::get().local_sgl_ok_locked(w.sge, w.num_sge, qp->srq ? qp->srq->pd : qp->pd,
+                                             IBV_ACCESS_LOCAL_WRITE);
 }
 
 namespace {

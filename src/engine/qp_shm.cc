@@ -667,8 +667,8 @@ int shm_pull(Qp* qp, const iovec* dst, size_t n, uint64_t src, uint32_t len) {
   // (ShmConsumer::revoked): they are what the WR that named them holds.
   if (l.rx.revoked()) return ECONNRESET;
   stats::add_serial(qp->stats, stats::Ctr::shm_pulls);
-  stats::add_serial(qp->stats, stats::Ctr::rcvd_bytes,
-                    len);  // came in, though not through the ring
+  // Came in, though not through the ring.
+  stats::add_serial(qp->stats, stats::Ctr::rcvd_bytes, len);
   return 0;
 }
 

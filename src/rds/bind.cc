@@ -493,7 +493,7 @@ void uncache(Cache::iterator it) {
 // The owner's table, from a descriptor another process (maybe another user's) sent: only a
 // memfd that can neither shrink (a read past its end would be a SIGBUS) nor be written by
 // anyone but the owner who sealed it (F_SEAL_FUTURE_WRITE: no one it was sent to can forge
-// its words), and long enough. Closes fd.
+// its words), of exactly the table's size, on tmpfs. Closes fd.
 const std::byte* map_live(int fd) {
   constexpr int kNeed = F_SEAL_SHRINK | F_SEAL_FUTURE_WRITE;
   struct stat st {};
@@ -520,13 +520,15 @@ bool live_holds(const Cached& c) {
                              __atomic_load_n(slot, __ATOMIC_ACQUIRE), c.hello);
 }
 
-// The cached answer c, checked with a system call: the owner's hello if it came (then the
-// table says), else a peek. True while the owner holds the port.
+// Nothing to read while the owner holds the port; end of file (or anything else) once it
+// let go or died.
 bool peek_holds(const Cached& c) {
   char b;
   return recv(c.fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && errno == EAGAIN;
 }
 
+// The cached answer c, checked with a system call: the owner's hello if it came (then the
+// table says), else a peek. True while the owner holds the port.
 bool check_by_connection(Cached& c) {
   if (c.no_hello) return peek_holds(c);
   alignas(8) std::byte b[wire::kRegistryHelloLen + 1];  // one more: a longer message is none
