@@ -1005,6 +1005,7 @@ testing::AssertionResult all_intact_until_end(Peer& peer, size_t len, int kinds)
 // (LOC_PROT_ERR, the connection reset), and an application that reused the buffer of a
 // completed cookie changed bytes still to be sent.
 TEST(RdsCancel, CancelledZeroCopySendsKeepTheirBuffersUntilTheDeviceIsDone) {
+  PrivateRegistry own;  // the reset count below is of these two processes only
   const uint16_t pa = port(62), me = port(63);
   Peer peer;
   int tx = bound_socket(me);
@@ -1077,6 +1078,7 @@ TEST(RdsCancel, ACancelledZeroCopyMessageOnAQuietConnectionStillCompletes) {
 // until the device is done with them, and go out whole; the connection stays up for the
 // process's other sockets.
 TEST(RdsClose, CloseWithZeroCopySendsInTheDevicesHandsKeepsTheirBuffers) {
+  PrivateRegistry own;  // the reset count below is of these two processes only
   const uint16_t pa = port(47), me = port(48), other = port(49);
   Peer peer;
   int tx = bound_socket(me);
