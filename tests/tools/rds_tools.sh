@@ -62,6 +62,36 @@ stress "--control json:2.3.0 -D 64K -M 2 -v" --control json:2.3.0 -D 64K -M 2 -v
 # Busy polling (poll() in the shim does the stack's completion work on the app thread).
 export SOFTVERBS_RDS_BUSY_POLL_US=50
 stress "-d 4 -t 2 -D 64K -v, busy-polling" -d 4 -t 2 -D 64K -v
+# A busy-polled ping-pong over shared memory: once the pollers spin, the peers stop ringing
+# each other's doorbells (a send and a recv per message on the TCP socket beside the rings),
+# and stay so after a poll that slept (every run begins with one: nothing to take yet).
+# Counted by softverbs-stat over one second of the run: a bell per 20 Sends at most (it was
+# one per 3 to 10 after the first sleep, before qp_busy_bell_taken_locked re-quieted).
+bells() {  # the rds-stress QPs' Sends and doorbells: "sends bells"
+  "$BIN/softverbs-stat" -q -c rds-stress stat 2>&1 | awk '
+    {for (i = 1; i < NF; i++) {if ($i == "sent_sends") s += $(i + 1); if ($i == "shm_bells") b += $(i + 1)}}
+    END {print s + 0, b + 0}'
+}
+SOFTVERBS_SHM=1 timeout 60 "$BIN/rds-stress" -r 127.0.0.2 -p $PORT >"$TMP/p.log" 2>&1 &
+pp=$!
+pids+=($pp)
+sleep 0.5
+SOFTVERBS_SHM=1 timeout 60 "$BIN/rds-stress" -s 127.0.0.2 -r 127.0.0.1 -p $PORT -T 4 -q 64 -a 64 \
+  -d 1 -t 1 >"$TMP/a.log" 2>&1 &
+ap=$!
+pids+=($ap)
+sleep 2
+read -r s0 b0 < <(bells)
+sleep 1
+read -r s1 b1 < <(bells)
+wait $ap
+wait $pp
+PORT=$((PORT + 100))
+ok=0
+sends=$((s1 - s0)) rung=$((b1 - b0))
+[ "$sends" -gt 1000 ] && [ $((rung * 20)) -le "$sends" ] && ok=1
+verdict $ok "busy-polled ping-pong over shared memory: $rung doorbells for $sends Sends in 1 s" \
+  "$TMP/a.log"
 unset SOFTVERBS_RDS_BUSY_POLL_US
 
 # rds-ping: a passive rds-stress holds 127.0.0.2, so its process answers port 0 there.
