@@ -62,7 +62,8 @@ int check(pollfd* fds, nfds_t nfds, bool arm) {
   std::vector<nfds_t> plain_at;
   for (nfds_t i = 0; i < nfds; ++i) {
     fds[i].revents = 0;
-    Rs* s = get(fds[i].fd);
+    const RsRef ref = get(fds[i].fd);
+    Rs* s = ref.get();
     if (!s) {
       if (fds[i].fd >= 0) {
         plain.push_back({fds[i].fd, fds[i].events, 0});
@@ -105,9 +106,9 @@ SV_EXPORT int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
     if (ready) return ready;
     // Sleep on real fds.
     std::vector<pollfd> sleep;
-    std::vector<Rs*> sockets;
+    std::vector<RsRef> sockets;  // held across the sleep: an rclose meanwhile frees nothing
     for (nfds_t i = 0; i < nfds; ++i) {
-      Rs* s = get(fds[i].fd);
+      RsRef s = get(fds[i].fd);
       if (!s) {
         sleep.push_back({fds[i].fd, fds[i].events, 0});
         continue;
@@ -115,7 +116,7 @@ SV_EXPORT int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
       std::lock_guard lk(s->mu);
       sockets.push_back(s);
       pollfd p[kSleepFds];
-      const nfds_t n = enter_sleep_locked(s, p);
+      const nfds_t n = enter_sleep_locked(s.get(), p);
       sleep.insert(sleep.end(), p, p + n);
     }
     int wait = -1;
@@ -125,9 +126,9 @@ SV_EXPORT int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
     }
     const int r = ::poll(sleep.data(), sleep.size(), wait);
     const int e = errno;
-    for (Rs* s : sockets) {
+    for (const RsRef& s : sockets) {
       std::lock_guard lk(s->mu);
-      leave_sleep_locked(s);
+      leave_sleep_locked(s.get());
     }
     if (r < 0) return errno = e, -1;
     if (timeout > 0 && now_ms() >= deadline) return check(fds, nfds, false);

@@ -31,7 +31,10 @@ namespace sv::rsock {
 
 namespace {
 
-Rs* make_socket(int domain) {
+void free_socket(Rs* s);
+
+// A socket, torn down by free_socket when its last reference goes (rsocket_impl.h).
+RsRef make_socket(int domain) {
   const int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (fd < 0) return nullptr;
   if (fd >= kMaxFds) {
@@ -39,7 +42,7 @@ Rs* make_socket(int domain) {
     errno = EMFILE;
     return nullptr;
   }
-  auto* s = new Rs();
+  RsRef s(new Rs(), free_socket);
   s->fd = fd;
   s->domain = domain;
   return s;
@@ -102,16 +105,20 @@ void inherit(Rs* child, const Rs* l) {
   child->keepalive = l->keepalive;
 }
 
+// The descriptor closes last: while it is open, no new rsocket can take its number, and with
+// it this socket's table slot.
+// Runs where the last reference goes, often as a call returns: its errno is the call's.
 void free_socket(Rs* s) {
+  const int e = errno;
   destroy_ep(s);
   close_cm(s);
-  unpublish(s);
   close(s->fd);
   delete s;
+  errno = e;
 }
 
 // One CONNECT_REQUEST: a new rsocket, answered and established, or nullptr (rejected).
-Rs* accept_one(Rs* l, rdma_cm_event* ev) {
+RsRef accept_one(Rs* l, rdma_cm_event* ev) {
   rdma_cm_id* cid = ev->id;
   const auto peer = rs::decode_conn_data(static_cast<const std::byte*>(ev->param.conn.private_data),
                                          ev->param.conn.private_data_len);
@@ -122,39 +129,34 @@ Rs* accept_one(Rs* l, rdma_cm_event* ev) {
     rdma_destroy_id(cid);
     return nullptr;
   }
-  Rs* c = make_socket(l->domain);
+  RsRef c = make_socket(l->domain);
   if (!c) {
     rdma_reject(cid, nullptr, 0);
     rdma_destroy_id(cid);
     return nullptr;
   }
-  inherit(c, l);
+  inherit(c.get(), l);
   c->cm_ch = rdma_create_event_channel();
   if (!c->cm_ch || rdma_migrate_id(cid, c->cm_ch)) {
     rdma_reject(cid, nullptr, 0);
     rdma_destroy_id(cid);
-    free_socket(c);
     return nullptr;
   }
   sv::transport::set_nonblock(c->cm_ch->fd, true);
   c->cm = cid;
-  cid->context = c;
-  if (!create_ep(c)) {
+  cid->context = c.get();
+  if (!create_ep(c.get())) {
     rdma_reject(cid, nullptr, 0);
-    free_socket(c);
     return nullptr;
   }
-  save_conn_data(c, *peer);
+  save_conn_data(c.get(), *peer);
   std::byte pd[rs::kConnDataLen];
-  rs::encode_conn_data(local_conn_data(c), pd);
+  rs::encode_conn_data(local_conn_data(c.get()), pd);
   rdma_conn_param p = conn_param(pd);
   // The request's resources, swapped (rs_accept reuses the event's parameters).
   p.responder_resources = req.initiator_depth;
   p.initiator_depth = req.responder_resources;
-  if (rdma_accept(cid, &p)) {
-    free_socket(c);
-    return nullptr;
-  }
+  if (rdma_accept(cid, &p)) return nullptr;  // c goes with its reference (free_socket)
   // Wait for ESTABLISHED on the child's own channel.
   for (;;) {
     rdma_cm_event* e = nullptr;
@@ -162,16 +164,12 @@ Rs* accept_one(Rs* l, rdma_cm_event* ev) {
       const auto type = e->event;
       rdma_ack_cm_event(e);
       if (type == RDMA_CM_EVENT_ESTABLISHED) break;
-      free_socket(c);
       return nullptr;
     }
     // Bounded: a peer that never completes the handshake cannot hold raccept for longer.
     pollfd pf{c->cm_ch->fd, POLLIN, 0};
     const int r = poll(&pf, 1, 10000);
-    if (r == 0 || (r < 0 && errno != EINTR)) {
-      free_socket(c);
-      return nullptr;
-    }
+    if (r == 0 || (r < 0 && errno != EINTR)) return nullptr;
   }
   c->state = State::connected;
   c->readable = c->writable = true;
@@ -203,7 +201,7 @@ SV_EXPORT int rsocket(int domain, int type, int protocol) {
   ibv_device** l = ibv_get_device_list(&n);
   if (l) ibv_free_device_list(l);
   if (n <= 0) return fail(ENODEV);
-  Rs* s = make_socket(domain);
+  RsRef s = make_socket(domain);
   if (!s) return -1;
   s->nonblock = type & SOCK_NONBLOCK;
   s->fd_flags = type & SOCK_CLOEXEC ? FD_CLOEXEC : 0;
@@ -212,7 +210,8 @@ SV_EXPORT int rsocket(int domain, int type, int protocol) {
 }
 
 SV_EXPORT int rbind(int fd, const sockaddr* addr, socklen_t addrlen) {
-  Rs* s = get(fd);
+  const RsRef ref = get(fd);
+  Rs* s = ref.get();
   if (!s) return fail(EBADF);
   if (!addr || addrlen < sizeof(sockaddr_in)) return fail(EINVAL);
   std::lock_guard lk(s->mu);
@@ -224,7 +223,8 @@ SV_EXPORT int rbind(int fd, const sockaddr* addr, socklen_t addrlen) {
 }
 
 SV_EXPORT int rlisten(int fd, int backlog) {
-  Rs* s = get(fd);
+  const RsRef ref = get(fd);
+  Rs* s = ref.get();
   if (!s) return fail(EBADF);
   std::lock_guard lk(s->mu);
   if (s->state == State::listening) return 0;
@@ -241,7 +241,8 @@ SV_EXPORT int rlisten(int fd, int backlog) {
 }
 
 SV_EXPORT int raccept(int fd, sockaddr* addr, socklen_t* addrlen) {
-  Rs* l = get(fd);
+  const RsRef ref = get(fd);
+  Rs* l = ref.get();
   if (!l) return fail(EBADF);
   std::unique_lock lk(l->mu);
   if (l->state != State::listening) return fail(EINVAL);
@@ -252,7 +253,7 @@ SV_EXPORT int raccept(int fd, sockaddr* addr, socklen_t* addrlen) {
         rdma_ack_cm_event(ev);
         continue;
       }
-      Rs* c = accept_one(l, ev);
+      const RsRef c = accept_one(l, ev);
       if (!c) continue;
       publish(c);
       if (addr && addrlen) copy_addr(rdma_get_peer_addr(c->cm), addr, addrlen);
@@ -264,7 +265,8 @@ SV_EXPORT int raccept(int fd, sockaddr* addr, socklen_t* addrlen) {
 }
 
 SV_EXPORT int rconnect(int fd, const sockaddr* addr, socklen_t addrlen) {
-  Rs* s = get(fd);
+  const RsRef ref = get(fd);
+  Rs* s = ref.get();
   if (!s) return fail(EBADF);
   if (!addr || addrlen < sizeof(sockaddr_in)) return fail(EINVAL);
   std::unique_lock lk(s->mu);
@@ -293,7 +295,8 @@ SV_EXPORT int rconnect(int fd, const sockaddr* addr, socklen_t addrlen) {
 }
 
 SV_EXPORT int rshutdown(int fd, int how) {
-  Rs* s = get(fd);
+  const RsRef ref = get(fd);
+  Rs* s = ref.get();
   if (!s) return fail(EBADF);
   if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) return fail(EINVAL);
   std::unique_lock lk(s->mu);
@@ -329,7 +332,8 @@ SV_EXPORT int rshutdown(int fd, int how) {
 }
 
 SV_EXPORT int rclose(int fd) {
-  Rs* s = get(fd);
+  const RsRef ref = get(fd);
+  Rs* s = ref.get();
   if (!s) return fail(EBADF);
   {
     std::unique_lock lk(s->mu);
@@ -337,12 +341,21 @@ SV_EXPORT int rclose(int fd) {
     lk.unlock();
     if (shut) rshutdown(fd, SHUT_RDWR);
   }
-  free_socket(s);
+  // Out of the table first: a call that starts now gets EBADF, as after close(2). A thread
+  // asleep on the socket is woken and leaves with EBADF (sleep_once); the socket goes with
+  // the last reference, ours or that thread's.
+  if (!unpublish(s)) return fail(EBADF);  // another thread's rclose took it first
+  {
+    std::lock_guard lk(s->mu);
+    s->closed = true;
+  }
+  signal_waiters(s);
   return 0;
 }
 
 SV_EXPORT int rgetpeername(int fd, sockaddr* addr, socklen_t* addrlen) {
-  Rs* s = get(fd);
+  const RsRef ref = get(fd);
+  Rs* s = ref.get();
   if (!s) return fail(EBADF);
   if (!addr || !addrlen) return fail(EFAULT);
   std::lock_guard lk(s->mu);
@@ -361,7 +374,8 @@ SV_EXPORT ssize_t rrecvfrom(int fd, void* buf, size_t len, int flags, sockaddr* 
 }
 
 SV_EXPORT int rgetsockname(int fd, sockaddr* addr, socklen_t* addrlen) {
-  Rs* s = get(fd);
+  const RsRef ref = get(fd);
+  Rs* s = ref.get();
   if (!s) return fail(EBADF);
   if (!addr || !addrlen) return fail(EFAULT);
   std::lock_guard lk(s->mu);
@@ -376,7 +390,8 @@ SV_EXPORT int rgetsockname(int fd, sockaddr* addr, socklen_t* addrlen) {
 }
 
 SV_EXPORT int rsetsockopt(int fd, int level, int optname, const void* optval, socklen_t optlen) {
-  Rs* s = get(fd);
+  const RsRef ref = get(fd);
+  Rs* s = ref.get();
   if (!s) return fail(EBADF);
   if (!optval && optlen) return fail(EFAULT);
   if (optlen < sizeof(int)) return fail(EINVAL);
@@ -459,7 +474,8 @@ SV_EXPORT int rsetsockopt(int fd, int level, int optname, const void* optval, so
 }
 
 SV_EXPORT int rgetsockopt(int fd, int level, int optname, void* optval, socklen_t* optlen) {
-  Rs* s = get(fd);
+  const RsRef ref = get(fd);
+  Rs* s = ref.get();
   if (!s) return fail(EBADF);
   if (!optval || !optlen) return fail(EFAULT);
   std::lock_guard lk(s->mu);
@@ -537,7 +553,8 @@ SV_EXPORT int rgetsockopt(int fd, int level, int optname, void* optval, socklen_
 }
 
 SV_EXPORT int rfcntl(int fd, int cmd, ...) {
-  Rs* s = get(fd);
+  const RsRef ref = get(fd);
+  Rs* s = ref.get();
   if (!s) return fail(EBADF);
   va_list ap;
   va_start(ap, cmd);

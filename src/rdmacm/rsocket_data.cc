@@ -534,7 +534,8 @@ uint32_t send_chunk_locked(Rs* s, const std::byte* src, uint32_t len, uint32_t& 
 }
 
 ssize_t send_iov(int fd, const iovec* iov, int iovcnt, int flags) {
-  Rs* s = get(fd);
+  const RsRef ref = get(fd);
+  Rs* s = ref.get();
   if (!s) return errno = EBADF, -1;
   size_t total = 0;
   for (int i = 0; i < iovcnt; ++i) total += iov[i].iov_len;
@@ -591,7 +592,8 @@ ssize_t send_iov(int fd, const iovec* iov, int iovcnt, int flags) {
 }
 
 ssize_t recv_iov(int fd, const iovec* iov, int iovcnt, int flags) {
-  Rs* s = get(fd);
+  const RsRef ref = get(fd);
+  Rs* s = ref.get();
   if (!s) return errno = EBADF, -1;
   size_t total = 0;
   for (int i = 0; i < iovcnt; ++i) total += iov[i].iov_len;
@@ -709,7 +711,8 @@ SV_EXPORT ssize_t rreadv(int fd, const iovec* iov, int iovcnt) {
 
 // riomap: expose `buf` to the peer's riowrite at `offset` (-1: the buffer's address).
 SV_EXPORT off_t riomap(int fd, void* buf, size_t len, int prot, int /*flags*/, off_t offset) {
-  Rs* s = get(fd);
+  const RsRef ref = get(fd);
+  Rs* s = ref.get();
   if (!s) return errno = EBADF, -1;
   if (!buf || !len || prot != PROT_WRITE) return errno = EINVAL, -1;
   std::unique_lock lk(s->mu);
@@ -729,7 +732,8 @@ SV_EXPORT off_t riomap(int fd, void* buf, size_t len, int prot, int /*flags*/, o
 }
 
 SV_EXPORT int riounmap(int fd, void* buf, size_t len) {
-  Rs* s = get(fd);
+  const RsRef ref = get(fd);
+  Rs* s = ref.get();
   if (!s) return errno = EBADF, -1;
   std::unique_lock lk(s->mu);
   auto it = std::find_if(s->iomaps.begin(), s->iomaps.end(),
@@ -743,7 +747,8 @@ SV_EXPORT int riounmap(int fd, void* buf, size_t len) {
 // riowrite: RDMA WRITE into the peer's iomap'ed buffer at `offset`; no message follows (the
 // peer watches its memory). (size_t)-1 with errno on error, as rdma-core.
 SV_EXPORT size_t riowrite(int fd, const void* buf, size_t count, off_t offset, int flags) {
-  Rs* s = get(fd);
+  const RsRef ref = get(fd);
+  Rs* s = ref.get();
   if (!s) return errno = EBADF, static_cast<size_t>(-1);
   std::unique_lock lk(s->mu);
   const bool nb = s->nonblock || (flags & MSG_DONTWAIT);

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -76,6 +77,7 @@ struct Rs {
   bool nonblock = false;  // O_NONBLOCK (F_SETFL)
   int fd_flags = 0;       // FD_CLOEXEC (F_SETFD)
   int waiters = 0;        // threads asleep on this socket (rpoll, blocking calls)
+  bool closed = false;    // rclose took it out of the table: sleepers leave with EBADF
 
   // Options; an accepted socket inherits them from its listener (rs_alloc).
   uint32_t sbuf_size = kDefaultBuf, rbuf_size = kDefaultBuf;
@@ -119,13 +121,16 @@ struct Rs {
 };
 
 // ---- rsocket_table.cc: the descriptor table and the wait helpers ---------------------------
-// get() is lock-free: an application that closes a descriptor while another of its threads
-// uses it is racing itself, as with close(2).
+// A socket lives while the table or a call holds a reference: an rclose while another thread
+// is inside a call on the same descriptor (asleep in rrecv, raccept, rpoll) frees nothing
+// under it, as close(2) frees no file another thread is using. The last reference tears the
+// socket down (make_socket's deleter, rsocket.cc).
+using RsRef = std::shared_ptr<Rs>;
 inline constexpr int kMaxFds = 1 << 16;  // descriptors beyond are refused (EMFILE)
-Rs* get(int fd);
-void publish(Rs* s);    // get(s->fd) finds it from now on
-void unpublish(Rs* s);  // ... no more
-int fail(int e);        // errno = e; -1
+RsRef get(int fd);
+void publish(const RsRef& s);  // get(s->fd) finds it from now on
+bool unpublish(const Rs* s);   // ... no more; false if it was not (or no longer) there
+int fail(int e);               // errno = e; -1
 
 // rsocket_data.cc
 bool create_ep(Rs* s);  // CQ, QP, buffers, receives posted (before connect/accept)

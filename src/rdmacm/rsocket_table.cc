@@ -13,7 +13,24 @@
 namespace sv::rsock {
 
 namespace {
-std::atomic<Rs*> g_table[kMaxFds];
+// Allocated a chunk of descriptors at a time, on first use, and never freed: a socket still
+// in the table at exit is not torn down by a static destructor behind the engine's back.
+using Slot = std::atomic<RsRef>;
+inline constexpr int kChunk = 1024;
+std::atomic<Slot*> g_chunks[kMaxFds / kChunk];
+
+Slot* slot(int fd, bool make) {
+  std::atomic<Slot*>& c = g_chunks[fd / kChunk];
+  Slot* chunk = c.load(std::memory_order_acquire);
+  if (!chunk && make) {
+    auto* fresh = new Slot[kChunk];
+    if (c.compare_exchange_strong(chunk, fresh, std::memory_order_acq_rel))
+      chunk = fresh;
+    else
+      delete[] fresh;  // another thread's chunk won
+  }
+  return chunk ? &chunk[fd % kChunk] : nullptr;
+}
 }  // namespace
 
 int fail(int e) {
@@ -21,17 +38,22 @@ int fail(int e) {
   return -1;
 }
 
-void publish(Rs* s) {
-  g_table[s->fd].store(s, std::memory_order_release);
+void publish(const RsRef& s) {
+  slot(s->fd, true)->store(s);
 }
 
-void unpublish(Rs* s) {
-  g_table[s->fd].store(nullptr, std::memory_order_release);
+bool unpublish(const Rs* s) {
+  Slot* at = slot(s->fd, false);
+  if (!at) return false;
+  RsRef cur = at->load();
+  // Only the socket itself: two rcloses of one descriptor take it out once.
+  return cur.get() == s && at->compare_exchange_strong(cur, nullptr);
 }
 
-Rs* get(int fd) {
+RsRef get(int fd) {
   if (fd < 0 || fd >= kMaxFds) return nullptr;
-  return g_table[fd].load(std::memory_order_acquire);
+  Slot* at = slot(fd, false);
+  return at ? at->load() : nullptr;
 }
 
 void signal_waiters(Rs* s) {
@@ -64,6 +86,9 @@ void leave_sleep_locked(Rs* s) {
 }
 
 int sleep_once(Rs* s, std::unique_lock<std::mutex>& lk, int timeout_ms) {
+  // Closed by another thread: nothing will wake a sleep on a descriptor nobody can reach any
+  // more, so every blocking call leaves with what a call after the close gets.
+  if (s->closed) return fail(EBADF);
   pollfd p[kSleepFds];
   const nfds_t n = enter_sleep_locked(s, p);
   lk.unlock();
@@ -71,6 +96,7 @@ int sleep_once(Rs* s, std::unique_lock<std::mutex>& lk, int timeout_ms) {
   const int e = errno;
   lk.lock();
   leave_sleep_locked(s);
+  if (s->closed) return fail(EBADF);
   if (r < 0 && e == EINTR) return fail(EINTR);
   return 0;
 }

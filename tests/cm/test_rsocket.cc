@@ -230,6 +230,44 @@ TEST(RsocketErrors, ClosingAListenerRefusesWhatItNeverAccepted) {
   rclose(c);
 }
 
+// rclose while other threads sleep on the same descriptors: each is woken and gets EBADF,
+// what a call made after the close gets, and nothing is freed under it. (rdma-core's
+// rclose frees the socket under a thread asleep in rrecv; on the old code here the sleepers
+// slept on for good, or, under ASan, read freed memory when something woke them.) Whether a
+// thread is asleep yet when rclose comes does not change what it must get.
+TEST_F(Pair, RcloseWakesThreadsAsleepOnTheSocketWithEbadf) {
+  open(17);
+  ssize_t got = 0;
+  int recv_err = 0, accept_ret = 0, accept_err = 0;
+  std::thread reader([&] {
+    char b[16];
+    got = rrecv(s, b, sizeof b, 0);  // nothing is ever sent
+    recv_err = errno;
+  });
+  std::thread acceptor([&] {
+    accept_ret = raccept(l, nullptr, nullptr);  // nobody else connects
+    accept_err = errno;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_EQ(rclose(s), 0);
+  ASSERT_EQ(rclose(l), 0);
+  reader.join();
+  acceptor.join();
+  EXPECT_EQ(got, -1);
+  EXPECT_EQ(recv_err, EBADF);
+  EXPECT_EQ(accept_ret, -1);
+  EXPECT_EQ(accept_err, EBADF);
+  // Gone from the table: a second close, and any call, is EBADF.
+  EXPECT_EQ(rclose(s), -1);
+  EXPECT_EQ(errno, EBADF);
+  char b[4];
+  EXPECT_EQ(rrecv(s, b, sizeof b, MSG_DONTWAIT), -1);
+  EXPECT_EQ(errno, EBADF);
+  s = l = -1;
+  // The peer sees the connection end: the close shut it down first.
+  EXPECT_EQ(rrecv(c, b, sizeof b, 0), 0);
+}
+
 TEST_F(Pair, ConnectedSocketRefusesResizingAndReconnecting) {
   open(2);
   int v = 64;
