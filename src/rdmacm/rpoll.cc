@@ -107,6 +107,7 @@ SV_EXPORT int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
     // Sleep on real fds.
     std::vector<pollfd> sleep;
     std::vector<RsRef> sockets;  // held across the sleep: an rclose meanwhile frees nothing
+    bool closed = false;
     for (nfds_t i = 0; i < nfds; ++i) {
       RsRef s = get(fds[i].fd);
       if (!s) {
@@ -114,13 +115,19 @@ SV_EXPORT int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
         continue;
       }
       std::lock_guard lk(s->mu);
+      // Closed since check(): its wake-up may be spent already, so no sleep on it; the next
+      // pass finds the descriptor gone (POLLNVAL once it is closed, as poll(2) says).
+      if (s->closed) {
+        closed = true;
+        continue;
+      }
       sockets.push_back(s);
       pollfd p[kSleepFds];
       const nfds_t n = enter_sleep_locked(s.get(), p);
       sleep.insert(sleep.end(), p, p + n);
     }
-    int wait = -1;
-    if (timeout > 0) {
+    int wait = closed ? 0 : -1;
+    if (!closed && timeout > 0) {
       const int64_t left = deadline - now_ms();
       wait = left > 0 ? static_cast<int>(left) : 0;
     }

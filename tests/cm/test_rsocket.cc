@@ -230,11 +230,12 @@ TEST(RsocketErrors, ClosingAListenerRefusesWhatItNeverAccepted) {
   rclose(c);
 }
 
-// rclose while other threads sleep on the same descriptors: each is woken and gets EBADF,
-// what a call made after the close gets, and nothing is freed under it. (rdma-core's
-// rclose frees the socket under a thread asleep in rrecv; on the old code here the sleepers
-// slept on for good, or, under ASan, read freed memory when something woke them.) Whether a
-// thread is asleep yet when rclose comes does not change what it must get.
+// rclose while other threads sleep on the same descriptors: each is woken, and nothing is
+// freed under it. The listener's raccept gets EBADF, what a call made after the close gets
+// (on the old code it slept on for good). The connected socket's rrecv gets either the EOF
+// of the shutdown rclose makes first, or EBADF if it wakes after the close (rdma-core's
+// rclose frees the socket under it; ASan sees any read of freed memory here). Whether a
+// thread is asleep yet when rclose comes does not change what it may get.
 TEST_F(Pair, RcloseWakesThreadsAsleepOnTheSocketWithEbadf) {
   open(17);
   ssize_t got = 0;
@@ -249,12 +250,11 @@ TEST_F(Pair, RcloseWakesThreadsAsleepOnTheSocketWithEbadf) {
     accept_err = errno;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  ASSERT_EQ(rclose(s), 0);
-  ASSERT_EQ(rclose(l), 0);
+  EXPECT_EQ(rclose(s), 0);
+  EXPECT_EQ(rclose(l), 0);
   reader.join();
   acceptor.join();
-  EXPECT_EQ(got, -1);
-  EXPECT_EQ(recv_err, EBADF);
+  EXPECT_TRUE(got == 0 || (got == -1 && recv_err == EBADF)) << got << " " << strerror(recv_err);
   EXPECT_EQ(accept_ret, -1);
   EXPECT_EQ(accept_err, EBADF);
   // Gone from the table: a second close, and any call, is EBADF.
