@@ -238,6 +238,7 @@ void Task::run(pid_t parent) {
   }
   pollfd pfd{fd_, POLLIN | POLLOUT, 0};
   uint32_t idle = 0;
+  uint32_t idle_polls = 0;  // every one, not only a streak's (a ping-pong's alternate rounds)
   while (!g_term) {
     // Block only when the last round did nothing: a busy task goes straight back to
     // recvmsg/sendmsg instead of paying a poll() per message.
@@ -248,8 +249,8 @@ void Task::run(pid_t parent) {
       // Not at every idle round: under a busy-polling shim poll() is no system call and
       // returns at once, and getppid() is one, a few hundred thousand a second, each on the
       // round trip this tool measures (0.2-0.3 us of a 3 us busy-polled RTT over shm). A
-      // poll that timed out, or every 1024th idle round, still notices an orphaned task.
-      if ((r == 0 || (idle & 1023) == 0) && getppid() != parent)
+      // poll that timed out, or every 1024th poll, still notices an orphaned task.
+      if ((r == 0 || (++idle_polls & 1023) == 0) && getppid() != parent)
         die("task %u: parent %d exited", id_, parent);
     }
     const uint64_t before = ctl_->stat[S_REQ_RX].load(std::memory_order_relaxed) +
