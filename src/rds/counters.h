@@ -73,6 +73,7 @@ namespace sv::rds {
   X(recv_pool_grown) \
   X(recv_pool_trimmed_bytes) \
   X(recv_protocol_error) \
+  X(recv_repost_unlocked) \
   X(registry_foreign_entry) \
   X(send_atomic) \
   X(send_atomic_masked_retry) \

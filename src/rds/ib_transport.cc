@@ -178,17 +178,70 @@ std::byte* srq_buf(uint32_t idx, uint32_t* lkey) {
   return &ch.buf[static_cast<size_t>(idx % kSrqChunk) * kBufSize];
 }
 
-void srq_post(uint32_t idx) {
+// A pool buffer as its receive names it: resolved under the lock (srq_chunks may grow, and
+// move, under it), posted with or without it (a chunk, once made, stays where it is).
+struct SrqRepost {
+  uint64_t addr;
+  uint32_t lkey;
+  uint32_t idx;
+};
+
+SrqRepost srq_repost(uint32_t idx) {
   uint32_t lkey = 0;
   std::byte* b = srq_buf(idx, &lkey);
-  ibv_sge s{reinterpret_cast<uint64_t>(b), static_cast<uint32_t>(kBufSize), lkey};
-  ibv_recv_wr wr{};
-  wr.wr_id = make_wr_id(0, 0, kSrqRecv, idx);
-  wr.sg_list = &s;
-  wr.num_sge = 1;
-  ibv_recv_wr* bad;
-  if (ibv_post_srq_recv(g().srq, &wr, &bad))
-    SV_WARN("rds: ibv_post_srq_recv: %s (receive buffer %u lost)", strerror(errno), idx);
+  return {reinterpret_cast<uint64_t>(b), lkey, idx};
+}
+
+// Pool buffers posted back in one chain: one call into the device.
+void srq_post_chain(const SrqRepost* r, size_t n) {
+  constexpr size_t kChain = 64;
+  while (n) {
+    const size_t k = std::min(n, kChain);
+    ibv_sge s[kChain];
+    ibv_recv_wr wr[kChain];
+    for (size_t i = 0; i < k; ++i) {
+      s[i] = ibv_sge{r[i].addr, static_cast<uint32_t>(kBufSize), r[i].lkey};
+      wr[i] = ibv_recv_wr{};
+      wr[i].wr_id = make_wr_id(0, 0, kSrqRecv, r[i].idx);
+      wr[i].sg_list = &s[i];
+      wr[i].num_sge = 1;
+      wr[i].next = i + 1 < k ? &wr[i + 1] : nullptr;
+    }
+    ibv_recv_wr* bad = nullptr;
+    if (ibv_post_srq_recv(g().srq, wr, &bad)) {
+      const int e = errno;
+      for (ibv_recv_wr* w = bad; w; w = w->next)
+        SV_WARN("rds: ibv_post_srq_recv: %s (receive buffer %u lost)", strerror(e),
+                wr_idx(w->wr_id));
+    }
+    r += k;
+    n -= k;
+  }
+}
+
+void srq_post(uint32_t idx) {
+  const SrqRepost r = srq_repost(idx);
+  srq_post_chain(&r, 1);
+}
+
+// This thread's pool buffers to post back once it lets the stack lock go: a received
+// fragment's buffer, once take_frag has copied what it keeps, is the pool's again, and its
+// post is a verbs call the lock need not cover (issue 32's "no lock held across a verbs
+// call"; net/rds's ib recv refill runs outside c_lock as well). The pool's buffers and the SRQ
+// live as long as the process, so a post after the unlock finds them as they were. Kept as
+// the deregistrations are (dereg_after_unlock): a plain array that each unlock empties, so
+// a fork, whose prepare handler takes the lock, copies none into the child. When it is
+// full, it goes at once, as one chain, under the lock.
+constexpr size_t kDeferredReposts = 64;
+thread_local SrqRepost tl_reposts[kDeferredReposts];
+thread_local size_t tl_nrepost = 0;
+
+void srq_post_after_unlock(uint32_t idx) {
+  if (tl_nrepost == kDeferredReposts) {
+    srq_post_chain(tl_reposts, tl_nrepost);
+    tl_nrepost = 0;
+  }
+  tl_reposts[tl_nrepost++] = srq_repost(idx);
 }
 
 // Grows the pool to `want` buffers (at most the SRQ's max_wr), a chunk at a time; true if it
@@ -320,13 +373,13 @@ void on_srq_recv(const ibv_wc& wc) {
   if (!c) {
     // Its QP is gone (destroy_qp drained it): the buffer only goes back.
     count(Ctr::wc_stale);
-    srq_post(idx);
+    srq_post_after_unlock(idx);
     return;
   }
   c->last_active = std::chrono::steady_clock::now();
   uint32_t lkey = 0;
   take_frag(c, wc, srq_buf(idx, &lkey));
-  srq_post(idx);  // whatever became of it: take_frag copied what it keeps
+  srq_post_after_unlock(idx);  // whatever became of it: take_frag copied what it keeps
 }
 
 int setup_qp(Conn* c, rdma_cm_id* id) {
@@ -1115,7 +1168,7 @@ bool try_or_leave(Lock& lk) {
   return lk.try_lock();
 }
 
-void run_deregs();
+void run_after_unlock();
 
 bool handle_cq_ready() {
   Global& G = g();
@@ -1143,7 +1196,7 @@ bool handle_cq_ready() {
 
 bool on_cq_ready(ibv_cq*, void*) {
   const bool r = handle_cq_ready();
-  run_deregs();  // with poll_mu let go as well (StackMutex::unlock)
+  run_after_unlock();  // with poll_mu let go as well (StackMutex::unlock)
   return r;
 }
 
@@ -1300,7 +1353,18 @@ constexpr size_t kDeferredDeregs = 64;
 thread_local ibv_mr* tl_deregs[kDeferredDeregs];
 thread_local size_t tl_ndereg = 0;
 
-void run_deregs() {
+// What this thread queued while it held the lock: the pool's buffers first (a connection
+// may be waiting for one, RNR), then the regions. The list is taken before its post, which
+// can restart a stalled QP's receive path on this thread.
+void run_after_unlock() {
+  if (tl_nrepost) {
+    SrqRepost r[kDeferredReposts];
+    const size_t n = tl_nrepost;
+    std::copy_n(tl_reposts, n, r);
+    tl_nrepost = 0;
+    count(Ctr::recv_repost_unlocked, n);
+    srq_post_chain(r, n);
+  }
   if (!tl_ndereg) return;
   count(Ctr::rdma_dereg_unlocked, tl_ndereg);
   for (size_t i = 0; i < tl_ndereg; ++i) ibv_dereg_mr(tl_deregs[i]);
@@ -1323,7 +1387,7 @@ void StackMutex::unlock() {
   unlock_and_run_backlog();
   // A completion handler still holds poll_mu, which a lock holder's drain may wait for: it
   // runs them once it has let that go too (on_cq_ready).
-  if (!tl_poll_held) run_deregs();
+  if (!tl_poll_held) run_after_unlock();
 }
 
 void StackMutex::unlock_and_run_backlog() {
@@ -1368,7 +1432,7 @@ void StackMutex::unlock_to_engine() {
   const ErrnoKeeper keep;
   mu_.unlock();
   if (backlog_.load(std::memory_order_seq_cst)) wake_engine();
-  run_deregs();
+  run_after_unlock();
 }
 
 void StackMutex::defer() {

@@ -436,7 +436,7 @@ class StackMutex {
  public:
   void lock() { mu_.lock(); }
   bool try_lock() { return mu_.try_lock(); }
-  void unlock();  // ib_transport.cc; then the deregistrations dereg_after_unlock queued
+  void unlock();  // ib_transport.cc; then what dereg_after_unlock and srq reposts queued
   // Lets go without running the backlog, which goes to the engine thread (a fork handler).
   void unlock_to_engine();
   // Around a post made with the lock let go (xmit from sendmsg): no backlog run as it lets

@@ -300,7 +300,15 @@ void senders_through_a_small_pool(bool grow, uint64_t* grown, uint64_t* trimmed 
     for (pid_t p : senders) EXPECT_EQ(reap(p), 0);
   };
   const uint64_t trimmed_before = counter(fd, "recv_pool_trimmed_bytes");
+  const uint64_t reposts_before = counter(fd, "recv_repost_unlocked");
   ASSERT_NO_FATAL_FAILURE(wave(0));
+  // Every buffer went back to the pool after its holder let the stack lock go (a verbs call
+  // the lock need not cover): a holder takes at most the pool's 16 completions before it
+  // lets go, so none was posted under it. Each message is at least one fragment.
+  if (!grow) {
+    EXPECT_GE(counter(fd, "recv_repost_unlocked") - reposts_before,
+              static_cast<uint64_t>(kSenders * kMsgs));
+  }
   if (trimmed) {
     // Every connection quiet for SOFTVERBS_IDLE_TRIM_MS (1 s, at least 1 s for RDS): the
     // pool gives its posted buffers' pages back (trim_when_quiet), and takes a second
