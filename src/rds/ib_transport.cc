@@ -192,9 +192,10 @@ SrqRepost srq_repost(uint32_t idx) {
   return {reinterpret_cast<uint64_t>(b), lkey, idx};
 }
 
-// Pool buffers posted back in one chain: one call into the device.
-void srq_post_chain(const SrqRepost* r, size_t n) {
+// Pool buffers posted back in one chain: one call into the device. How many went.
+size_t srq_post_chain(const SrqRepost* r, size_t n) {
   constexpr size_t kChain = 64;
+  size_t posted = 0;
   while (n) {
     const size_t k = std::min(n, kChain);
     ibv_sge s[kChain];
@@ -208,15 +209,19 @@ void srq_post_chain(const SrqRepost* r, size_t n) {
       wr[i].next = i + 1 < k ? &wr[i + 1] : nullptr;
     }
     ibv_recv_wr* bad = nullptr;
-    if (ibv_post_srq_recv(g().srq, wr, &bad)) {
-      const int e = errno;
-      for (ibv_recv_wr* w = bad; w; w = w->next)
+    // The verbs post calls return their error (libibverbs sets no errno for them).
+    if (const int e = ibv_post_srq_recv(g().srq, wr, &bad)) {
+      for (ibv_recv_wr* w = bad; w; w = w->next) {
         SV_WARN("rds: ibv_post_srq_recv: %s (receive buffer %u lost)", strerror(e),
                 wr_idx(w->wr_id));
+        --posted;
+      }
     }
+    posted += k;
     r += k;
     n -= k;
   }
+  return posted;
 }
 
 void srq_post(uint32_t idx) {
@@ -230,9 +235,12 @@ void srq_post(uint32_t idx) {
 // call"; net/rds's ib recv refill runs outside c_lock as well). The pool's buffers and the SRQ
 // live as long as the process, so a post after the unlock finds them as they were. Kept as
 // the deregistrations are (dereg_after_unlock): a plain array that each unlock empties, so
-// a fork, whose prepare handler takes the lock, copies none into the child. When it is
-// full, it goes at once, as one chain, under the lock.
-constexpr size_t kDeferredReposts = 64;
+// a fork, whose prepare handler takes the lock, copies none into the child. At most 16 wait
+// (a quarter of the initial pool, kSrqInitial): one long hold (a burst from many peers)
+// must not take so much of the pool off the SRQ that it falls below kSrqLowWater, which
+// would stall every connection (RNR) and grow the pool for good. Past that, the list goes at
+// once, as one chain, under the lock.
+constexpr size_t kDeferredReposts = 16;
 thread_local SrqRepost tl_reposts[kDeferredReposts];
 thread_local size_t tl_nrepost = 0;
 
@@ -1353,18 +1361,23 @@ constexpr size_t kDeferredDeregs = 64;
 thread_local ibv_mr* tl_deregs[kDeferredDeregs];
 thread_local size_t tl_ndereg = 0;
 
+// The pool's buffers this thread queued while it held the lock. The list is taken before its
+// post, which can restart a stalled QP's receive path on this thread. `unlocked`: counted as
+// posted off the lock.
+void run_reposts(bool unlocked) {
+  if (!tl_nrepost) return;
+  SrqRepost r[kDeferredReposts];
+  const size_t n = tl_nrepost;
+  std::copy_n(tl_reposts, n, r);
+  tl_nrepost = 0;
+  const size_t posted = srq_post_chain(r, n);
+  if (unlocked) count(Ctr::recv_repost_unlocked, posted);
+}
+
 // What this thread queued while it held the lock: the pool's buffers first (a connection
-// may be waiting for one, RNR), then the regions. The list is taken before its post, which
-// can restart a stalled QP's receive path on this thread.
+// may be waiting for one, RNR), then the regions.
 void run_after_unlock() {
-  if (tl_nrepost) {
-    SrqRepost r[kDeferredReposts];
-    const size_t n = tl_nrepost;
-    std::copy_n(tl_reposts, n, r);
-    tl_nrepost = 0;
-    count(Ctr::recv_repost_unlocked, n);
-    srq_post_chain(r, n);
-  }
+  run_reposts(true);
   if (!tl_ndereg) return;
   count(Ctr::rdma_dereg_unlocked, tl_ndereg);
   for (size_t i = 0; i < tl_ndereg; ++i) ibv_dereg_mr(tl_deregs[i]);
@@ -1428,8 +1441,20 @@ void StackMutex::reacquire_after_post() {
   }
 }
 
+void StackMutex::release_for_post() {
+  mu_.unlock();
+  // The buffers a backlog run took go back now, not after the holder's last post window.
+  // Under the sendmsg's QuietPosts, like its own post: what a restarted receive path
+  // completes is taken in by it.
+  run_reposts(true);
+}
+
 void StackMutex::unlock_to_engine() {
   const ErrnoKeeper keep;
+  // Under the lock: this holder may still be quiet (a sendmsg about to sleep, whose posts
+  // must raise no event meanwhile: rds_impl.h QuietPosts), and what a restarted receive path
+  // completes now is taken in by its QuietPosts, under the lock, as before the deferral.
+  run_reposts(false);
   mu_.unlock();
   if (backlog_.load(std::memory_order_seq_cst)) wake_engine();
   run_after_unlock();

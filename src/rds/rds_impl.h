@@ -443,7 +443,7 @@ class StackMutex {
   // go, which would take completions in ahead of the post; once it has the lock back it runs
   // what a handler marked before or meanwhile (ib_transport.cc), while its connection is still
   // its own (in_xmit), so the other connections' deliveries do not wait for its whole send.
-  void release_for_post() { mu_.unlock(); }
+  void release_for_post();  // ib_transport.cc; the SRQ reposts queued go out too
   void reacquire_after_post();
   // Called by a completion handler that found the lock taken, before it tries once more:
   // the holder takes the completions in.
