@@ -582,20 +582,20 @@ TEST(RdsInfo, IbConnectionsListOurRcConnections) {
   std::vector<char> got(8);
   ASSERT_EQ(recv_one(b, got), 2);
   const uint32_t two = la.sin_addr.s_addr, one = addr(0).sin_addr.s_addr;
+  // The table is the host's, as Linux's: under ctest -j2 another test's process may have a
+  // connection between the same addresses still being made (no GIDs yet). Ours is up.
   bool found = false;
   for (const auto& r : records<rds_info_rdma_connection>(a, RDS_INFO_IB_CONNECTIONS)) {
     if (r.src_addr != two || r.dst_addr != one) continue;
-    found = true;
     EXPECT_GT(r.max_send_wr, 0u);
     EXPECT_GT(r.max_recv_wr, 0u);
     EXPECT_GT(r.max_send_sge, 0u);
     EXPECT_GT(r.rdma_mr_max, 0u);
     // GIDs once connected: the addresses, IPv4-mapped as the device's GID table has them.
-    EXPECT_EQ(r.src_gid[10], 0xff);
-    EXPECT_EQ(std::memcmp(&r.src_gid[12], &two, 4), 0);
-    EXPECT_EQ(std::memcmp(&r.dst_gid[12], &one, 4), 0);
+    found |= r.src_gid[10] == 0xff && std::memcmp(&r.src_gid[12], &two, 4) == 0 &&
+             std::memcmp(&r.dst_gid[12], &one, 4) == 0;
   }
-  EXPECT_TRUE(found) << "no IB connection 127.0.0.2 -> 127.0.0.1";
+  EXPECT_TRUE(found) << "no connected IB connection 127.0.0.2 -> 127.0.0.1 with its GIDs";
   found = false;
   for (const auto& r : records<rds6_info_rdma_connection>(a, RDS6_INFO_IB_CONNECTIONS))
     found |= std::memcmp(&r.src_addr.s6_addr[12], &two, 4) == 0 &&
