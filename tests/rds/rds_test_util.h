@@ -277,6 +277,42 @@ inline uint64_t counter(int fd, const char* name) {
   return 0;
 }
 
+// RDS_INFO_* message records (rds_info_message) of this host whose ports match. For
+// SEND/RETRANS lport is the sender's port, for RECV the receiving socket's port.
+inline int count_info_messages(int fd, int id, uint16_t lport, uint16_t fport) {
+  std::vector<char> buf(64 * 1024);
+  for (int tries = 0; tries < 20; ++tries) {
+    socklen_t len = static_cast<socklen_t>(buf.size());
+    const int each = svrds_getsockopt(fd, SOL_RDS, id, buf.data(), &len);
+    if (each < 0) {
+      if (errno != ENOSPC) return -1;
+      buf.resize(len + 4096);
+      continue;
+    }
+    int n = 0;
+    for (size_t off = 0; off + each <= len; off += each) {
+      rds_info_message r;
+      std::memcpy(&r, buf.data() + off, sizeof r);
+      if (r.lport == htons(lport) && r.fport == htons(fport)) ++n;
+    }
+    return n;
+  }
+  return -1;
+}
+
+// Waits (bounded, polling every few ms) until every message from sport to dport is acked,
+// i.e. sits in the receiver's queue: neither queued nor awaiting its ack here.
+inline bool all_acked(int fd, uint16_t sport, uint16_t dport, int ms = 3000) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  for (;;) {
+    if (count_info_messages(fd, RDS_INFO_SEND_MESSAGES, sport, dport) == 0 &&
+        count_info_messages(fd, RDS_INFO_RETRANS_MESSAGES, sport, dport) == 0)
+      return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    poll(nullptr, 0, 2);
+  }
+}
+
 // Sends `msg` with an RDMA op on `cookie` from the server socket.
 inline ssize_t send_rdma(int fd, uint16_t dport, uint64_t cookie, bool write,
                          std::vector<rds_iovec>& local, uint64_t remote_off, uint64_t bytes,

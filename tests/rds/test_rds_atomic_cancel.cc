@@ -115,29 +115,6 @@ uint64_t load(const uint64_t* p) {
   return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
 
-// RDS_INFO_* message records (rds_info_message) of this host whose ports match. For
-// SEND/RETRANS lport is the sender's port, for RECV the receiving socket's port.
-int count_info_messages(int fd, int id, uint16_t lport, uint16_t fport) {
-  std::vector<char> buf(64 * 1024);
-  for (int tries = 0; tries < 20; ++tries) {
-    socklen_t len = static_cast<socklen_t>(buf.size());
-    const int each = svrds_getsockopt(fd, SOL_RDS, id, buf.data(), &len);
-    if (each < 0) {
-      if (errno != ENOSPC) return -1;
-      buf.resize(len + 4096);
-      continue;
-    }
-    int n = 0;
-    for (size_t off = 0; off + each <= len; off += each) {
-      rds_info_message r;
-      std::memcpy(&r, buf.data() + off, sizeof r);
-      if (r.lport == htons(lport) && r.fport == htons(fport)) ++n;
-    }
-    return n;
-  }
-  return -1;
-}
-
 // Polls `cond` every few ms until it holds or `ms` passed (a bounded wait, not a sleep).
 template <typename F>
 bool eventually(F cond, int ms = 3000) {
@@ -147,16 +124,6 @@ bool eventually(F cond, int ms = 3000) {
     poll(nullptr, 0, 2);
   }
   return true;
-}
-
-// Waits until every message from sport to dport is acked, i.e. sits in the receiver's queue
-// (RCVBUF is a soft limit: messages in flight when the port became congested still arrive,
-// and one arriving after a drain would congest the port again).
-bool all_acked(int fd, uint16_t sport, uint16_t dport) {
-  return eventually([&] {
-    return count_info_messages(fd, RDS_INFO_SEND_MESSAGES, sport, dport) == 0 &&
-           count_info_messages(fd, RDS_INFO_RETRANS_MESSAGES, sport, dport) == 0;
-  });
 }
 
 // The client (memory owner) registers `len` bytes at `region` and ships the cookie to the

@@ -81,6 +81,10 @@ TEST(RdsRegistry, ThePortsOfAnOwnerThatLetsGoOrDiesAreGoneAtTheNextSend) {
       usleep(10000);
     }
     if (!result && live_tables() < before + 2) result = 10;
+    // The loop's own messages acked first: one still unacked when the owner dies is put
+    // back, and once the reconnect fails, dropped in the background (conn_reroute_orphans),
+    // a count the exact ones below would take for theirs.
+    if (!result && (!all_acked(a, mine, p1) || !all_acked(a, mine, p2))) result = 8;
     const uint64_t dropped = result ? 0 : counter(a, "send_drop_no_sock");
     if (!result) {
       put_byte(cmd[1], 'c');
@@ -90,14 +94,15 @@ TEST(RdsRegistry, ThePortsOfAnOwnerThatLetsGoOrDiesAreGoneAtTheNextSend) {
     if (!result && counter(a, "send_drop_no_sock") != dropped + 1) result = 11;
     reap(owner);
     if (!result && send_to(a, p2, "dead", 4) != 4) result = 7;
-    if (!result && counter(a, "send_drop_no_sock") != dropped + 2) result = 12;
+    if (!result && counter(a, "send_drop_no_sock") == dropped + 1) result = 12;
+    if (!result && counter(a, "send_drop_no_sock") != dropped + 2) result = 14;
     if (!result && live_tables() != before) result = 13;
     if (a >= 0) svrds_close(a);
     return result;
   });
-  EXPECT_EQ(rc, 0) << "1-7: set-up; 10: the owner's tables were never mapped; 11: a port let go "
+  EXPECT_EQ(rc, 0) << "1-8: set-up; 10: the owner's tables were never mapped; 11: a port let go "
                       "was still believed held; 12: a dead owner's port was; 13: a table "
-                      "outlived the answers it checked";
+                      "outlived the answers it checked; 14: more drops than the two sends";
 }
 
 namespace {
