@@ -93,7 +93,10 @@ for i in range(1, 1025):
     except OSError:
         continue
     if i % 16 == 0:
-        names = [l.split()[-1] for l in open("/proc/net/unix") if prefix in l]
+        # Listeners only (flags __SO_ACCEPTCON), as the lookup asks sock_diag for: the
+        # connections accepted on a name are listed under it too, in other hash buckets.
+        names = [l.split()[-1] for l in open("/proc/net/unix")
+                 if prefix in l and l.split()[3] == "00010000"]
         real = [k for k, n in enumerate(names) if not n.endswith("_%s" % n.split("=")[1].split("_")[0])]
         ahead = real[0] if real else 0
         if ahead >= 80:  # more than the 64 candidates of a lookup, all ahead of the real one
