@@ -105,9 +105,9 @@ void inherit(Rs* child, const Rs* l) {
   child->keepalive = l->keepalive;
 }
 
-// The descriptor closes last: while it is open, no new rsocket can take its number, and with
-// it this socket's table slot.
-// Runs where the last reference goes, often as a call returns: its errno is the call's.
+// Runs where the last reference goes, often as a call returns: its errno is the call's. The
+// descriptor closes last: while it is open, no new rsocket can take its number, and with it
+// this socket's table slot.
 void free_socket(Rs* s) {
   const int e = errno;
   destroy_ep(s);

@@ -209,15 +209,14 @@ size_t srq_post_chain(const SrqRepost* r, size_t n) {
       wr[i].next = i + 1 < k ? &wr[i + 1] : nullptr;
     }
     ibv_recv_wr* bad = nullptr;
+    size_t lost = 0;
     // The verbs post calls return their error (libibverbs sets no errno for them).
     if (const int e = ibv_post_srq_recv(g().srq, wr, &bad)) {
-      for (ibv_recv_wr* w = bad; w; w = w->next) {
+      for (ibv_recv_wr* w = bad; w; w = w->next, ++lost)
         SV_WARN("rds: ibv_post_srq_recv: %s (receive buffer %u lost)", strerror(e),
                 wr_idx(w->wr_id));
-        --posted;
-      }
     }
-    posted += k;
+    posted += k - lost;
     r += k;
     n -= k;
   }
@@ -244,11 +243,21 @@ constexpr size_t kDeferredReposts = 16;
 thread_local SrqRepost tl_reposts[kDeferredReposts];
 thread_local size_t tl_nrepost = 0;
 
+// The pool's buffers this thread queued while it held the lock. The list is taken before its
+// post, which can restart a stalled QP's receive path on this thread. `unlocked`: counted as
+// posted off the lock.
+void run_reposts(bool unlocked) {
+  if (!tl_nrepost) return;
+  SrqRepost r[kDeferredReposts];
+  const size_t n = tl_nrepost;
+  std::copy_n(tl_reposts, n, r);
+  tl_nrepost = 0;
+  const size_t posted = srq_post_chain(r, n);
+  if (unlocked) count(Ctr::recv_repost_unlocked, posted);
+}
+
 void srq_post_after_unlock(uint32_t idx) {
-  if (tl_nrepost == kDeferredReposts) {
-    srq_post_chain(tl_reposts, tl_nrepost);
-    tl_nrepost = 0;
-  }
+  if (tl_nrepost == kDeferredReposts) run_reposts(false);
   tl_reposts[tl_nrepost++] = srq_repost(idx);
 }
 
@@ -1360,19 +1369,6 @@ namespace {
 constexpr size_t kDeferredDeregs = 64;
 thread_local ibv_mr* tl_deregs[kDeferredDeregs];
 thread_local size_t tl_ndereg = 0;
-
-// The pool's buffers this thread queued while it held the lock. The list is taken before its
-// post, which can restart a stalled QP's receive path on this thread. `unlocked`: counted as
-// posted off the lock.
-void run_reposts(bool unlocked) {
-  if (!tl_nrepost) return;
-  SrqRepost r[kDeferredReposts];
-  const size_t n = tl_nrepost;
-  std::copy_n(tl_reposts, n, r);
-  tl_nrepost = 0;
-  const size_t posted = srq_post_chain(r, n);
-  if (unlocked) count(Ctr::recv_repost_unlocked, posted);
-}
 
 // What this thread queued while it held the lock: the pool's buffers first (a connection
 // may be waiting for one, RNR), then the regions.
